@@ -1,0 +1,59 @@
+/* Activations and gated activations, forward and backward, with optional fused FP8 output. */
+#ifndef TRANSFORMER_ENGINE_LITE_ACTIVATION_H_
+#define TRANSFORMER_ENGINE_LITE_ACTIVATION_H_
+
+#include "transformer_engine.h"
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+/* Element-wise: output = act(input), same shape. input fp32/fp16/bf16; output fp32/fp16/bf16 or FP8
+ * (per-tensor: scale from output's kNVTEScale, amax recorded, scale_inv written; or MXFP8).
+ * Backward: output = grad * act'(input), grad and input of the same shape.
+ *   gelu:  tanh approximation 0.5x(1 + tanh(sqrt(2/pi)(x + 0.044715x^3)))
+ *   qgelu: x * sigmoid(1.702x)         relu: max(x, 0)
+ *   srelu: max(x, 0)^2                 silu: x * sigmoid(x)
+ */
+NVTE_API NVTEStatus nvte_gelu(const NVTETensor input, NVTETensor output, NVTEStream stream);
+NVTE_API NVTEStatus nvte_qgelu(const NVTETensor input, NVTETensor output, NVTEStream stream);
+NVTE_API NVTEStatus nvte_relu(const NVTETensor input, NVTETensor output, NVTEStream stream);
+NVTE_API NVTEStatus nvte_srelu(const NVTETensor input, NVTETensor output, NVTEStream stream);
+NVTE_API NVTEStatus nvte_silu(const NVTETensor input, NVTETensor output, NVTEStream stream);
+
+NVTE_API NVTEStatus nvte_dgelu(const NVTETensor grad, const NVTETensor input, NVTETensor output,
+                               NVTEStream stream);
+NVTE_API NVTEStatus nvte_dqgelu(const NVTETensor grad, const NVTETensor input, NVTETensor output,
+                                NVTEStream stream);
+NVTE_API NVTEStatus nvte_drelu(const NVTETensor grad, const NVTETensor input, NVTETensor output,
+                               NVTEStream stream);
+NVTE_API NVTEStatus nvte_dsrelu(const NVTETensor grad, const NVTETensor input, NVTETensor output,
+                                NVTEStream stream);
+NVTE_API NVTEStatus nvte_dsilu(const NVTETensor grad, const NVTETensor input, NVTETensor output,
+                               NVTEStream stream);
+
+/* Gated (TE layout): input [..., 2H] = [a | b], output [..., H] = act(a) * b.
+ * Backward: grad [..., H], input [..., 2H], output [..., 2H] = [grad*b*act'(a) | grad*act(a)].
+ * geglu = gelu gate, qgeglu = qgelu, reglu = relu, sreglu = srelu, swiglu = silu. */
+NVTE_API NVTEStatus nvte_geglu(const NVTETensor input, NVTETensor output, NVTEStream stream);
+NVTE_API NVTEStatus nvte_qgeglu(const NVTETensor input, NVTETensor output, NVTEStream stream);
+NVTE_API NVTEStatus nvte_reglu(const NVTETensor input, NVTETensor output, NVTEStream stream);
+NVTE_API NVTEStatus nvte_sreglu(const NVTETensor input, NVTETensor output, NVTEStream stream);
+NVTE_API NVTEStatus nvte_swiglu(const NVTETensor input, NVTETensor output, NVTEStream stream);
+
+NVTE_API NVTEStatus nvte_dgeglu(const NVTETensor grad, const NVTETensor input, NVTETensor output,
+                                NVTEStream stream);
+NVTE_API NVTEStatus nvte_dqgeglu(const NVTETensor grad, const NVTETensor input, NVTETensor output,
+                                 NVTEStream stream);
+NVTE_API NVTEStatus nvte_dreglu(const NVTETensor grad, const NVTETensor input, NVTETensor output,
+                                NVTEStream stream);
+NVTE_API NVTEStatus nvte_dsreglu(const NVTETensor grad, const NVTETensor input, NVTETensor output,
+                                 NVTEStream stream);
+NVTE_API NVTEStatus nvte_dswiglu(const NVTETensor grad, const NVTETensor input, NVTETensor output,
+                                 NVTEStream stream);
+
+#ifdef __cplusplus
+}
+#endif
+
+#endif

@@ -1,0 +1,43 @@
+/* Casts between high precision and FP8: quantize (per-tensor and MXFP8), dequantize, amax, scales. */
+#ifndef TRANSFORMER_ENGINE_LITE_CAST_H_
+#define TRANSFORMER_ENGINE_LITE_CAST_H_
+
+#include "transformer_engine.h"
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+/*! Quantizes `input` (fp32/fp16/bf16) into `output`.
+ *
+ *  Per-tensor scaling (output scaling mode NVTE_DELAYED_TENSOR_SCALING): output FP8 row-wise data of
+ *  input's shape, q = encode(x * scale) with `scale` read from output's kNVTEScale; if output has
+ *  kNVTEAmax it receives max|x| (before scaling); if it has kNVTERowwiseScaleInv it receives 1/scale.
+ *  If output has column-wise data ([cols, rows] of a 2-D view), it receives the transposed FP8 copy.
+ *
+ *  MXFP8 (NVTE_MXFP8_1D_SCALING): row-wise data with E8M0 scale_inv [rows, ceil(cols/32)] and/or
+ *  column-wise data (same shape as input) with E8M0 scale_inv [ceil(rows/32), cols]; each scale is
+ *  2^ceil(log2(block_amax / fp8_max)). The 2-D view flattens all leading dims into rows.
+ */
+NVTE_API NVTEStatus nvte_quantize(const NVTETensor input, NVTETensor output, NVTEStream stream);
+
+/*! Dequantizes FP8 `input` (per-tensor: x = decode(q) * scale_inv; MXFP8 row-wise) into `output`
+ *  (fp32/fp16/bf16) of the same shape. */
+NVTE_API NVTEStatus nvte_dequantize(const NVTETensor input, NVTETensor output, NVTEStream stream);
+
+/*! Writes max|input| into output's kNVTEAmax (fp32 scalar). NaN inputs propagate to amax. */
+NVTE_API NVTEStatus nvte_compute_amax(const NVTETensor input, NVTETensor output, NVTEStream stream);
+
+/*! Current scaling: from output's kNVTEAmax computes output's kNVTEScale (and kNVTERowwiseScaleInv
+ *  when present) for output's FP8 dtype: amax = max(amax, eps); amax 0 / Inf / NaN -> scale 1;
+ *  scale = fp8_max / amax, Inf -> FLT_MAX; optional power-of-two rounding (down). `config` may be NULL
+ *  (eps 0, no power-of-two). */
+NVTE_API NVTEStatus nvte_compute_scale_from_amax(NVTETensor output,
+                                                 const NVTEQuantizationConfig config,
+                                                 NVTEStream stream);
+
+#ifdef __cplusplus
+}
+#endif
+
+#endif

@@ -1,0 +1,154 @@
+/* Core C API of transformer_engine_lite: dtypes, tensor handles, status codes, build info.
+ *
+ * Follows TransformerEngine's names and argument conventions (NVTETensor, nvte_* functions); differs
+ * where TE's C++ habits do not fit a C ABI:
+ *  - every nvte_* op returns an NVTEStatus instead of throwing; nvte_get_last_error() gives the
+ *    message (op, argument, what was expected, what was got), kept per thread;
+ *  - streams are plain `void *` (NVTEStream), so this header needs no CUDA/HIP headers;
+ *  - tensors carry a device tag (CPU or GPU); ops whose tensors disagree on device are rejected.
+ * This header compiles as C99 (checked in CI).
+ */
+#ifndef TRANSFORMER_ENGINE_LITE_TRANSFORMER_ENGINE_H_
+#define TRANSFORMER_ENGINE_LITE_TRANSFORMER_ENGINE_H_
+
+#include <stdbool.h>
+#include <stddef.h>
+#include <stdint.h>
+
+#if defined(_WIN32)
+#define NVTE_API
+#else
+#define NVTE_API __attribute__((visibility("default")))
+#endif
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+/*! Element types. Values of the TE types match TE's NVTEDType; the FNUZ FP8 types are ours. */
+typedef enum NVTEDType {
+  kNVTEByte = 0,
+  kNVTEInt16 = 1,
+  kNVTEInt32 = 2,
+  kNVTEInt64 = 3,
+  kNVTEFloat32 = 4,
+  kNVTEFloat16 = 5,
+  kNVTEBFloat16 = 6,
+  kNVTEFloat8E4M3 = 7,     /*!< OCP E4M3 ("fn"): max 448, NaN 0x7F/0xFF, no Inf */
+  kNVTEFloat8E5M2 = 8,     /*!< OCP E5M2: max 57344, has Inf */
+  kNVTEFloat8E8M0 = 9,     /*!< MX block scale: unsigned power of two, 0xFF = NaN */
+  kNVTEFloat8E4M3FNUZ = 10, /*!< AMD gfx94x E4M3: bias 8, max 240, NaN 0x80 only, no -0 */
+  kNVTEFloat8E5M2FNUZ = 11, /*!< AMD gfx94x E5M2: bias 16, max 57344, NaN 0x80 only, no -0 */
+  kNVTENumTypes
+} NVTEDType;
+
+/*! Status of an nvte_* call. Anything but NVTE_SUCCESS leaves a message in nvte_get_last_error(). */
+typedef enum NVTEStatus {
+  NVTE_SUCCESS = 0,
+  NVTE_ERROR_INVALID_ARGUMENT = 1, /*!< bad shape, dtype, device, null pointer ... */
+  NVTE_ERROR_UNSUPPORTED = 2,      /*!< valid request this build or device cannot do */
+  NVTE_ERROR_INTERNAL = 3          /*!< library bug or resource failure */
+} NVTEStatus;
+
+/*! Where a tensor's memory lives. */
+typedef enum NVTEDevice { kNVTEDeviceCPU = 0, kNVTEDeviceGPU = 1 } NVTEDevice;
+
+/*! How an FP8 tensor is scaled (TE's NVTEScalingMode). */
+typedef enum NVTEScalingMode {
+  NVTE_DELAYED_TENSOR_SCALING = 0, /*!< one fp32 scale per tensor (delayed and current scaling) */
+  NVTE_MXFP8_1D_SCALING = 1,       /*!< one E8M0 scale per 32 consecutive elements */
+  NVTE_INVALID_SCALING = 100
+} NVTEScalingMode;
+
+/*! Maximum rank of a tensor. */
+#define NVTE_MAX_NDIM 8
+
+/*! Tensor shape: dims in row-major order (last dim contiguous). */
+typedef struct NVTEShape {
+  size_t data[NVTE_MAX_NDIM];
+  size_t ndim;
+} NVTEShape;
+
+/*! One buffer of a tensor: pointer, element type, shape. */
+typedef struct NVTEBasicTensor {
+  void *data_ptr;
+  NVTEDType dtype;
+  NVTEShape shape;
+} NVTEBasicTensor;
+
+/*! The buffers a tensor handle can hold (TE's NVTETensorParam). */
+typedef enum NVTETensorParam {
+  kNVTERowwiseData = 0,        /*!< data, row-major */
+  kNVTEColumnwiseData = 1,     /*!< transposed copy (per-tensor FP8) or column-wise MXFP8 data */
+  kNVTEScale = 2,              /*!< fp32 scalar: q = encode(x * scale) */
+  kNVTEAmax = 3,               /*!< fp32 scalar: max|x| recorded by producers */
+  kNVTERowwiseScaleInv = 4,    /*!< fp32 scalar (per-tensor) or E8M0 [rows, cols/32] (MXFP8) */
+  kNVTEColumnwiseScaleInv = 5, /*!< E8M0 [rows/32, cols] (MXFP8 column-wise) */
+  kNVTENumTensorParams
+} NVTETensorParam;
+
+/*! Opaque tensor handle. Holds pointers only; never owns memory. */
+typedef void *NVTETensor;
+
+/*! Stream: cudaStream_t / hipStream_t on GPU builds, ignored on the CPU. */
+typedef void *NVTEStream;
+
+/*! Creates an empty tensor handle (CPU device, no buffers). Returns NULL only on allocation failure. */
+NVTE_API NVTETensor nvte_create_tensor(NVTEScalingMode scaling_mode);
+
+/*! Destroys a handle (not the memory it points to). NULL is ignored. */
+NVTE_API void nvte_destroy_tensor(NVTETensor tensor);
+
+/*! Sets one buffer of a tensor. */
+NVTE_API NVTEStatus nvte_set_tensor_param(NVTETensor *tensor, NVTETensorParam param_name,
+                                          const NVTEBasicTensor *param);
+
+/*! Reads one buffer of a tensor (a zeroed struct for a NULL handle). */
+NVTE_API NVTEBasicTensor nvte_get_tensor_param(const NVTETensor tensor, NVTETensorParam param_name);
+
+/*! Sets / reads the device tag. */
+NVTE_API NVTEStatus nvte_set_tensor_device(NVTETensor tensor, NVTEDevice device);
+NVTE_API NVTEDevice nvte_tensor_device(const NVTETensor tensor);
+
+/*! Convenience accessors of the row-wise data (TE names). */
+NVTE_API NVTEShape nvte_tensor_shape(const NVTETensor tensor);
+NVTE_API NVTEDType nvte_tensor_type(const NVTETensor tensor);
+NVTE_API void *nvte_tensor_data(const NVTETensor tensor);
+NVTE_API NVTEScalingMode nvte_tensor_scaling_mode(const NVTETensor tensor);
+NVTE_API size_t nvte_tensor_numel(const NVTETensor tensor);
+
+/*! Size in bytes of one element of `dtype` (0 for an unknown dtype). */
+NVTE_API size_t nvte_dtype_size(NVTEDType dtype);
+/*! Name of a dtype ("float32", "float8_e4m3", ...); "unknown" for values out of range. */
+NVTE_API const char *nvte_dtype_name(NVTEDType dtype);
+
+/*! Message of the last failed nvte_* call on this thread ("" if the last call succeeded). */
+NVTE_API const char *nvte_get_last_error(void);
+/*! Status of the last nvte_* call on this thread. */
+NVTE_API NVTEStatus nvte_get_last_status(void);
+
+/*! JSON object describing this build: version, device backends, CPU features, FP8 flavour. */
+NVTE_API const char *nvte_get_build_info(void);
+/*! Library version string, e.g. "0.1.0". */
+NVTE_API const char *nvte_get_version(void);
+
+/*! Quantization options (TE's NVTEQuantizationConfig) used by current scaling. */
+typedef void *NVTEQuantizationConfig;
+typedef enum NVTEQuantizationConfigAttribute {
+  kNVTEQuantizationConfigForcePow2Scales = 0, /*!< bool: clear the scale's mantissa bits */
+  kNVTEQuantizationConfigAmaxEpsilon = 1,     /*!< float: amax is clamped to at least this */
+  kNVTEQuantizationConfigNumAttributes
+} NVTEQuantizationConfigAttribute;
+
+NVTE_API NVTEQuantizationConfig nvte_create_quantization_config(void);
+NVTE_API void nvte_destroy_quantization_config(NVTEQuantizationConfig config);
+/*! Sets an attribute from `buf` of `size_in_bytes` (sizeof(bool) or sizeof(float)). */
+NVTE_API NVTEStatus nvte_set_quantization_config_attribute(NVTEQuantizationConfig config,
+                                                           NVTEQuantizationConfigAttribute attr,
+                                                           const void *buf, size_t size_in_bytes);
+
+#ifdef __cplusplus
+} /* extern "C" */
+#endif
+
+#endif /* TRANSFORMER_ENGINE_LITE_TRANSFORMER_ENGINE_H_ */

@@ -1,0 +1,160 @@
+// C API of tensor handles, errors, quantization configs and build info.
+#include "transformer_engine_lite/transformer_engine.h"
+
+#include <cstring>
+#include <new>
+#include <string>
+
+#include "util/api.h"
+#include "util/build_info.h"
+#include "util/tensor.h"
+
+namespace nvte {
+
+namespace {
+thread_local std::string g_last_error;
+thread_local NVTEStatus g_last_status = NVTE_SUCCESS;
+
+SimpleTensor *param_slot(Tensor &t, NVTETensorParam p) {
+  switch (p) {
+    case kNVTERowwiseData: return &t.data;
+    case kNVTEColumnwiseData: return &t.columnwise_data;
+    case kNVTEScale: return &t.scale;
+    case kNVTEAmax: return &t.amax;
+    case kNVTERowwiseScaleInv: return &t.scale_inv;
+    case kNVTEColumnwiseScaleInv: return &t.columnwise_scale_inv;
+    default: return nullptr;
+  }
+}
+}  // namespace
+
+void set_last_error(NVTEStatus status, const std::string &msg) {
+  g_last_status = status;
+  g_last_error = msg;
+}
+
+}  // namespace nvte
+
+using namespace nvte;
+
+NVTETensor nvte_create_tensor(NVTEScalingMode scaling_mode) {
+  Tensor *t = new (std::nothrow) Tensor();
+  if (t) t->scaling_mode = scaling_mode;
+  return t;
+}
+
+void nvte_destroy_tensor(NVTETensor tensor) { delete static_cast<Tensor *>(tensor); }
+
+NVTEStatus nvte_set_tensor_param(NVTETensor *tensor, NVTETensorParam param_name,
+                                 const NVTEBasicTensor *param) {
+  return guarded("nvte_set_tensor_param", [&] {
+    NVTE_CHECK(tensor != nullptr, "argument 'tensor': expected a pointer to a handle, got NULL");
+    Tensor &t = as_tensor_mut(*tensor, "tensor");
+    NVTE_CHECK(param != nullptr, "argument 'param': expected a tensor description, got NULL");
+    SimpleTensor *slot = param_slot(t, param_name);
+    NVTE_CHECK(slot != nullptr, "argument 'param_name': expected 0..", kNVTENumTensorParams - 1,
+               ", got ", static_cast<int>(param_name));
+    NVTE_CHECK(param->dtype >= 0 && param->dtype < kNVTENumTypes,
+               "argument 'param.dtype': expected 0..", kNVTENumTypes - 1, ", got ",
+               static_cast<int>(param->dtype));
+    NVTE_CHECK(param->shape.ndim <= NVTE_MAX_NDIM, "argument 'param.shape': expected at most ",
+               NVTE_MAX_NDIM, " dims, got ", param->shape.ndim);
+    slot->dptr = param->data_ptr;
+    slot->dtype = param->dtype;
+    slot->shape.assign(param->shape.data, param->shape.data + param->shape.ndim);
+  });
+}
+
+NVTEBasicTensor nvte_get_tensor_param(const NVTETensor tensor, NVTETensorParam param_name) {
+  NVTEBasicTensor out;
+  std::memset(&out, 0, sizeof(out));
+  if (tensor == nullptr) return out;
+  SimpleTensor *slot = param_slot(*static_cast<Tensor *>(tensor), param_name);
+  if (slot == nullptr) return out;
+  out.data_ptr = slot->dptr;
+  out.dtype = slot->dtype;
+  out.shape.ndim = slot->shape.size();
+  for (size_t i = 0; i < slot->shape.size(); ++i) out.shape.data[i] = slot->shape[i];
+  return out;
+}
+
+NVTEStatus nvte_set_tensor_device(NVTETensor tensor, NVTEDevice device) {
+  return guarded("nvte_set_tensor_device", [&] {
+    Tensor &t = as_tensor_mut(tensor, "tensor");
+    NVTE_CHECK(device == kNVTEDeviceCPU || device == kNVTEDeviceGPU,
+               "argument 'device': expected kNVTEDeviceCPU (0) or kNVTEDeviceGPU (1), got ",
+               static_cast<int>(device));
+    t.device = device;
+  });
+}
+
+NVTEDevice nvte_tensor_device(const NVTETensor tensor) {
+  return tensor ? static_cast<const Tensor *>(tensor)->device : kNVTEDeviceCPU;
+}
+
+NVTEShape nvte_tensor_shape(const NVTETensor tensor) {
+  return nvte_get_tensor_param(tensor, kNVTERowwiseData).shape;
+}
+
+NVTEDType nvte_tensor_type(const NVTETensor tensor) {
+  return nvte_get_tensor_param(tensor, kNVTERowwiseData).dtype;
+}
+
+void *nvte_tensor_data(const NVTETensor tensor) {
+  return nvte_get_tensor_param(tensor, kNVTERowwiseData).data_ptr;
+}
+
+NVTEScalingMode nvte_tensor_scaling_mode(const NVTETensor tensor) {
+  return tensor ? static_cast<const Tensor *>(tensor)->scaling_mode : NVTE_INVALID_SCALING;
+}
+
+size_t nvte_tensor_numel(const NVTETensor tensor) {
+  return tensor ? static_cast<const Tensor *>(tensor)->data.numel() : 0;
+}
+
+size_t nvte_dtype_size(NVTEDType dtype) { return dtype_size(dtype); }
+const char *nvte_dtype_name(NVTEDType dtype) { return dtype_name(dtype); }
+
+const char *nvte_get_last_error(void) { return g_last_error.c_str(); }
+NVTEStatus nvte_get_last_status(void) { return g_last_status; }
+
+const char *nvte_get_version(void) { return NVTE_VERSION_STRING; }
+const char *nvte_get_build_info(void) { return build_info_json(); }
+
+NVTEQuantizationConfig nvte_create_quantization_config(void) {
+  return new (std::nothrow) QuantizationConfig();
+}
+
+void nvte_destroy_quantization_config(NVTEQuantizationConfig config) {
+  delete static_cast<QuantizationConfig *>(config);
+}
+
+NVTEStatus nvte_set_quantization_config_attribute(NVTEQuantizationConfig config,
+                                                  NVTEQuantizationConfigAttribute attr,
+                                                  const void *buf, size_t size_in_bytes) {
+  return guarded("nvte_set_quantization_config_attribute", [&] {
+    NVTE_CHECK(config != nullptr, "argument 'config': expected a config handle, got NULL");
+    NVTE_CHECK(buf != nullptr, "argument 'buf': expected a pointer to the value, got NULL");
+    auto &c = *static_cast<QuantizationConfig *>(config);
+    switch (attr) {
+      case kNVTEQuantizationConfigForcePow2Scales:
+        NVTE_CHECK(size_in_bytes == sizeof(bool), "argument 'size_in_bytes': expected ",
+                   sizeof(bool), " (bool), got ", size_in_bytes);
+        std::memcpy(&c.force_pow_2_scales, buf, sizeof(bool));
+        break;
+      case kNVTEQuantizationConfigAmaxEpsilon:
+        NVTE_CHECK(size_in_bytes == sizeof(float), "argument 'size_in_bytes': expected ",
+                   sizeof(float), " (float), got ", size_in_bytes);
+        {
+          float eps;
+          std::memcpy(&eps, buf, sizeof(float));
+          NVTE_CHECK(eps >= 0.0f, "argument 'buf': expected amax epsilon >= 0, got ", eps);
+          c.amax_epsilon = eps;
+        }
+        break;
+      default:
+        NVTE_ERROR("argument 'attr': expected 0..", kNVTEQuantizationConfigNumAttributes - 1,
+                   ", got ", static_cast<int>(attr));
+    }
+  });
+}
