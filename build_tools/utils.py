@@ -1,0 +1,122 @@
+"""Build configuration: device backend detection and framework selection (ARCHITECTURE.md §8).
+
+Environment variables (all optional):
+  NVTE_USE_ROCM=1          force the ROCm backend
+  NVTE_USE_CUDA=0|1        0 forbids CUDA; 1 forces it
+  NVTE_CUDA_ARCHS          CUDA archs (default "80;90")
+  NVTE_ROCM_ARCH           ROCm archs (default "gfx942")
+  NVTE_FRAMEWORK           "pytorch", "jax", "pytorch,jax", "all" or "none" (default: importable ones)
+  NVTE_BUILD_DIR           CMake build folder (default build/cmake), reused across builds
+  NVTE_WERROR=1            compile with warnings as errors
+  DNNL_ROOT                prefix of oneDNN (default: the Python prefix, where PyPI's onednn-* install)
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import os
+import shutil
+from dataclasses import dataclass
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+COMMON = ROOT / "transformer_engine_lite" / "common"
+KNOWN_FRAMEWORKS = ("pytorch", "jax")
+
+
+def _flag(name: str) -> str | None:
+    value = os.environ.get(name)
+    return None if value is None or value == "" else value
+
+
+def has_gpu_sources(kind: str) -> bool:
+    """True if the tree holds kernels for `kind` ("cuda": *.cu under common/)."""
+    if kind in ("cuda", "rocm"):  # ROCm builds hipify the CUDA sources
+        return any(COMMON.rglob("*.cu"))
+    return False
+
+
+@dataclass(frozen=True)
+class BackendChoice:
+    backend: str  # "cpu", "cuda" or "rocm"
+    reason: str
+
+
+def detect_backend() -> BackendChoice:
+    """NVTE_USE_ROCM=1 forces ROCm; else nvcc found -> CUDA; else hipcc -> ROCm; else CPU only.
+
+    Auto-detection only picks a GPU backend when the tree has GPU kernels to build, so a machine with
+    a toolkit but a CPU-only tree still builds; forcing one without kernels is an error.
+    """
+    use_rocm, use_cuda = _flag("NVTE_USE_ROCM"), _flag("NVTE_USE_CUDA")
+    for name, value in (("NVTE_USE_ROCM", use_rocm), ("NVTE_USE_CUDA", use_cuda)):
+        if value not in (None, "0", "1"):
+            raise ValueError(f"{name}: expected 0 or 1, got {value!r}")
+    if use_rocm == "1" and use_cuda == "1":
+        raise ValueError("NVTE_USE_ROCM=1 and NVTE_USE_CUDA=1: expected at most one GPU backend")
+    for forced, kind in ((use_rocm == "1", "rocm"), (use_cuda == "1", "cuda")):
+        if forced:
+            if not has_gpu_sources(kind):
+                raise RuntimeError(
+                    f"NVTE_USE_{kind.upper()}=1: expected GPU kernels (*.cu) in {COMMON}, got none; "
+                    "this tree builds the CPU backend only"
+                )
+            return BackendChoice(kind, f"NVTE_USE_{kind.upper()}=1")
+    if use_cuda != "0" and shutil.which("nvcc") and has_gpu_sources("cuda"):
+        return BackendChoice("cuda", "nvcc found")
+    if use_rocm != "0" and shutil.which("hipcc") and has_gpu_sources("rocm"):
+        return BackendChoice("rocm", "hipcc found")
+    if shutil.which("nvcc") or shutil.which("hipcc"):
+        return BackendChoice("cpu", "GPU toolkit found but no GPU kernels in this tree")
+    return BackendChoice("cpu", "no CUDA or ROCm toolkit found")
+
+
+def cuda_archs() -> str:
+    return _flag("NVTE_CUDA_ARCHS") or "80;90"
+
+
+def rocm_archs() -> str:
+    return _flag("NVTE_ROCM_ARCH") or "gfx942"
+
+
+def _importable(module: str) -> bool:
+    return importlib.util.find_spec(module) is not None
+
+
+def select_frameworks() -> list[str]:
+    """Frameworks whose extensions to build: NVTE_FRAMEWORK or, by default, the importable ones."""
+    value = _flag("NVTE_FRAMEWORK")
+    if value is None:
+        return [f for f, mod in (("pytorch", "torch"), ("jax", "jax")) if _importable(mod)]
+    value = value.strip().lower()
+    if value == "none":
+        return []
+    if value == "all":
+        return list(KNOWN_FRAMEWORKS)
+    chosen = [v.strip() for v in value.split(",") if v.strip()]
+    unknown = [v for v in chosen if v not in KNOWN_FRAMEWORKS]
+    if unknown:
+        raise ValueError(
+            f"NVTE_FRAMEWORK: expected a comma list of {KNOWN_FRAMEWORKS}, 'all' or 'none', "
+            f"got {value!r}"
+        )
+    return chosen
+
+
+def cmake_args(build_type: str = "Release") -> list[str]:
+    choice = detect_backend()
+    args = [f"-DCMAKE_BUILD_TYPE={build_type}", f"-DNVTE_BACKEND={choice.backend}"]
+    if choice.backend == "cuda":
+        args.append(f"-DCMAKE_CUDA_ARCHITECTURES={cuda_archs()}")
+    if choice.backend == "rocm":
+        args.append(f"-DNVTE_ROCM_ARCH={rocm_archs()}")
+    if _flag("NVTE_WERROR") == "1":
+        args.append("-DNVTE_WERROR=ON")
+    dnnl = _flag("DNNL_ROOT")
+    if dnnl:
+        args.append(f"-DDNNL_ROOT={dnnl}")
+    return args
+
+
+def build_dir() -> Path:
+    return Path(_flag("NVTE_BUILD_DIR") or ROOT / "build" / "cmake")

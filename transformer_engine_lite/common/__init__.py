@@ -1,0 +1,78 @@
+"""Locates and loads libtransformer_engine_lite.so; reports what it was built with.
+
+Search order: $NVTE_LIB_PATH (a file or folder), the installed package folder, then the CMake build
+folder of a source checkout (build/cmake). Works on hosts with no GPU and no driver: the CPU backend
+needs neither, and GPU runtimes are never loaded at import.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import functools
+import json
+import os
+import sys
+from pathlib import Path
+
+__version__ = "0.1.0"
+
+LIB_NAME = "libtransformer_engine_lite.so"
+_PKG_DIR = Path(__file__).resolve().parent.parent
+
+
+def _candidates() -> list[Path]:
+    paths: list[Path] = []
+    env = os.environ.get("NVTE_LIB_PATH")
+    if env:
+        p = Path(env)
+        paths.append(p / LIB_NAME if p.is_dir() else p)
+    paths.append(_PKG_DIR / LIB_NAME)
+    paths.append(_PKG_DIR.parent / "build" / "cmake" / "transformer_engine_lite" / "common" / LIB_NAME)
+    return paths
+
+
+def _preload_onednn() -> None:
+    # PyPI's onednn-cpu-gomp puts libdnnl.so.3 under the Python prefix; the library's RPATH points at the
+    # prefix it was built against, and preloading makes a relocated environment work too.
+    for prefix in {sys.prefix, sys.base_prefix}:
+        lib = Path(prefix) / "lib" / "libdnnl.so.3"
+        if lib.exists():
+            try:
+                ctypes.CDLL(str(lib), mode=ctypes.RTLD_GLOBAL)
+            except OSError:
+                pass
+            return
+
+
+@functools.lru_cache(maxsize=None)
+def get_lib() -> ctypes.CDLL:
+    """The loaded core library (loaded once)."""
+    tried = []
+    for path in _candidates():
+        if path.is_file():
+            _preload_onednn()
+            lib = ctypes.CDLL(str(path), mode=ctypes.RTLD_GLOBAL)
+            lib.nvte_get_build_info.restype = ctypes.c_char_p
+            lib.nvte_get_version.restype = ctypes.c_char_p
+            return lib
+        tried.append(str(path))
+    raise ImportError(
+        f"transformer_engine_lite: {LIB_NAME} not found; looked in: {', '.join(tried)}. "
+        "Install the package (pip install --no-build-isolation -e .) or set NVTE_LIB_PATH."
+    )
+
+
+def lib_path() -> str:
+    """Path of the loaded library file."""
+    return get_lib()._name
+
+
+@functools.lru_cache(maxsize=None)
+def build_info() -> dict:
+    """Version, compiled device backends, CPU features used and the CPU GEMM provider."""
+    info = json.loads(get_lib().nvte_get_build_info().decode())
+    info["library_path"] = lib_path()
+    return info
+
+
+get_lib()  # fail at import with a clear message rather than at the first op
