@@ -1,0 +1,20 @@
+#!/usr/bin/env bash
+# Installs what building and testing need on a fresh machine of this kind, then the package itself
+# (editable, so build/cmake is reused by later builds). Idempotent; quiet unless something fails.
+set -euo pipefail
+REPO_ROOT=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
+
+if ! [ -e /usr/include/gtest/gtest.h ] || ! command -v ninja >/dev/null; then
+  if command -v apt-get >/dev/null; then
+    SUDO=""; [ "$(id -u)" -ne 0 ] && SUDO=sudo
+    $SUDO apt-get update -qq
+    DEBIAN_FRONTEND=noninteractive $SUDO apt-get install -y -qq libgtest-dev ninja-build >/dev/null
+  fi
+fi
+# torch==2.13.0 is pinned: it is the CPU build on this machine's disk (a plain "torch" would pull
+# several GB of CUDA wheels). oneDNN 3.2 (GNU OpenMP flavour, no SYCL) provides the CPU GEMM.
+python -m pip install -q --disable-pip-version-check torch==2.13.0 onednn-cpu-gomp \
+  onednn-devel-cpu-gomp numpy ml_dtypes pytest matplotlib tqdm 2>&1 | grep -v "Running pip as the 'root'" || true
+python -m pip install -q --disable-pip-version-check --no-build-isolation -e "$REPO_ROOT" 2>&1 \
+  | grep -v "Running pip as the 'root'" || true
+python -c "import transformer_engine_lite as te; print('transformer_engine_lite', te.__version__, te.build_info()['device_backends'])"

@@ -1,0 +1,11 @@
+#!/usr/bin/env bash
+# The README's test command: installs everything, builds once, runs every suite, exits non-zero on any
+# failure. TEST_FILTER / TEST_LEVEL (see ci/_utils.sh) narrow what runs.
+set -u
+REPO_ROOT=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
+bash "$REPO_ROOT/ci/install_deps.sh" || exit 1
+rc=0
+bash "$REPO_ROOT/ci/core.sh" || rc=1
+bash "$REPO_ROOT/ci/python.sh" || rc=1
+echo "ci/run_all.sh: $([ $rc -eq 0 ] && echo all suites passed || echo some suites FAILED)"
+exit $rc
