@@ -32,7 +32,8 @@ class CMakeBuild(build_ext):
         choice = utils.detect_backend()
         frameworks = utils.select_frameworks()
         print(f"[transformer_engine_lite] device backend: {choice.backend} ({choice.reason}); "
-              f"frameworks requested: {frameworks or 'none'}")
+              f"frameworks: {frameworks or 'none'} (this tree has no framework extensions to "
+              "compile yet; the Python packages are pure Python)")
         build_dir = utils.build_dir()
         build_dir.mkdir(parents=True, exist_ok=True)
         generator = ["-G", "Ninja"] if shutil.which("ninja") else []

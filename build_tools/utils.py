@@ -14,8 +14,8 @@ Environment variables (all optional):
 from __future__ import annotations
 
 import importlib.util
-import os
 import shutil
+import sys
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -24,9 +24,21 @@ COMMON = ROOT / "transformer_engine_lite" / "common"
 KNOWN_FRAMEWORKS = ("pytorch", "jax")
 
 
+def _load_config():
+    # The package's env-var registry, loaded by path: the package itself cannot be imported before the
+    # library it loads has been built.
+    spec = importlib.util.spec_from_file_location("_nvte_config", COMMON / "config.py")
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[spec.name] = module  # dataclasses look their module up here
+    spec.loader.exec_module(module)
+    return module
+
+
+_CONFIG = _load_config()
+
+
 def _flag(name: str) -> str | None:
-    value = os.environ.get(name)
-    return None if value is None or value == "" else value
+    return _CONFIG.get(name)
 
 
 def has_gpu_sources(kind: str) -> bool:
@@ -72,11 +84,11 @@ def detect_backend() -> BackendChoice:
 
 
 def cuda_archs() -> str:
-    return _flag("NVTE_CUDA_ARCHS") or "80;90"
+    return _flag("NVTE_CUDA_ARCHS")
 
 
 def rocm_archs() -> str:
-    return _flag("NVTE_ROCM_ARCH") or "gfx942"
+    return _flag("NVTE_ROCM_ARCH")
 
 
 def _importable(module: str) -> bool:
@@ -119,4 +131,5 @@ def cmake_args(build_type: str = "Release") -> list[str]:
 
 
 def build_dir() -> Path:
-    return Path(_flag("NVTE_BUILD_DIR") or ROOT / "build" / "cmake")
+    path = Path(_flag("NVTE_BUILD_DIR"))
+    return path if path.is_absolute() else ROOT / path

@@ -8,15 +8,14 @@ NVTE_FRAMEWORK ("pytorch", "jax", "all", "none") limits which of them may be imp
 from __future__ import annotations
 
 import importlib
-import os
 
-from .common import __version__, build_info, get_lib  # noqa: F401
+from .common import __version__, build_info, config, get_lib  # noqa: F401
 
 _FRONT_ENDS = ("pytorch", "jax")
 
 
 def _allowed_frameworks() -> tuple[str, ...]:
-    value = os.environ.get("NVTE_FRAMEWORK", "").strip().lower()
+    value = (config.get("NVTE_FRAMEWORK") or "").strip().lower()
     if value in ("", "all"):
         return _FRONT_ENDS
     if value == "none":
@@ -33,7 +32,7 @@ def __getattr__(name: str):
         if name not in _allowed_frameworks():
             raise ImportError(
                 f"transformer_engine_lite.{name} is disabled by NVTE_FRAMEWORK="
-                f"{os.environ.get('NVTE_FRAMEWORK')!r}"
+                f"{config.get('NVTE_FRAMEWORK')!r}"
             )
         return importlib.import_module(f".{name}", __name__)
     raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

@@ -10,9 +10,10 @@ from __future__ import annotations
 import ctypes
 import functools
 import json
-import os
 import sys
 from pathlib import Path
+
+from . import config
 
 __version__ = "0.1.0"
 
@@ -22,7 +23,7 @@ _PKG_DIR = Path(__file__).resolve().parent.parent
 
 def _candidates() -> list[Path]:
     paths: list[Path] = []
-    env = os.environ.get("NVTE_LIB_PATH")
+    env = config.get("NVTE_LIB_PATH")
     if env:
         p = Path(env)
         paths.append(p / LIB_NAME if p.is_dir() else p)
