@@ -105,6 +105,26 @@ inline Tol norm_grad_tolerance(NVTEDType t) {
   Tol base = tolerance(t);
   return {std::max(base.atol, 5e-4), std::max(base.rtol, 5e-4)};
 }
+// Activations evaluated in fp32 with tanhf/expf, where terms cancel (1 - tanh^2 in the GELU derivative
+// near saturation): about one ulp of an O(1) intermediate times the grad and gate factors (up to ~2e-6
+// for grad, gate in [-4, 4]), above the fp32 storage tolerance.
+inline Tol activation_tolerance(NVTEDType t) {
+  Tol base = tolerance(t);
+  return {std::max(base.atol, 1e-5), base.rtol};
+}
+// Rounding error of one FP8 format, in the quantized domain (x * scale, or x / MX block scale): half a
+// unit in the last place relative, plus half the smallest subnormal absolute.
+inline Tol fp8_quantization_tolerance(NVTEDType t) {
+  const Fp8Spec s = fp8_spec(t);
+  return {std::ldexp(0.5, 1 - s.bias - s.man_bits), std::ldexp(1.0, -(s.man_bits + 1))};
+}
+// FP32 accumulation of k terms whose magnitudes sum to l1 (GEMM dot products, bias gradients):
+// absolute allowance 4 sqrt(k) 2^-24 l1, the statistical bound with a safety factor (blocked kernels
+// never approach the worst case k 2^-24 l1), plus 8 ulps of l1 for fp32 epilogue math on the result
+// (output scale, GELU). Added to tolerance(out) of the output dtype.
+inline double fp32_accumulation_atol(size_t k, double l1) {
+  return (4.0 * std::sqrt(static_cast<double>(k)) + 8.0) * std::ldexp(l1, -24);
+}
 
 // ------------------------------------------------------------------ owning test tensor
 inline size_t dtype_bytes(NVTEDType t) { return nvte_dtype_size(t); }

@@ -4,6 +4,8 @@
 #include <algorithm>
 #include <cstring>
 
+#include "transpose_tile.h"
+
 namespace nvte {
 
 // ---------------------------------------------------------------- row conversion
@@ -47,71 +49,137 @@ NVTE_INSTANTIATE_ROW_IO(fp8e5m2fnuz)
 
 namespace {
 
-NVTE_CPU_CLONES AbsMax absmax_row(const float *v, size_t n) {
-  float m = 0.0f;
-  bool nan = false;
+// Max |v| over v[0, n) as the integer max of the magnitude bits: positive floats order like their
+// bit patterns and every NaN pattern lies above +Inf's, so one vectorizable integer max (vpmaxud)
+// gives both the amax and the NaN flag; a float compare-select reduction does not vectorize
+// without -ffast-math.
+inline uint32_t amax_bits(const float *v, size_t n) {
+  uint32_t m = 0;
   for (size_t i = 0; i < n; ++i) {
-    const float a = std::fabs(v[i]);
+    const uint32_t a = float_bits(v[i]) & 0x7FFFFFFFu;
     m = a > m ? a : m;
-    nan |= v[i] != v[i];
   }
+  return m;
+}
+
+inline AbsMax absmax_from_bits(uint32_t m) {
   AbsMax r;
-  r.m = m;
-  r.nan = nan;
+  r.nan = m > 0x7F800000u;
+  r.m = r.nan ? 0.0f : bits_float(m);
   return r;
 }
 
-// q[i] = encode(v[i] * scale)
-template <typename OType>
-NVTE_CPU_CLONES void scale_encode_row(const float *v, OType *q, size_t n, float scale) {
-  for (size_t i = 0; i < n; ++i) q[i] = from_float<OType>(v[i] * scale);
+NVTE_CPU_CLONES AbsMax absmax_row(const float *v, size_t n) {
+  return absmax_from_bits(amax_bits(v, n));
 }
 
+// q[i] = encode(v[i] * scale), returning max |v| (taken before scaling) from the same pass: one
+// read of the block instead of two.
 template <typename OType>
-uint8_t mx_scale_byte(float block_amax) {
+NVTE_CPU_CLONES AbsMax scale_encode_row(const float *v, OType *q, size_t n, float scale) {
+  uint32_t m = 0;
+  for (size_t i = 0; i < n; ++i) {
+    const uint32_t a = float_bits(v[i]) & 0x7FFFFFFFu;
+    m = a > m ? a : m;
+    q[i] = from_float<OType>(v[i] * scale);
+  }
+  return absmax_from_bits(m);
+}
+
+// q[i] = encode(v[i] * mult[i])
+template <typename OType>
+NVTE_CPU_CLONES void mul_encode_row(const float *v, const float *mult, OType *q, size_t n) {
+  for (size_t i = 0; i < n; ++i) q[i] = from_float<OType>(v[i] * mult[i]);
+}
+
+// Biased E8M0 exponent of 2^ceil(log2(amax / fp8_max)) (TE's round-up rule) from the magnitude bits
+// of amax, exactly and without dividing. With amax = a * 2^ea and fp8_max = f * 2^ef (a, f in
+// [1, 2)), the quotient lies in (2^(ea-ef-1), 2^(ea-ef)] when a <= f and in
+// (2^(ea-ef), 2^(ea-ef+1)) when a > f, so ceil(log2) = ea - ef + (a > f): one compare of mantissa
+// fields. (An fp32 division
+// would round quotients just above 2^-127, which are subnormal, onto 2^-127 and pick a scale one
+// binade too small.) Zero and subnormal amaxes give quotients below 2^-127: byte 0. NaN -> 0xFF;
+// Inf -> 0xFE (saturates, as the GPU's satfinite cvt to ue8m0).
+template <typename OType>
+NVTE_HOST_DEVICE uint8_t mx_scale_byte(uint32_t amax_bits) {
   using F = typename Fp8Traits<OType>::format;
-  return e8m0_ceil_from_float(block_amax / fp8_max_value<F>());
+  const uint32_t f = float_bits(fp8_max_value<F>());  // folded to a constant
+  const int ef = static_cast<int>(f >> 23) - 127;
+  const int k = static_cast<int>(amax_bits >> 23) - ef +
+                ((amax_bits & 0x7FFFFFu) > (f & 0x7FFFFFu) ? 1 : 0);  // biased: (ea + 127) - ef
+  const uint8_t finite = static_cast<uint8_t>(amax_bits < 0x00800000u ? 0 : (k < 0 ? 0 : k));
+  return amax_bits > 0x7F800000u ? 0xFFu : (amax_bits == 0x7F800000u ? 0xFEu : finite);
 }
 
-// MXFP8 row-wise: one E8M0 scale per 32 consecutive elements of each row.
+// Scales of the row-wise blocks of one row, and each element's multiplier 1 / scale (exact: a power
+// of two) expanded into mult[0, cols).
+template <typename OType>
+NVTE_CPU_CLONES void mx_row_scales(const float *v, size_t cols, uint8_t *scales, float *mult) {
+  constexpr size_t kB = OutputEmitter::kBlock;
+  size_t c0 = 0;
+  for (; c0 + kB <= cols; c0 += kB) {  // fixed trip counts vectorize without remainder code
+    const uint8_t s = mx_scale_byte<OType>(amax_bits(v + c0, kB));
+    scales[c0 / kB] = s;
+    const float m = e8m0_inverse_to_float(s);
+    for (size_t i = 0; i < kB; ++i) mult[c0 + i] = m;
+  }
+  if (c0 < cols) {
+    const uint8_t s = mx_scale_byte<OType>(amax_bits(v + c0, cols - c0));
+    scales[c0 / kB] = s;
+    const float m = e8m0_inverse_to_float(s);
+    for (size_t c = c0; c < cols; ++c) mult[c] = m;
+  }
+}
+
+// MXFP8 row-wise: one E8M0 scale per 32 consecutive elements of each row. Per row: block scales,
+// then one long encode loop with the expanded multipliers, which runs at full vector width (bf16
+// 8192x4096 on one core: 12 ms, against 35 ms block by block with the encode inside).
 template <typename OType>
 void mx_rowwise(const float *vals, size_t nrows, size_t cols, OType *q, uint8_t *scales,
                 size_t scale_cols) {
+  thread_local std::vector<float> mult;
+  mult.resize(cols);
   for (size_t r = 0; r < nrows; ++r) {
-    const float *v = vals + r * cols;
-    for (size_t c0 = 0, b = 0; c0 < cols; c0 += OutputEmitter::kBlock, ++b) {
-      const size_t n = std::min(OutputEmitter::kBlock, cols - c0);
-      const uint8_t s = mx_scale_byte<OType>(absmax_row(v + c0, n).value());
-      scales[r * scale_cols + b] = s;
-      scale_encode_row(v + c0, q + r * cols + c0, n, e8m0_inverse_to_float(s));
-    }
+    mx_row_scales<OType>(vals + r * cols, cols, scales + r * scale_cols, mult.data());
+    mul_encode_row(vals + r * cols, mult.data(), q + r * cols, cols);
   }
 }
 
 // MXFP8 column-wise: one E8M0 scale per 32 consecutive rows of each column (a whole block of rows).
+// Column amaxes are running integer maxima of the magnitude bits (NaN patterns sort above Inf).
 template <typename OType>
-void mx_colwise(const float *vals, size_t nrows, size_t cols, OType *q, uint8_t *scales) {
-  std::vector<float> amax(cols, 0.0f);
-  std::vector<uint8_t> nan(cols, 0);
-  for (size_t r = 0; r < nrows; ++r) {
+NVTE_CPU_CLONES void mx_colwise(const float *vals, size_t nrows, size_t cols, OType *q,
+                                uint8_t *scales) {
+  thread_local std::vector<uint32_t> amax;
+  thread_local std::vector<float> mult;
+  amax.assign(cols, 0u);
+  mult.resize(cols);
+  uint32_t *am = amax.data();
+  float *mu = mult.data();
+  for (size_t r = 0; r < nrows; ++r) {  // element-wise maxima across rows: vectorizes over c
     const float *v = vals + r * cols;
     for (size_t c = 0; c < cols; ++c) {
-      const float a = std::fabs(v[c]);
-      amax[c] = a > amax[c] ? a : amax[c];
-      nan[c] |= v[c] != v[c];
+      const uint32_t a = float_bits(v[c]) & 0x7FFFFFFFu;
+      am[c] = a > am[c] ? a : am[c];
     }
   }
-  std::vector<float> mult(cols);
   for (size_t c = 0; c < cols; ++c) {
-    const uint8_t s = mx_scale_byte<OType>(nan[c] ? NAN : amax[c]);
+    const uint8_t s = mx_scale_byte<OType>(am[c]);
     scales[c] = s;
-    mult[c] = e8m0_inverse_to_float(s);
+    mu[c] = e8m0_inverse_to_float(s);
   }
   for (size_t r = 0; r < nrows; ++r) {
     const float *v = vals + r * cols;
     OType *out = q + r * cols;
-    for (size_t c = 0; c < cols; ++c) out[c] = from_float<OType>(v[c] * mult[c]);
+    for (size_t c = 0; c < cols; ++c) out[c] = from_float<OType>(v[c] * mu[c]);
   }
+}
+
+// dst[c * ld + r] = src[r * cols + c] for a block of nrows (<= 32) encoded rows. Bytes, not values:
+// the transposed copy is the row-wise encoding moved, so both copies agree by construction.
+NVTE_CPU_CLONES void transpose_bytes(const uint8_t *src, size_t nrows, size_t cols, uint8_t *dst,
+                                     size_t ld) {
+  transpose_rect<uint8_t, OutputEmitter::kBlock, 64>(src, cols, nrows, 0, cols, dst, ld);
 }
 
 size_t ceil_div(size_t a, size_t b) { return (a + b - 1) / b; }
@@ -202,10 +270,8 @@ OutputEmitter::OutputEmitter(const Tensor &out, const char *arg, const std::vect
 AbsMax OutputEmitter::emit(const float *vals, size_t row0, size_t nrows) const {
   AbsMax amax;
   // amax is recorded whenever the output has an amax buffer (FP8 or not, so a bf16 producer can feed
-  // current scaling), and is always needed for per-tensor FP8.
-  if (out_.amax.has_data() || (fp8_ && !mx_)) {
-    for (size_t r = 0; r < nrows; ++r) amax.merge(absmax_row(vals + r * cols_, cols_));
-  }
+  // current scaling); per-tensor FP8 takes it in the encoding pass below.
+  if (out_.amax.has_data() && !(fp8_ && !mx_)) amax = absmax_row(vals, nrows * cols_);
   const DType t = rowwise_ ? out_.data.dtype : out_.columnwise_data.dtype;
   dispatch_dtype<OutputTypes>(t, "output", [&](auto tag) {
     using OType = typename decltype(tag)::type;
@@ -223,16 +289,20 @@ AbsMax OutputEmitter::emit(const float *vals, size_t row0, size_t nrows) const {
                    out_.columnwise_scale_inv.ptr<uint8_t>() + (row0 / kBlock) * cols_);
       }
     } else {
-      if (rowwise_) {
-        scale_encode_row(vals, out_.data.ptr<OType>() + row0 * cols_, nrows * cols_, scale_);
+      // Encode the block row-major once (into the output, or into scratch when only the transposed
+      // copy is wanted), then move its bytes: a strided encode of each column would gather.
+      thread_local std::vector<OType> scratch;
+      OType *q = out_.data.ptr<OType>() + row0 * cols_;
+      if (!rowwise_) {
+        scratch.resize(nrows * cols_);
+        q = scratch.data();
       }
+      amax = scale_encode_row(vals, q, nrows * cols_, scale_);
       if (colwise_) {
-        // Transposed copy: column c of this row block becomes a contiguous run of row c.
-        OType *t_out = out_.columnwise_data.ptr<OType>();
-        for (size_t c = 0; c < cols_; ++c) {
-          OType *dst = t_out + c * rows_ + row0;
-          for (size_t r = 0; r < nrows; ++r) dst[r] = from_float<OType>(vals[r * cols_ + c] * scale_);
-        }
+        // Column c of this row block becomes a contiguous run of row c of the transposed copy.
+        transpose_bytes(reinterpret_cast<const uint8_t *>(q), nrows, cols_,
+                        reinterpret_cast<uint8_t *>(out_.columnwise_data.ptr<OType>()) + row0,
+                        rows_);
       }
     }
   });

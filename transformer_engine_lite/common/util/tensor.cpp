@@ -129,6 +129,21 @@ void check_fp32_scalar(const SimpleTensor &t, const char *arg, const char *what)
              " to be float32 with one element, got ", t.describe());
 }
 
+bool overlaps(const SimpleTensor &a, const SimpleTensor &b) {
+  if (!a.has_data() || !b.has_data()) return false;
+  const auto a0 = reinterpret_cast<uintptr_t>(a.dptr), b0 = reinterpret_cast<uintptr_t>(b.dptr);
+  const uintptr_t a1 = a0 + a.numel() * dtype_size(a.dtype);
+  const uintptr_t b1 = b0 + b.numel() * dtype_size(b.dtype);
+  return a0 < b1 && b0 < a1;
+}
+
+void check_no_overlap(const SimpleTensor &a, const char *arg_a, const SimpleTensor &b,
+                      const char *arg_b) {
+  NVTE_CHECK(!overlaps(a, b), "argument '", arg_b, "': expected memory disjoint from '", arg_a,
+             "', got overlapping buffers (", b.describe(), " at ", b.dptr, ", ", a.describe(),
+             " at ", a.dptr, ")");
+}
+
 NVTEDevice check_same_device(std::initializer_list<std::pair<const Tensor *, const char *>> ts) {
   const Tensor *first = nullptr;
   const char *first_name = "";

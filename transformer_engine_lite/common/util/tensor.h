@@ -72,6 +72,12 @@ void check_ndim(const SimpleTensor &t, const char *arg, size_t ndim);
 void check_ndim_at_least(const SimpleTensor &t, const char *arg, size_t ndim);
 // fp32 scalar (numel 1) with data; `what` is e.g. "scale".
 void check_fp32_scalar(const SimpleTensor &t, const char *arg, const char *what);
+// Whether the byte ranges of two buffers intersect (buffers without data never do).
+bool overlaps(const SimpleTensor &a, const SimpleTensor &b);
+// Output buffer `b` must not share memory with input buffer `a` (kernels that read and write in one
+// pass would otherwise read their own output).
+void check_no_overlap(const SimpleTensor &a, const char *arg_a, const SimpleTensor &b,
+                      const char *arg_b);
 // All given tensors must be on one device; returns it. Entries with a null tensor are skipped.
 NVTEDevice check_same_device(std::initializer_list<std::pair<const Tensor *, const char *>> ts);
 // Routes on a device: returns normally for the CPU; for the GPU in a build without a GPU backend

@@ -10,7 +10,9 @@ extern "C" {
 
 /* Element-wise: output = act(input), same shape. input fp32/fp16/bf16; output fp32/fp16/bf16 or FP8
  * (per-tensor: scale from output's kNVTEScale, amax recorded, scale_inv written; or MXFP8).
- * Backward: output = grad * act'(input), grad and input of the same shape.
+ * Backward: output = grad * act'(input), grad and input of the same shape and dtype; output of that
+ *   shape in any dtype the forward accepts (FP8 included). Math is fp32 throughout. No output buffer
+ *   may overlap an input (no in-place activations).
  *   gelu:  tanh approximation 0.5x(1 + tanh(sqrt(2/pi)(x + 0.044715x^3)))
  *   qgelu: x * sigmoid(1.702x)         relu: max(x, 0)
  *   srelu: max(x, 0)^2                 silu: x * sigmoid(x)
@@ -33,7 +35,8 @@ NVTE_API NVTEStatus nvte_dsilu(const NVTETensor grad, const NVTETensor input, NV
                                NVTEStream stream);
 
 /* Gated (TE layout): input [..., 2H] = [a | b], output [..., H] = act(a) * b.
- * Backward: grad [..., H], input [..., 2H], output [..., 2H] = [grad*b*act'(a) | grad*act(a)].
+ * Backward: grad [..., H] (input's dtype), input [..., 2H], output [..., 2H] =
+ * [grad*b*act'(a) | grad*act(a)] in any output dtype of the forward. An odd last dim is rejected.
  * geglu = gelu gate, qgeglu = qgelu, reglu = relu, sreglu = srelu, swiglu = silu. */
 NVTE_API NVTEStatus nvte_geglu(const NVTETensor input, NVTETensor output, NVTEStream stream);
 NVTE_API NVTEStatus nvte_qgeglu(const NVTETensor input, NVTETensor output, NVTEStream stream);

@@ -8,7 +8,7 @@
 extern "C" {
 #endif
 
-/*! Quantizes `input` (fp32/fp16/bf16) into `output`.
+/*! Quantizes `input` (fp32/fp16/bf16) into `output` (an FP8 dtype; nothing is written on error).
  *
  *  Per-tensor scaling (output scaling mode NVTE_DELAYED_TENSOR_SCALING): output FP8 row-wise data of
  *  input's shape, q = encode(x * scale) with `scale` read from output's kNVTEScale; if output has
@@ -17,21 +17,33 @@ extern "C" {
  *
  *  MXFP8 (NVTE_MXFP8_1D_SCALING): row-wise data with E8M0 scale_inv [rows, ceil(cols/32)] and/or
  *  column-wise data (same shape as input) with E8M0 scale_inv [ceil(rows/32), cols]; each scale is
- *  2^ceil(log2(block_amax / fp8_max)). The 2-D view flattens all leading dims into rows.
+ *  2^ceil(log2(block_amax / fp8_max)), computed exactly and clamped to [2^-127, 2^127] (a NaN block
+ *  gets the NaN scale 0xFF and NaN codes, an Inf block 2^127). The 2-D view flattens all leading
+ *  dims into rows. x * scale is formed in fp32, then encoded (nearest even, satfinite).
  */
 NVTE_API NVTEStatus nvte_quantize(const NVTETensor input, NVTETensor output, NVTEStream stream);
 
 /*! Dequantizes FP8 `input` (per-tensor: x = decode(q) * scale_inv; MXFP8 row-wise) into `output`
- *  (fp32/fp16/bf16) of the same shape. */
+ *  (fp32/fp16/bf16) of the same shape.
+ *
+ *  The product is taken in fp32 and rounded once to the output dtype. MXFP8: x = decode(q) *
+ *  2^(e - 127) per block; an MXFP8 input with only column-wise data is dequantized from that copy;
+ *  a NaN scale (0xFF) gives NaN. */
 NVTE_API NVTEStatus nvte_dequantize(const NVTETensor input, NVTETensor output, NVTEStream stream);
 
-/*! Writes max|input| into output's kNVTEAmax (fp32 scalar). NaN inputs propagate to amax. */
+/*! Writes max|input| into output's kNVTEAmax (fp32 scalar) for an fp32/fp16/bf16 input.
+ *  NaN inputs propagate: any NaN element makes amax NaN (which nvte_compute_scale_from_amax then
+ *  turns into scale 1). -0 counts as 0; an empty input gives 0. */
 NVTE_API NVTEStatus nvte_compute_amax(const NVTETensor input, NVTETensor output, NVTEStream stream);
 
 /*! Current scaling: from output's kNVTEAmax computes output's kNVTEScale (and kNVTERowwiseScaleInv
  *  when present) for output's FP8 dtype: amax = max(amax, eps); amax 0 / Inf / NaN -> scale 1;
  *  scale = fp8_max / amax, Inf -> FLT_MAX; optional power-of-two rounding (down). `config` may be NULL
- *  (eps 0, no power-of-two). */
+ *  (eps 0, no power-of-two).
+ *
+ *  Details: a NaN amax stays NaN through the eps clamp (scale 1); a negative amax counts as below
+ *  eps; the division is IEEE fp32 (correctly rounded); scale_inv = 1 / scale in fp32; amax itself is
+ *  not rewritten. The output must use per-tensor scaling. */
 NVTE_API NVTEStatus nvte_compute_scale_from_amax(NVTETensor output,
                                                  const NVTEQuantizationConfig config,
                                                  NVTEStream stream);

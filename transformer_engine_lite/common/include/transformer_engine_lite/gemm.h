@@ -14,16 +14,25 @@ extern "C" {
  *  D has row-major shape [n, m]. In row-major terms: D = opB(B) @ opA(A) with
  *  opB(B) = transb ? B^T : B ([n, k]) and opA(A) = transa ? A^T : A ([k, m]).
  *  (TE's Linear forward is gemm(weight, input, transa=true, transb=false): D = input @ weight^T.)
+ *  Tensors of more than 2 dims are read as [product of leading dims, last dim] (D, pre_gelu_out too).
  *
  *  A, B: fp32, fp16, bf16 or FP8 (E4M3/E5M2/FNUZ, per-tensor; their kNVTERowwiseScaleInv is applied).
- *  D: fp32, fp16, bf16, or FP8 (per-tensor: scale from kNVTEScale, amax recorded, scale_inv written).
- *  Forward (grad=false): D = acc + gelu(X + bias) where X = op(B)op(A); bias [m] (may be empty);
- *    if pre_gelu_out is non-empty it receives X + bias and D gets gelu of it; acc = D's previous
- *    value when accumulate, else 0.
+ *    Pairs: the same high-precision dtype, or any two FP8 formats (e.g. E4M3 x E5M2); other mixes
+ *    give NVTE_ERROR_UNSUPPORTED, as do MXFP8 (block-scaled) operands.
+ *  D: fp32, fp16, bf16, or FP8 (per-tensor: scale from kNVTEScale, amax recorded, scale_inv written;
+ *    an optional column-wise buffer [m, n] receives the transposed FP8 copy). A D of any dtype with an
+ *    amax buffer gets max |result| recorded. accumulate with an FP8 D is NVTE_ERROR_UNSUPPORTED.
+ *  X = scale_inv_A * scale_inv_B * op(B)op(A) (scale_inv = 1 for non-FP8 operands), accumulated in
+ *    FP32. bias and pre_gelu_out are fp32, fp16 or bf16; "empty" means a NULL handle or no data.
+ *  Forward (grad=false): bias [m] (may be empty) is added to every row: Y = X + bias. If pre_gelu_out
+ *    is non-empty ([n, m]) it receives Y and D = acc + gelu(Y) (GELU is applied only then, as in TE);
+ *    otherwise D = acc + Y. acc = D's previous value when accumulate, else 0.
  *  Backward (grad=true): if pre_gelu_out is non-empty, D = acc + X * gelu'(pre_gelu_out) and a
  *    non-empty bias receives the sum of that product over the n rows ([m], dgelu + bias-grad);
  *    otherwise a non-empty bias receives the bias gradient of op(B): bias[j] = sum_k opB(B)[j, k]
- *    ([n]), and D = acc + X.
+ *    ([n], with B's scale_inv applied), and D = acc + X.
+ *  GELU is the tanh approximation. Outputs (D; bias in grad mode; pre_gelu_out in forward) must not
+ *  share memory with any other argument. On any error no output is modified.
  *  workspace, use_split_accumulator and math_sm_count are accepted and ignored on the CPU (oneDNN
  *  manages its own scratch; accumulation is always FP32).
  */

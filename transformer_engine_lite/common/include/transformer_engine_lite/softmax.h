@@ -11,7 +11,9 @@ extern "C" {
 /* All variants: softmax over the last dim of scale_factor * input, computed in fp32; input and
  * softmax_results have the same shape and dtype (fp32, fp16 or bf16). Backward:
  * output_grads = scale_factor * y * (dy - sum(dy * y)), with y = softmax_results, dy = incoming_grads
- * (output_grads may alias incoming_grads, as in TE). */
+ * (output_grads may alias incoming_grads, as in TE); all three tensors share one shape and dtype.
+ * An output may be the very buffer of an input (same pointer, in place) but must not partly overlap
+ * one. scale_factor must be finite. */
 
 /*! input [b, h, sq, sk]. */
 NVTE_API NVTEStatus nvte_scaled_softmax_forward(const NVTETensor input, NVTETensor softmax_results,
@@ -21,8 +23,9 @@ NVTE_API NVTEStatus nvte_scaled_softmax_backward(const NVTETensor incoming_grads
                                                  NVTETensor output_grads, float scale_factor,
                                                  NVTEStream stream);
 
-/*! input [b, h, sq, sk]; mask byte [b or 1, 1, sq, sk], 1 = masked: the logit becomes -10000 (a fully
- *  masked row is uniform, as in TE). */
+/*! input [b, h, sq, sk]; mask byte (kNVTEByte) [b or 1, 1, sq, sk], broadcast over heads; 1 (any
+ *  nonzero byte) = masked: the logit becomes -10000, unscaled (a fully masked row is uniform, as in
+ *  TE). The backward needs no mask: y is 0 at masked positions. */
 NVTE_API NVTEStatus nvte_scaled_masked_softmax_forward(const NVTETensor input,
                                                        const NVTETensor mask,
                                                        NVTETensor softmax_results,

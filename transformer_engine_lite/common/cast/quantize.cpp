@@ -1,0 +1,148 @@
+// C API entries of nvte_quantize, nvte_dequantize, nvte_compute_amax, nvte_compute_scale_from_amax:
+// argument checks (all before any write), then routing to the CPU kernels in quantize_cpu.cpp.
+#include "transformer_engine_lite/cast.h"
+
+#include "../util/api.h"
+#include "../util/tensor.h"
+#include "quantize.h"
+#include "quantize_cpu.h"
+
+namespace nvte {
+namespace {
+
+size_t ceil_div(size_t a, size_t b) { return (a + b - 1) / b; }
+
+// The FP8 dtype an output is meant to hold: that of its row-wise data, else of its column-wise
+// data, else the dtype its (null) row-wise description names.
+DType declared_dtype(const Tensor &t) {
+  if (t.data.has_data() || !t.columnwise_data.has_data()) return t.data.dtype;
+  return t.columnwise_data.dtype;
+}
+
+// Every output buffer of a quantize must be disjoint from the input it reads.
+void check_outputs_disjoint(const SimpleTensor &in, const Tensor &out) {
+  check_no_overlap(in, "input", out.data, "output (row-wise data)");
+  check_no_overlap(in, "input", out.columnwise_data, "output (column-wise data)");
+  check_no_overlap(in, "input", out.scale_inv, "output (scale_inv)");
+  check_no_overlap(in, "input", out.columnwise_scale_inv, "output (column-wise scale_inv)");
+  check_no_overlap(in, "input", out.amax, "output (amax)");
+}
+
+}  // namespace
+
+OutputEmitter make_quantize_emitter(const Tensor &in, const Tensor &out, const char *op) {
+  check_has_data(in, "input");
+  check_dtype(in.data, "input", {kNVTEFloat32, kNVTEFloat16, kNVTEBFloat16});
+  NVTE_CHECK(is_fp8(declared_dtype(out)), "argument 'output': expected an FP8 dtype (",
+             dtype_name(kNVTEFloat8E4M3), ", ", dtype_name(kNVTEFloat8E5M2), ", ",
+             dtype_name(kNVTEFloat8E4M3FNUZ), ", ", dtype_name(kNVTEFloat8E5M2FNUZ), "), got ",
+             dtype_name(declared_dtype(out)));
+  // Routing comes before the emitter: it reads the output's scale, which must be host memory.
+  require_cpu_backend(check_same_device({{&in, "input"}, {&out, "output"}}), op);
+  OutputEmitter em(out, "output", in.data.shape);
+  check_outputs_disjoint(in.data, out);
+  check_no_overlap(out.data, "output (row-wise data)", out.columnwise_data,
+                   "output (column-wise data)");
+  return em;
+}
+
+}  // namespace nvte
+
+using namespace nvte;
+
+NVTEStatus nvte_quantize(const NVTETensor input, NVTETensor output, NVTEStream stream) {
+  return guarded("nvte_quantize", [&] {
+    (void)stream;  // CPU: synchronous
+    const Tensor &in = as_tensor(input, "input");
+    const Tensor &out = as_tensor(output, "output");
+    const OutputEmitter em = make_quantize_emitter(in, out, "nvte_quantize");
+    launch_quantize(in, em);
+  });
+}
+
+NVTEStatus nvte_dequantize(const NVTETensor input, NVTETensor output, NVTEStream stream) {
+  return guarded("nvte_dequantize", [&] {
+    (void)stream;
+    const Tensor &in = as_tensor(input, "input");
+    const Tensor &out = as_tensor(output, "output");
+    const bool has_row = in.data.has_data(), has_col = in.columnwise_data.has_data();
+    if (in.scaling_mode == NVTE_MXFP8_1D_SCALING) {
+      NVTE_CHECK(has_row || has_col,
+                 "argument 'input': expected MXFP8 row-wise or column-wise data, "
+                 "got neither (null pointers)");
+      // The row-wise copy is preferred; a column-wise copy alone holds the same values.
+      const SimpleTensor &q = has_row ? in.data : in.columnwise_data;
+      const SimpleTensor &s = has_row ? in.scale_inv : in.columnwise_scale_inv;
+      const char *what = has_row ? "row-wise" : "column-wise";
+      NVTE_CHECK(is_fp8(q.dtype), "argument 'input': expected ", what,
+                 " data of an FP8 dtype, got ", dtype_name(q.dtype));
+      NVTE_CHECK(s.has_data(), "argument 'input': expected ", what,
+                 " E8M0 scale_inv for MXFP8 data, got a null pointer");
+      check_dtype(s, "input (scale_inv)", {kNVTEFloat8E8M0, kNVTEByte});
+      const std::vector<size_t> expected =
+          has_row ? std::vector<size_t>{q.rows(), ceil_div(q.cols(), 32)}
+                  : std::vector<size_t>{ceil_div(q.rows(), 32), q.cols()};
+      NVTE_CHECK(s.shape == expected, "argument 'input': expected ", what, " scale_inv shape ",
+                 shape_str(expected), " for data ", q.describe(), ", got ", shape_str(s.shape));
+    } else {
+      NVTE_CHECK(in.scaling_mode == NVTE_DELAYED_TENSOR_SCALING,
+                 "argument 'input': expected scaling mode NVTE_DELAYED_TENSOR_SCALING or "
+                 "NVTE_MXFP8_1D_SCALING, got ",
+                 static_cast<int>(in.scaling_mode));
+      NVTE_CHECK(has_row, "argument 'input': expected per-tensor FP8 row-wise data, got a null ",
+                 "pointer (", in.data.describe(), ")");
+      NVTE_CHECK(is_fp8(in.data.dtype), "argument 'input': expected an FP8 dtype, got ",
+                 dtype_name(in.data.dtype));
+      check_fp32_scalar(in.scale_inv, "input", "scale_inv");
+    }
+    const SimpleTensor &q = has_row ? in.data : in.columnwise_data;
+    check_has_data(out, "output");
+    check_dtype(out.data, "output", {kNVTEFloat32, kNVTEFloat16, kNVTEBFloat16});
+    check_same_shape(q, "input", out.data, "output");
+    check_no_overlap(q, "input", out.data, "output");
+    check_no_overlap(has_row ? in.scale_inv : in.columnwise_scale_inv, "input (scale_inv)",
+                     out.data, "output");
+    require_cpu_backend(check_same_device({{&in, "input"}, {&out, "output"}}), "nvte_dequantize");
+    launch_dequantize(in, out.data);
+  });
+}
+
+NVTEStatus nvte_compute_amax(const NVTETensor input, NVTETensor output, NVTEStream stream) {
+  return guarded("nvte_compute_amax", [&] {
+    (void)stream;
+    const Tensor &in = as_tensor(input, "input");
+    Tensor &out = as_tensor_mut(output, "output");
+    check_has_data(in, "input");
+    check_dtype(in.data, "input", {kNVTEFloat32, kNVTEFloat16, kNVTEBFloat16});
+    check_fp32_scalar(out.amax, "output", "amax");
+    check_no_overlap(in.data, "input", out.amax, "output (amax)");
+    require_cpu_backend(check_same_device({{&in, "input"}, {&out, "output"}}), "nvte_compute_amax");
+    *out.amax.ptr<float>() = launch_compute_amax(in.data);
+  });
+}
+
+NVTEStatus nvte_compute_scale_from_amax(NVTETensor output, const NVTEQuantizationConfig config,
+                                        NVTEStream stream) {
+  return guarded("nvte_compute_scale_from_amax", [&] {
+    (void)stream;
+    Tensor &out = as_tensor_mut(output, "output");
+    NVTE_CHECK(out.scaling_mode == NVTE_DELAYED_TENSOR_SCALING,
+               "argument 'output': expected scaling mode NVTE_DELAYED_TENSOR_SCALING (per-tensor "
+               "current scaling), got ",
+               static_cast<int>(out.scaling_mode));
+    const DType t = declared_dtype(out);
+    NVTE_CHECK(is_fp8(t), "argument 'output': expected an FP8 dtype to take fp8_max from, got ",
+               dtype_name(t));
+    check_fp32_scalar(out.amax, "output", "amax");
+    check_fp32_scalar(out.scale, "output", "scale");
+    if (out.scale_inv.has_data()) check_fp32_scalar(out.scale_inv, "output", "scale_inv");
+    require_cpu_backend(out.device, "nvte_compute_scale_from_amax");
+    QuantizationConfig defaults;
+    const QuantizationConfig &cfg =
+        config ? *static_cast<const QuantizationConfig *>(config) : defaults;
+    const float scale = compute_scale_from_amax(*out.amax.ptr<const float>(), fp8_max(t),
+                                                cfg.amax_epsilon, cfg.force_pow_2_scales);
+    *out.scale.ptr<float>() = scale;
+    if (out.scale_inv.has_data()) *out.scale_inv.ptr<float>() = 1.0f / scale;
+  });
+}
