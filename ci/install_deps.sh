@@ -13,8 +13,20 @@ if ! [ -e /usr/include/gtest/gtest.h ] || ! command -v ninja >/dev/null; then
 fi
 # torch==2.13.0 is pinned: it is the CPU build on this machine's disk (a plain "torch" would pull
 # several GB of CUDA wheels). oneDNN 3.2 (GNU OpenMP flavour, no SYCL) provides the CPU GEMM.
-python -m pip install -q --disable-pip-version-check torch==2.13.0 onednn-cpu-gomp \
-  onednn-devel-cpu-gomp numpy ml_dtypes pytest matplotlib tqdm 2>&1 | grep -v "Running pip as the 'root'" || true
-python -m pip install -q --disable-pip-version-check --no-build-isolation -e "$REPO_ROOT" 2>&1 \
-  | grep -v "Running pip as the 'root'" || true
+# pip's output goes to a log that is printed only when a step fails (a failed build must stop here,
+# not leave an old library in place).
+pip_quiet() {
+  local log
+  log=$(mktemp)
+  if ! python -m pip "$@" >"$log" 2>&1; then
+    cat "$log" >&2
+    rm -f "$log"
+    echo "ci/install_deps.sh: pip $* failed" >&2
+    return 1
+  fi
+  rm -f "$log"
+}
+pip_quiet install --disable-pip-version-check torch==2.13.0 onednn-cpu-gomp onednn-devel-cpu-gomp \
+  numpy ml_dtypes pytest matplotlib tqdm
+pip_quiet install --disable-pip-version-check --no-build-isolation -e "$REPO_ROOT"
 python -c "import transformer_engine_lite as te; print('transformer_engine_lite', te.__version__, te.build_info()['device_backends'])"

@@ -22,14 +22,15 @@ _PKG_DIR = Path(__file__).resolve().parent.parent
 
 
 def _candidates() -> list[Path]:
-    paths: list[Path] = []
     env = config.get("NVTE_LIB_PATH")
     if env:
+        # An explicit choice is the only candidate: silently loading another library would hide it.
         p = Path(env)
-        paths.append(p / LIB_NAME if p.is_dir() else p)
-    paths.append(_PKG_DIR / LIB_NAME)
-    paths.append(_PKG_DIR.parent / "build" / "cmake" / "transformer_engine_lite" / "common" / LIB_NAME)
-    return paths
+        return [p / LIB_NAME if p.is_dir() else p]
+    return [
+        _PKG_DIR / LIB_NAME,
+        _PKG_DIR.parent / "build" / "cmake" / "transformer_engine_lite" / "common" / LIB_NAME,
+    ]
 
 
 def _preload_onednn() -> None:
@@ -52,14 +53,21 @@ def get_lib() -> ctypes.CDLL:
     for path in _candidates():
         if path.is_file():
             _preload_onednn()
-            lib = ctypes.CDLL(str(path), mode=ctypes.RTLD_GLOBAL)
+            try:
+                lib = ctypes.CDLL(str(path), mode=ctypes.RTLD_GLOBAL)
+            except OSError as e:
+                raise ImportError(f"transformer_engine_lite: cannot load {path}: {e}") from e
             lib.nvte_get_build_info.restype = ctypes.c_char_p
             lib.nvte_get_version.restype = ctypes.c_char_p
             return lib
         tried.append(str(path))
+    hint = (
+        "NVTE_LIB_PATH is set: expected it to name the library file or its folder"
+        if config.get("NVTE_LIB_PATH")
+        else "install the package (pip install --no-build-isolation -e .) or set NVTE_LIB_PATH"
+    )
     raise ImportError(
-        f"transformer_engine_lite: {LIB_NAME} not found; looked in: {', '.join(tried)}. "
-        "Install the package (pip install --no-build-isolation -e .) or set NVTE_LIB_PATH."
+        f"transformer_engine_lite: {LIB_NAME} not found; looked in: {', '.join(tried)}. {hint}."
     )
 
 

@@ -162,9 +162,25 @@ NVTEDevice check_same_device(std::initializer_list<std::pair<const Tensor *, con
 }
 
 void require_cpu_backend(NVTEDevice device, const char *op) {
-  NVTE_CHECK_SUPPORTED(device == kNVTEDeviceCPU, op,
-                       ": tensors are on the GPU, but this build has no GPU backend "
+  (void)op;  // guarded() already prefixes the message with the op name
+  NVTE_CHECK_SUPPORTED(device == kNVTEDeviceCPU,
+                       "tensors are on the GPU, but this build has no GPU backend "
                        "(expected device cpu, got gpu)");
+}
+
+#ifdef NVTE_WITH_GPU
+void gpu_require_device(const char *op);  // util/gpu_runtime.cu
+#endif
+
+bool use_gpu(NVTEDevice device, const char *op) {
+  if (device == kNVTEDeviceCPU) return false;
+#ifdef NVTE_WITH_GPU
+  gpu_require_device(op);
+  return true;
+#else
+  require_cpu_backend(device, op);
+  return false;
+#endif
 }
 
 namespace detail {

@@ -1,0 +1,519 @@
+#!/usr/bin/env python
+"""Times the core CPU kernels (through the ctypes C API, on torch tensors) against PyTorch eager and
+torch.compile equivalents; checks every output against a reference before its time counts.
+
+    python benchmarks/bench_core.py                       # all cases, full sizes
+    python benchmarks/bench_core.py --quick               # small sizes (smoke test)
+    python benchmarks/bench_core.py --cases gemm_bf16,gemm_fp8 --json out.json
+
+Timing: `--warmup` calls, then the median of `--repeat` timed calls (time.perf_counter; ours and the
+reference alternate call by call), both sides on all cores (torch.set_num_threads and
+OMP_NUM_THREADS = os.cpu_count()). Handles and buffers are made once, outside the timed region, so
+"ours" is the nvte_* calls alone (ctypes overhead included).
+ratio = ref_ms / ours_ms (> 1: ours is faster). A case whose output disagrees with the reference is
+reported as a mismatch, left out of the JSON, and makes the exit status 1.
+"""
+
+from __future__ import annotations
+
+import os
+
+os.environ.setdefault("OMP_NUM_THREADS", str(os.cpu_count() or 1))
+
+import argparse
+import json
+import statistics
+import sys
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+
+import ml_dtypes
+import numpy as np
+import torch
+import torch.nn.functional as F
+
+from transformer_engine_lite.common import build_info, capi, get_lib
+
+E4M3_MAX = 448.0
+LN_EPS = 1e-5
+FP8 = torch.float8_e4m3fn
+
+
+class MissingOp(Exception):
+    """An nvte_* function this case needs is not in the loaded library (yet)."""
+
+
+class NotAvailable(Exception):
+    """The reference side does not exist in this PyTorch build."""
+
+
+@dataclass
+class Case:
+    ours: Callable[[], object]
+    ref: Callable[[], object]
+    check: Callable[[], str | None]  # None when ours agrees with the reference, else why not
+    notes: list[str] = field(default_factory=list)
+
+
+def require(*ops: str) -> None:
+    lib = get_lib()
+    missing = [op for op in ops if not hasattr(lib, op)]
+    if missing:
+        raise MissingOp(", ".join(missing))
+
+
+def time_pair_ms(
+    ours: Callable[[], object], ref: Callable[[], object], warmup: int, repeat: int
+) -> tuple[float, float]:
+    """Median ms of each side. The two alternate call by call, so a load change on a shared machine
+    hits both alike instead of skewing the ratio."""
+    for _ in range(warmup):
+        ours()
+        ref()
+    times: tuple[list[float], list[float]] = ([], [])
+    for _ in range(repeat):
+        for fn, acc in ((ours, times[0]), (ref, times[1])):
+            t0 = time.perf_counter()
+            fn()
+            acc.append(time.perf_counter() - t0)
+    return statistics.median(times[0]) * 1e3, statistics.median(times[1]) * 1e3
+
+
+# ------------------------------------------------------------------------------------- helpers
+_NP_OF_DTYPE = {
+    capi.DType.Byte: np.uint8,
+    capi.DType.Int16: np.int16,
+    capi.DType.Int32: np.int32,
+    capi.DType.Int64: np.int64,
+    capi.DType.Float32: np.float32,
+    capi.DType.Float16: np.float16,
+    capi.DType.BFloat16: ml_dtypes.bfloat16,
+}
+
+
+def workspace_for(call: Callable[[capi.Tensor], None]) -> capi.Tensor:
+    """TE's workspace protocol: call with an empty workspace (a size query), allocate, return it."""
+    query = capi.Tensor()
+    call(query)
+    bt = query.param(capi.TensorParam.RowwiseData)
+    shape = tuple(bt.shape.data[i] for i in range(bt.shape.ndim))
+    dtype = capi.DType(bt.dtype)
+    numel = int(np.prod(shape)) if shape else 1
+    # NumPy keeps a real pointer even for a zero-size view, so the second call never re-queries.
+    buf = np.empty(max(numel, 1), dtype=_NP_OF_DTYPE.get(dtype, np.uint8))[:numel].reshape(shape)
+    return capi.Tensor(buf, dtype=dtype)
+
+
+def quantize_composite(x: torch.Tensor) -> torch.Tensor:
+    """Eager current-scaling E4M3 quantize (amax in fp32, as TE computes the scale)."""
+    amax = x.abs().amax().float()
+    # A true division: `448.0 / amax` is reciprocal-times-448 in torch, 1 ulp off at times.
+    scale = torch.full((), E4M3_MAX) / amax
+    return (x.float() * scale).clamp(-E4M3_MAX, E4M3_MAX).to(FP8)
+
+
+def ln_quantize_composite(x, gamma, beta):
+    return quantize_composite(F.layer_norm(x, (x.shape[-1],), gamma, beta, LN_EPS))
+
+
+def bf16_close(out: torch.Tensor, base: torch.Tensor, ref: torch.Tensor, what: str) -> str | None:
+    """flash-attention's rule: |ours - ref| <= 2 |torch low precision - ref| (+ a float floor)."""
+    err = (out.double() - ref.double()).abs().max().item()
+    err_base = (base.double() - ref.double()).abs().max().item()
+    floor = 1e-6 * ref.double().abs().max().item()
+    if not err <= 2 * err_base + floor:
+        return f"{what}: max err {err:.3g} > 2 x torch's {err_base:.3g}"
+    return None
+
+
+def fp8_ordinal(q: torch.Tensor) -> torch.Tensor:
+    """Sign-magnitude FP8 codes as ordered integers: neighbours differ by 1, and -0 == +0."""
+    c = q.view(torch.uint8).to(torch.int16)
+    return torch.where(c >= 128, 128 - c, c)
+
+
+def fp8_codes_close(
+    ours: torch.Tensor, expect: torch.Tensor, what: str, max_frac: float = 1e-3
+) -> str | None:
+    """Bytes equal except a few that are one code apart (fp32 rounding-order differences)."""
+    a, b = fp8_ordinal(ours), fp8_ordinal(expect)
+    diff = a != b
+    n = int(diff.sum())
+    if n == 0:
+        return None
+    far = int(((a - b).abs() > 1)[diff].sum())
+    if far or n > max_frac * a.numel():
+        return f"{what}: {n}/{a.numel()} FP8 bytes differ, {far} by more than one code"
+    return None
+
+
+def first_error(*msgs: str | None) -> str | None:
+    return next((m for m in msgs if m), None)
+
+
+# --------------------------------------------------------------------------------------- cases
+def case_quantize(quick: bool, compiled: bool = False) -> Case:
+    require("nvte_compute_amax", "nvte_compute_scale_from_amax", "nvte_quantize")
+    rows, cols = (1024, 1024) if quick else (8192, 4096)
+    torch.manual_seed(0)
+    x = (torch.randn(rows, cols) * 3).to(torch.bfloat16)
+    q = torch.empty(rows, cols, dtype=FP8)
+    scale, amax, scale_inv = torch.zeros(1), torch.zeros(1), torch.zeros(1)
+    tx = capi.Tensor(x)
+    tq = capi.Tensor(q, scale=scale, amax=amax, scale_inv=scale_inv)
+
+    def ours():
+        capi.call("nvte_compute_amax", tx, tq, None)
+        capi.call("nvte_compute_scale_from_amax", tq, None, None)
+        capi.call("nvte_quantize", tx, tq, None)
+
+    ref = torch.compile(quantize_composite) if compiled else quantize_composite
+    notes: list[str] = []
+
+    def check() -> str | None:
+        ours()
+        expect = quantize_composite(x)
+        ref_amax = x.abs().amax().float()
+        msgs = [fp8_codes_close(q, expect, "quantized data", max_frac=0.0)]
+        if amax.item() != ref_amax.item():
+            msgs.append(f"amax {amax.item()} != {ref_amax.item()}")
+        ref_scale = (torch.full((), E4M3_MAX) / ref_amax).item()
+        if scale.item() != ref_scale:
+            msgs.append(f"scale {scale.item()} != {ref_scale} (fp32 448 / amax)")
+        if scale_inv.item() != (1.0 / scale).item():
+            msgs.append(f"scale_inv {scale_inv.item()} != 1/scale")
+        if compiled and not torch.equal(ref(x).view(torch.uint8), expect.view(torch.uint8)):
+            notes.append("torch.compile's quantize differs from eager's bytes")
+        return first_error(*msgs)
+
+    if compiled:
+        ref(x)  # compile outside the timed region
+    return Case(ours, lambda: ref(x), check, notes)
+
+
+def _ln_inputs(quick: bool):
+    rows, hidden = (1024, 1024) if quick else (8192, 4096)
+    torch.manual_seed(1)
+    x = (torch.randn(rows, hidden) * 2 + 0.5).to(torch.bfloat16)
+    gamma = (1 + 0.1 * torch.randn(hidden)).to(torch.bfloat16)
+    beta = (0.1 * torch.randn(hidden)).to(torch.bfloat16)
+    mu, rsigma = torch.empty(rows), torch.empty(rows)
+    return x, gamma, beta, mu, rsigma
+
+
+def _ln_ref32(x, gamma, beta):
+    return F.layer_norm(x.float(), (x.shape[-1],), gamma.float(), beta.float(), LN_EPS)
+
+
+def _ln_call(tx, tg, tb, tz, tmu, trs):
+    def call(ws):
+        capi.call("nvte_layernorm_fwd", tx, tg, tb, LN_EPS, tz, tmu, trs, ws, 0, False, None)
+
+    return call
+
+
+def _check_mu_rsigma(x, mu, rsigma) -> str | None:
+    xf = x.double()
+    mu_ref = xf.mean(-1)
+    rs_ref = torch.rsqrt(xf.var(-1, unbiased=False) + LN_EPS)
+    if not torch.allclose(mu.double(), mu_ref, rtol=1e-5, atol=1e-5):
+        return "mu differs from the fp64 mean"
+    if not torch.allclose(rsigma.double(), rs_ref, rtol=1e-5, atol=1e-6):
+        return "rsigma differs from fp64"
+    return None
+
+
+def case_layernorm_bf16(quick: bool) -> Case:
+    require("nvte_layernorm_fwd")
+    x, gamma, beta, mu, rsigma = _ln_inputs(quick)
+    z = torch.empty_like(x)
+    tx, tg, tb, tz = capi.Tensor(x), capi.Tensor(gamma), capi.Tensor(beta), capi.Tensor(z)
+    tmu, trs = capi.Tensor(mu), capi.Tensor(rsigma)
+    call = _ln_call(tx, tg, tb, tz, tmu, trs)
+    ws = workspace_for(call)
+
+    def ref():
+        return F.layer_norm(x, (x.shape[-1],), gamma, beta, LN_EPS)
+
+    def check() -> str | None:
+        call(ws)
+        return first_error(
+            bf16_close(z, ref(), _ln_ref32(x, gamma, beta), "z"), _check_mu_rsigma(x, mu, rsigma)
+        )
+
+    return Case(lambda: call(ws), ref, check)
+
+
+def case_layernorm_fp8(quick: bool, compiled: bool = False) -> Case:
+    require("nvte_layernorm_fwd")
+    x, gamma, beta, mu, rsigma = _ln_inputs(quick)
+    ref32 = _ln_ref32(x, gamma, beta)
+    # Delayed scaling: the scale comes from an earlier amax (here that of this very output).
+    scale = torch.tensor([E4M3_MAX / ref32.abs().amax().item()])
+    amax, scale_inv = torch.zeros(1), torch.zeros(1)
+    zq = torch.empty(x.shape, dtype=FP8)
+    tx, tg, tb = capi.Tensor(x), capi.Tensor(gamma), capi.Tensor(beta)
+    tz = capi.Tensor(zq, scale=scale, amax=amax, scale_inv=scale_inv)
+    tmu, trs = capi.Tensor(mu), capi.Tensor(rsigma)
+    call = _ln_call(tx, tg, tb, tz, tmu, trs)
+    ws = workspace_for(call)
+    ref = torch.compile(ln_quantize_composite) if compiled else ln_quantize_composite
+    notes: list[str] = []
+    if compiled:
+        ref(x, gamma, beta)
+
+    def check() -> str | None:
+        call(ws)
+        expect = (ref32 * scale).clamp(-E4M3_MAX, E4M3_MAX).to(FP8)
+        msgs = [fp8_codes_close(zq, expect, "z (fp8)"), _check_mu_rsigma(x, mu, rsigma)]
+        ref_amax = ref32.abs().amax().item()
+        if abs(amax.item() - ref_amax) > 1e-5 * ref_amax:
+            msgs.append(f"amax {amax.item()} != {ref_amax}")
+        if scale_inv.item() != (1.0 / scale).item():
+            msgs.append(f"scale_inv {scale_inv.item()} != 1/scale")
+        if compiled:
+            eager = ln_quantize_composite(x, gamma, beta)
+            if fp8_codes_close(ref(x, gamma, beta), eager, "compiled"):
+                notes.append("torch.compile's LN+quantize differs from eager's beyond one code")
+        return first_error(*msgs)
+
+    return Case(lambda: call(ws), lambda: ref(x, gamma, beta), check, notes)
+
+
+def _gemm_call(tA, tB, tD):
+    bias, pre_gelu, ws = capi.Tensor(), capi.Tensor(), capi.Tensor()
+
+    def call():
+        # TE's Linear forward: D = B @ A^T, A = weight [n_out, k], B = input [m, k].
+        capi.call(
+            "nvte_cublas_gemm",
+            tA,
+            tB,
+            tD,
+            bias,
+            pre_gelu,
+            True,
+            False,
+            False,
+            ws,
+            False,
+            False,
+            0,
+            None,
+        )
+
+    return call
+
+
+def case_gemm_bf16(quick: bool) -> Case:
+    require("nvte_cublas_gemm")
+    m = n = k = 512 if quick else 4096
+    torch.manual_seed(2)
+    w = torch.randn(n, k).to(torch.bfloat16)
+    inp = torch.randn(m, k).to(torch.bfloat16)
+    d = torch.empty(m, n, dtype=torch.bfloat16)
+    call = _gemm_call(capi.Tensor(w), capi.Tensor(inp), capi.Tensor(d))
+
+    def check() -> str | None:
+        call()
+        rows = slice(0, 64)  # a row slice keeps the fp32 reference cheap
+        ref = inp[rows].float() @ w.float().t()
+        return bf16_close(d[rows], torch.matmul(inp[rows], w.t()), ref, "D")
+
+    return Case(call, lambda: torch.matmul(inp, w.t()), check)
+
+
+def _fp8_operand(rows: int, cols: int, seed: int):
+    g = torch.Generator().manual_seed(seed)
+    hp = torch.randn(rows, cols, generator=g)
+    scale = E4M3_MAX / hp.abs().amax().item()
+    q = (hp * scale).clamp(-E4M3_MAX, E4M3_MAX).to(FP8)
+    return q, torch.tensor([1.0 / scale])
+
+
+def _fp8_gemm_setup(size: int):
+    w8, w_si = _fp8_operand(size, size, 3)
+    x8, x_si = _fp8_operand(size, size, 4)
+    d = torch.empty(size, size, dtype=torch.bfloat16)
+    call = _gemm_call(
+        capi.Tensor(w8, scale_inv=w_si), capi.Tensor(x8, scale_inv=x_si), capi.Tensor(d)
+    )
+
+    def check() -> str | None:
+        call()
+        rows = slice(0, 64)
+        xd, wd = x8[rows].float() * x_si, w8.float() * w_si
+        ref = xd @ wd.t()
+        return bf16_close(d[rows], (xd.bfloat16() @ wd.bfloat16().t()), ref, "D")
+
+    return w8, w_si, x8, x_si, d, call, check
+
+
+def case_gemm_fp8(quick: bool) -> Case:
+    require("nvte_cublas_gemm")
+    size = 256 if quick else 2048
+    _, _, _, _, _, call, check = _fp8_gemm_setup(size)
+    torch.manual_seed(5)
+    a = torch.randn(size, size).to(torch.bfloat16)
+    b = torch.randn(size, size).to(torch.bfloat16)
+    return Case(call, lambda: torch.matmul(a, b.t()), check)
+
+
+def case_gemm_fp8_vs_scaled_mm(quick: bool) -> Case:
+    require("nvte_cublas_gemm")
+    size = 128 if quick else 512
+    w8, w_si, x8, x_si, d, call, check = _fp8_gemm_setup(size)
+    sa, sb = x_si.reshape(()), w_si.reshape(())
+
+    def ref():
+        return torch._scaled_mm(x8, w8.t(), scale_a=sa, scale_b=sb, out_dtype=torch.bfloat16)
+
+    try:
+        ref()
+    except (RuntimeError, NotImplementedError, AttributeError) as e:
+        raise NotAvailable(f"torch._scaled_mm on the CPU: {type(e).__name__}: {e}") from None
+
+    def check_both() -> str | None:
+        msg = check()
+        if msg:
+            return msg
+        ref32 = (x8.float() * x_si) @ (w8.float() * w_si).t()
+        return bf16_close(d, ref(), ref32, "D vs _scaled_mm")
+
+    return Case(call, ref, check_both)
+
+
+# name: (builder, target ratio or None for report-only)
+CASES: dict[str, tuple[Callable[[bool], Case], float | None]] = {
+    "quantize_current_e4m3": (case_quantize, 4.0),
+    "layernorm_fwd_bf16": (case_layernorm_bf16, 1.0),
+    "layernorm_fwd_fp8out": (case_layernorm_fp8, 3.0),
+    "gemm_bf16": (case_gemm_bf16, 0.9),
+    "gemm_fp8": (case_gemm_fp8, 0.8),
+    "gemm_fp8_vs_scaled_mm": (case_gemm_fp8_vs_scaled_mm, None),
+    "quantize_current_e4m3_vs_compile": (lambda q: case_quantize(q, compiled=True), 1.0),
+    "layernorm_fwd_fp8out_vs_compile": (lambda q: case_layernorm_fp8(q, compiled=True), 1.0),
+}
+
+
+def run(names: list[str], quick: bool, warmup: int, repeat: int) -> tuple[list[dict], bool]:
+    rows, ok = [], True
+    for name in names:
+        builder, target = CASES[name]
+        row = {
+            "case": name,
+            "ours_ms": None,
+            "ref_ms": None,
+            "ratio": None,
+            "target": target,
+            "status": "",
+            "notes": [],
+        }
+        rows.append(row)
+        try:
+            case = builder(quick)
+            problem = case.check()
+            row["notes"] = case.notes
+            if problem:
+                row["status"] = f"NUMERICS MISMATCH: {problem}"
+                ok = False
+                continue
+            row["ours_ms"], row["ref_ms"] = time_pair_ms(case.ours, case.ref, warmup, repeat)
+            row["ratio"] = row["ref_ms"] / row["ours_ms"]
+            if target is None:
+                row["status"] = "report only"
+            else:
+                below = "below target (quick sizes)" if quick else "BELOW TARGET"
+                row["status"] = "ok" if row["ratio"] >= target else below
+        except MissingOp as e:
+            row["status"] = f"missing op: {e}"
+        except NotAvailable as e:
+            row["status"] = "n/a (reference unavailable)"
+            row["notes"].append(f"{e}; omitted from JSON")
+        except capi.NVTEError as e:
+            row["status"] = f"ERROR {e.status.name}: {e}"
+            ok = False
+        print(f"  {name}: {row['status']}", file=sys.stderr, flush=True)
+    return rows, ok
+
+
+def print_table(rows: list[dict]) -> None:
+    def f(v, fmt):
+        return format("-", ">10") if v is None else format(v, fmt)
+
+    head = f"{'case':34} {'ours ms':>10} {'ref ms':>10} {'ratio':>7} {'target':>7}  status"
+    print(head)
+    print("-" * len(head))
+    for r in rows:
+        tgt = "report" if r["target"] is None else f">={r['target']:g}x"
+        ratio = "-" if r["ratio"] is None else f"{r['ratio']:.2f}x"
+        print(
+            f"{r['case']:34} {f(r['ours_ms'], '10.3f')} {f(r['ref_ms'], '10.3f')} {ratio:>7} "
+            f"{tgt:>7}  {r['status']}"
+        )
+        for note in r["notes"]:
+            print(f"{'':34} note: {note}")
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(
+        description=__doc__.split("\n\n")[0], formatter_class=argparse.RawDescriptionHelpFormatter
+    )
+    p.add_argument(
+        "--cases",
+        default="all",
+        help="comma-separated case names, or 'all' (default); --list shows them",
+    )
+    p.add_argument("--list", action="store_true", help="list the cases and exit")
+    p.add_argument(
+        "--quick",
+        action="store_true",
+        help="small sizes, for a smoke test (targets are for full sizes)",
+    )
+    p.add_argument("--json", metavar="PATH", help='write {case: {"ours_ms", "ref_ms", "ratio"}}')
+    p.add_argument("--warmup", type=int, default=2)
+    p.add_argument("--repeat", type=int, default=None, help="timed runs (default 10, quick 5)")
+    p.add_argument("--strict", action="store_true", help="exit 1 when a case misses its target")
+    args = p.parse_args(argv)
+
+    if args.list:
+        for name, (_, target) in CASES.items():
+            print(f"{name:34} target {'report only' if target is None else f'>= {target:g}x'}")
+        return 0
+    names = list(CASES) if args.cases == "all" else [c.strip() for c in args.cases.split(",") if c]
+    unknown = [n for n in names if n not in CASES]
+    if unknown:
+        p.error(f"unknown case(s) {unknown}; expected some of {list(CASES)}")
+    repeat = args.repeat or (5 if args.quick else 10)
+
+    threads = os.cpu_count() or 1
+    torch.set_num_threads(threads)
+    info = build_info()
+    print(
+        f"transformer_engine_lite {info['version']} ({info['library_path']}), "
+        f"gemm: {info.get('gemm_cpu')}, library threads {info.get('max_threads')}; torch "
+        f"{torch.__version__} threads {torch.get_num_threads()}; {'quick' if args.quick else 'full'}"
+        f" sizes, median of {repeat} after {args.warmup} warmup"
+    )
+    rows, ok = run(names, args.quick, args.warmup, repeat)
+    print_table(rows)
+
+    if args.json:
+        out = {
+            r["case"]: {"ours_ms": r["ours_ms"], "ref_ms": r["ref_ms"], "ratio": r["ratio"]}
+            for r in rows
+            if r["ratio"] is not None
+        }
+        with open(args.json, "w") as fh:
+            json.dump(out, fh, indent=2)
+        print(f"wrote {args.json} ({len(out)} cases)")
+    if not ok:
+        return 1
+    if args.strict and any(r["status"] == "BELOW TARGET" for r in rows):
+        return 1
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
