@@ -1,5 +1,7 @@
 """Builds libtransformer_engine_lite.so with CMake (build/cmake, reused between builds) and installs it
-inside the transformer_engine_lite package. Framework extensions: see build_tools/utils.py."""
+inside the transformer_engine_lite package, then the framework extensions chosen by
+build_tools/utils.select_frameworks() (NVTE_FRAMEWORK; default: the importable ones), which link it:
+pytorch -> transformer_engine_lite/pytorch/_C*.so (build_tools/pytorch.py)."""
 
 from __future__ import annotations
 
@@ -16,6 +18,16 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 from build_tools import utils  # noqa: E402
 
 LIB_NAME = "libtransformer_engine_lite.so"
+CORE_EXT_NAME = "transformer_engine_lite.libtransformer_engine_lite"
+FRAMEWORKS = utils.select_frameworks()
+BACKEND = utils.detect_backend()
+
+if "pytorch" in FRAMEWORKS:
+    from build_tools import pytorch as pytorch_build  # noqa: E402
+
+    _BuildExtBase = pytorch_build.build_ext_base()  # torch's flags and parallel (ninja) compiles
+else:
+    _BuildExtBase = build_ext
 
 
 class CMakeExtension(Extension):
@@ -23,17 +35,22 @@ class CMakeExtension(Extension):
         super().__init__(name, sources=[])
 
 
-class CMakeBuild(build_ext):
+class CMakeBuild(_BuildExtBase):
+    """The core library first (CMake), then the framework extensions (listed after it)."""
+
     def get_ext_filename(self, ext_name: str) -> str:
+        # Called with the full dotted name and with its last component alone.
+        if ext_name.split(".")[-1] != CORE_EXT_NAME.split(".")[-1]:
+            return super().get_ext_filename(ext_name)
         # A plain shared library loaded with ctypes, not a Python extension module.
         return os.path.join(*ext_name.split(".")[:-1], LIB_NAME)
 
     def build_extension(self, ext: Extension) -> None:
-        choice = utils.detect_backend()
-        frameworks = utils.select_frameworks()
-        print(f"[transformer_engine_lite] device backend: {choice.backend} ({choice.reason}); "
-              f"frameworks: {frameworks or 'none'} (this tree has no framework extensions to "
-              "compile yet; the Python packages are pure Python)")
+        if not isinstance(ext, CMakeExtension):
+            super().build_extension(ext)
+            return
+        print(f"[transformer_engine_lite] device backend: {BACKEND.backend} ({BACKEND.reason}); "
+              f"framework extensions: {FRAMEWORKS or 'none'}")
         build_dir = utils.build_dir()
         build_dir.mkdir(parents=True, exist_ok=True)
         generator = ["-G", "Ninja"] if shutil.which("ninja") else []
@@ -42,15 +59,19 @@ class CMakeBuild(build_ext):
         )
         jobs = os.environ.get("MAX_JOBS", str(os.cpu_count() or 1))
         subprocess.check_call(["cmake", "--build", str(build_dir), "--parallel", jobs])
-        built = build_dir / "transformer_engine_lite" / "common" / LIB_NAME
+        built = utils.core_lib_dir() / LIB_NAME
         dest = Path(self.get_ext_fullpath(ext.name))
         dest.parent.mkdir(parents=True, exist_ok=True)
         shutil.copy2(built, dest)
 
 
+ext_modules: list[Extension] = [CMakeExtension(CORE_EXT_NAME)]
+if "pytorch" in FRAMEWORKS:
+    ext_modules.append(pytorch_build.extension(utils.core_lib_dir(), BACKEND.backend))
+
 setup(
     packages=find_packages(include=["transformer_engine_lite", "transformer_engine_lite.*"]),
-    ext_modules=[CMakeExtension("transformer_engine_lite.libtransformer_engine_lite")],
+    ext_modules=ext_modules,
     cmdclass={"build_ext": CMakeBuild},
     package_data={"transformer_engine_lite": ["common/include/transformer_engine_lite/*.h"]},
     zip_safe=False,

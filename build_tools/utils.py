@@ -119,7 +119,7 @@ def cmake_args(build_type: str = "Release") -> list[str]:
     choice = detect_backend()
     args = [f"-DCMAKE_BUILD_TYPE={build_type}", f"-DNVTE_BACKEND={choice.backend}"]
     if choice.backend == "cuda":
-        args.append(f"-DCMAKE_CUDA_ARCHITECTURES={cuda_archs()}")
+        args.append(f"-DNVTE_CUDA_ARCHS={cuda_archs()}")  # gpu.cmake derives the CUDA archs
     if choice.backend == "rocm":
         args.append(f"-DNVTE_ROCM_ARCH={rocm_archs()}")
     if _flag("NVTE_WERROR") == "1":
@@ -133,3 +133,8 @@ def cmake_args(build_type: str = "Release") -> list[str]:
 def build_dir() -> Path:
     path = Path(_flag("NVTE_BUILD_DIR"))
     return path if path.is_absolute() else ROOT / path
+
+
+def core_lib_dir() -> Path:
+    """Folder of the core library CMake builds (framework extensions link it from here)."""
+    return build_dir() / "transformer_engine_lite" / "common"

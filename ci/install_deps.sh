@@ -11,6 +11,17 @@ if ! [ -e /usr/include/gtest/gtest.h ] || ! command -v ninja >/dev/null; then
     DEBIAN_FRONTEND=noninteractive $SUDO apt-get install -y -qq libgtest-dev ninja-build >/dev/null
   fi
 fi
+# Debian's HIP 5.2 toolchain for ci/build_rocm.sh (hipcc pulls clang-15, llvm-15, clang-tools-15).
+# Best effort: where apt has no such packages, build_rocm.sh fails with its own message.
+if ! command -v hipcc >/dev/null || ! [ -e /usr/include/hip/hip_runtime.h ] ||
+    ! compgen -G "/usr/lib/*/amdgcn/bitcode/ocml.bc" >/dev/null; then
+  if command -v apt-get >/dev/null; then
+    SUDO=""; [ "$(id -u)" -ne 0 ] && SUDO=sudo
+    $SUDO apt-get update -qq
+    DEBIAN_FRONTEND=noninteractive $SUDO apt-get install -y -qq hipcc libamdhip64-dev \
+      rocm-device-libs >/dev/null || echo "ci/install_deps.sh: HIP toolchain not installed" >&2
+  fi
+fi
 # torch==2.13.0 is pinned: it is the CPU build on this machine's disk (a plain "torch" would pull
 # several GB of CUDA wheels). oneDNN 3.2 (GNU OpenMP flavour, no SYCL) provides the CPU GEMM.
 # pip's output goes to a log that is printed only when a step fails (a failed build must stop here,

@@ -125,6 +125,13 @@ inline Tol fp8_quantization_tolerance(NVTEDType t) {
 inline double fp32_accumulation_atol(size_t k, double l1) {
   return (4.0 * std::sqrt(static_cast<double>(k)) + 8.0) * std::ldexp(l1, -24);
 }
+// GELU / dGELU fused into a vendor GEMM epilogue (cuBLASLt) need not be our util/math.h tanh: the
+// hardware tanh.approx.f32 has relative error <= 2^-11 (delta). gelu(x) = 0.5 x (1 + t) moves by
+// <= 0.5 |x| delta; gelu'(x) by <= (0.5 + |x| k0 (1 + 3 k1 x^2)) delta <= (0.5 + 2 |x|) delta for
+// |x| <= 3, times the incoming factor (the product, for dGELU; 1 for GELU). `max_arg` bounds |x|.
+inline double vendor_gelu_atol(double max_arg, double max_factor) {
+  return (0.5 + 2.0 * max_arg) * std::ldexp(max_factor, -11);
+}
 
 // ------------------------------------------------------------------ owning test tensor
 inline size_t dtype_bytes(NVTEDType t) { return nvte_dtype_size(t); }

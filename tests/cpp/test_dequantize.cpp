@@ -193,7 +193,7 @@ TEST_F(DequantizeRejects, DeviceMixAndGpu) {
   out_.set_device(kNVTEDeviceGPU);
   expect_rejected(NVTE_ERROR_INVALID_ARGUMENT, {"'output'", "device", "gpu"});
   in_.set_device(kNVTEDeviceGPU);
-  expect_rejected(NVTE_ERROR_UNSUPPORTED, {"no GPU backend"});
+  expect_rejected(NVTE_ERROR_UNSUPPORTED, {"tensors are on the GPU"});
 }
 
 }  // namespace

@@ -176,7 +176,7 @@ std::vector<Case> cases() {
         [](Args &a) {
           for (auto &[name, tensor] : a.t) tensor.set_device(kNVTEDeviceGPU);
         },
-        {"no GPU backend"}, NVTE_ERROR_UNSUPPORTED);
+        {"tensors are on the GPU"}, NVTE_ERROR_UNSUPPORTED);
   }
   // forward only
   add(false, "beta_dtype", set_dtype("beta", kNVTEBFloat16), {"'beta'", "gamma's dtype float32"});

@@ -364,7 +364,7 @@ TEST_F(QuantizeRejects, DeviceMixAndGpu) {
   in_.set_device(kNVTEDeviceGPU);
   expect_rejected(NVTE_ERROR_INVALID_ARGUMENT, {"'output'", "device", "gpu", "cpu"});
   out_.set_device(kNVTEDeviceGPU);
-  expect_rejected(NVTE_ERROR_UNSUPPORTED, {"GPU", "no GPU backend"});
+  expect_rejected(NVTE_ERROR_UNSUPPORTED, {"GPU", "tensors are on the GPU"});
 }
 TEST_F(QuantizeRejects, OverlappingBuffers) {
   // Output data placed inside the input buffer.

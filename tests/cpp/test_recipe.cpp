@@ -254,7 +254,7 @@ TEST_F(DelayedScalingRejects, Devices) {
   hist_.set_device(kNVTEDeviceGPU);
   scale_.set_device(kNVTEDeviceGPU);
   new_hist_.set_device(kNVTEDeviceGPU);
-  EXPECT_NVTE_ERROR(call(), NVTE_ERROR_UNSUPPORTED, "no GPU backend");
+  EXPECT_NVTE_ERROR(call(), NVTE_ERROR_UNSUPPORTED, "tensors are on the GPU");
 }
 
 }  // namespace

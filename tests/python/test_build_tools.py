@@ -96,3 +96,22 @@ def test_cmake_args_carry_backend_and_werror(toolkit, monkeypatch):
     monkeypatch.setenv("NVTE_WERROR", "1")
     args = utils.cmake_args()
     assert "-DNVTE_BACKEND=cpu" in args and "-DNVTE_WERROR=ON" in args
+
+
+@pytest.mark.parametrize(
+    "kind,env,value,expected",
+    [
+        ("cuda", "NVTE_CUDA_ARCHS", None, "-DNVTE_CUDA_ARCHS=80;90"),
+        ("cuda", "NVTE_CUDA_ARCHS", "90", "-DNVTE_CUDA_ARCHS=90"),
+        ("rocm", "NVTE_ROCM_ARCH", "gfx90a;gfx940", "-DNVTE_ROCM_ARCH=gfx90a;gfx940"),
+    ],
+)
+def test_cmake_args_carry_the_arch_list(toolkit, monkeypatch, kind, env, value, expected):
+    toolkit(kernels=True)
+    monkeypatch.setenv(f"NVTE_USE_{kind.upper()}", "1")
+    if value is None:
+        monkeypatch.delenv(env, raising=False)
+    else:
+        monkeypatch.setenv(env, value)
+    args = utils.cmake_args()
+    assert f"-DNVTE_BACKEND={kind}" in args and expected in args

@@ -1,11 +1,15 @@
-// C API of the activation family (activation.h): argument checks, device routing, CPU launch.
+// C API of the activation family (activation.h): argument checks, device routing, CPU/GPU launch.
 #include "transformer_engine_lite/activation.h"
 
 #include <utility>
 #include <vector>
 
+#include "../cast/output_spec.h"
 #include "../util/api.h"
 #include "activation_cpu.h"
+#ifdef NVTE_WITH_GPU
+#include "activation_gpu.h"
+#endif
 
 namespace nvte {
 namespace {
@@ -21,12 +25,11 @@ std::vector<size_t> gated_half_shape(const SimpleTensor &input) {
   return half;
 }
 
-// Device routing comes before the output is validated: the emitter reads the output's scale, which
-// must not be dereferenced on the host when it lives on a GPU.
-void route_to_cpu(const char *op, const Tensor &a, const char *name_a, const Tensor &b,
-                  const char *name_b, const Tensor *c = nullptr, const char *name_c = "") {
-  const NVTEDevice device = check_same_device({{&a, name_a}, {&b, name_b}, {c, name_c}});
-  require_cpu_backend(device, op);
+// Routes on the tensors' common device (true: run on the GPU). The CPU emitter reads the output's
+// per-tensor scale, so it is built only on the CPU path, from the device-agnostic OutputSpec.
+bool route(const char *op, const Tensor &a, const char *name_a, const Tensor &b,
+           const char *name_b, const Tensor *c = nullptr, const char *name_c = "") {
+  return use_gpu(check_same_device({{&a, name_a}, {&b, name_b}, {c, name_c}}), op);
 }
 
 // Row blocks are read and written in parallel (column-wise copies scattered over the whole output),
@@ -46,16 +49,24 @@ void check_output_disjoint(const Tensor &out, const SimpleTensor &in, const char
 }
 
 NVTEStatus activation_fwd(const char *op, Activation act, bool gated, const NVTETensor input,
-                          NVTETensor output) {
+                          NVTETensor output, NVTEStream stream) {
   return guarded(op, [&] {
     const Tensor &in = as_tensor(input, "input");
     const Tensor &out = as_tensor(output, "output");
     check_has_data(in, "input");
     check_dtype(in.data, "input", {kNVTEFloat32, kNVTEFloat16, kNVTEBFloat16});
     const std::vector<size_t> out_shape = gated ? gated_half_shape(in.data) : in.data.shape;
-    route_to_cpu(op, in, "input", out, "output");
-    const OutputEmitter em(out, "output", out_shape);  // validates every output buffer
+    const bool gpu = route(op, in, "input", out, "output");
+    const OutputSpec spec = validate_output(out, "output", out_shape);  // every output buffer
     check_output_disjoint(out, in.data, "input");
+    if (gpu) {
+#ifdef NVTE_WITH_GPU
+      gpu::launch_activation_fwd(act, gated, in, out, spec, stream);
+#endif
+      return;
+    }
+    (void)stream;
+    const OutputEmitter em(out, spec);
     if (gated) {
       launch_gated_activation_fwd(act, in, em);
     } else {
@@ -65,7 +76,7 @@ NVTEStatus activation_fwd(const char *op, Activation act, bool gated, const NVTE
 }
 
 NVTEStatus activation_bwd(const char *op, Activation act, bool gated, const NVTETensor grad,
-                          const NVTETensor input, NVTETensor output) {
+                          const NVTETensor input, NVTETensor output, NVTEStream stream) {
   return guarded(op, [&] {
     const Tensor &g = as_tensor(grad, "grad");
     const Tensor &in = as_tensor(input, "input");
@@ -76,9 +87,17 @@ NVTEStatus activation_bwd(const char *op, Activation act, bool gated, const NVTE
     NVTE_CHECK(g.data.dtype == in.data.dtype, "argument 'grad': expected the dtype of 'input' (",
                dtype_name(in.data.dtype), "), got ", dtype_name(g.data.dtype));
     check_shape(g.data, "grad", gated ? gated_half_shape(in.data) : in.data.shape);
-    route_to_cpu(op, g, "grad", in, "input", &out, "output");
-    const OutputEmitter em(out, "output", in.data.shape);
+    const bool gpu = route(op, g, "grad", in, "input", &out, "output");
+    const OutputSpec spec = validate_output(out, "output", in.data.shape);
     check_output_disjoint(out, in.data, "input", &g.data, "grad");
+    if (gpu) {
+#ifdef NVTE_WITH_GPU
+      gpu::launch_activation_bwd(act, gated, g, in, out, spec, stream);
+#endif
+      return;
+    }
+    (void)stream;
+    const OutputEmitter em(out, spec);
     if (gated) {
       launch_gated_activation_bwd(act, g, in, em);
     } else {
@@ -95,77 +114,77 @@ using nvte::activation_bwd;
 using nvte::activation_fwd;
 
 // ---------------------------------------------------------------- element-wise
-NVTEStatus nvte_gelu(const NVTETensor input, NVTETensor output, NVTEStream) {
-  return activation_fwd("nvte_gelu", Activation::kGelu, false, input, output);
+NVTEStatus nvte_gelu(const NVTETensor input, NVTETensor output, NVTEStream stream) {
+  return activation_fwd("nvte_gelu", Activation::kGelu, false, input, output, stream);
 }
-NVTEStatus nvte_qgelu(const NVTETensor input, NVTETensor output, NVTEStream) {
-  return activation_fwd("nvte_qgelu", Activation::kQGelu, false, input, output);
+NVTEStatus nvte_qgelu(const NVTETensor input, NVTETensor output, NVTEStream stream) {
+  return activation_fwd("nvte_qgelu", Activation::kQGelu, false, input, output, stream);
 }
-NVTEStatus nvte_relu(const NVTETensor input, NVTETensor output, NVTEStream) {
-  return activation_fwd("nvte_relu", Activation::kRelu, false, input, output);
+NVTEStatus nvte_relu(const NVTETensor input, NVTETensor output, NVTEStream stream) {
+  return activation_fwd("nvte_relu", Activation::kRelu, false, input, output, stream);
 }
-NVTEStatus nvte_srelu(const NVTETensor input, NVTETensor output, NVTEStream) {
-  return activation_fwd("nvte_srelu", Activation::kSRelu, false, input, output);
+NVTEStatus nvte_srelu(const NVTETensor input, NVTETensor output, NVTEStream stream) {
+  return activation_fwd("nvte_srelu", Activation::kSRelu, false, input, output, stream);
 }
-NVTEStatus nvte_silu(const NVTETensor input, NVTETensor output, NVTEStream) {
-  return activation_fwd("nvte_silu", Activation::kSilu, false, input, output);
+NVTEStatus nvte_silu(const NVTETensor input, NVTETensor output, NVTEStream stream) {
+  return activation_fwd("nvte_silu", Activation::kSilu, false, input, output, stream);
 }
 
 NVTEStatus nvte_dgelu(const NVTETensor grad, const NVTETensor input, NVTETensor output,
-                      NVTEStream) {
-  return activation_bwd("nvte_dgelu", Activation::kGelu, false, grad, input, output);
+                      NVTEStream stream) {
+  return activation_bwd("nvte_dgelu", Activation::kGelu, false, grad, input, output, stream);
 }
 NVTEStatus nvte_dqgelu(const NVTETensor grad, const NVTETensor input, NVTETensor output,
-                       NVTEStream) {
-  return activation_bwd("nvte_dqgelu", Activation::kQGelu, false, grad, input, output);
+                       NVTEStream stream) {
+  return activation_bwd("nvte_dqgelu", Activation::kQGelu, false, grad, input, output, stream);
 }
 NVTEStatus nvte_drelu(const NVTETensor grad, const NVTETensor input, NVTETensor output,
-                      NVTEStream) {
-  return activation_bwd("nvte_drelu", Activation::kRelu, false, grad, input, output);
+                      NVTEStream stream) {
+  return activation_bwd("nvte_drelu", Activation::kRelu, false, grad, input, output, stream);
 }
 NVTEStatus nvte_dsrelu(const NVTETensor grad, const NVTETensor input, NVTETensor output,
-                       NVTEStream) {
-  return activation_bwd("nvte_dsrelu", Activation::kSRelu, false, grad, input, output);
+                       NVTEStream stream) {
+  return activation_bwd("nvte_dsrelu", Activation::kSRelu, false, grad, input, output, stream);
 }
 NVTEStatus nvte_dsilu(const NVTETensor grad, const NVTETensor input, NVTETensor output,
-                      NVTEStream) {
-  return activation_bwd("nvte_dsilu", Activation::kSilu, false, grad, input, output);
+                      NVTEStream stream) {
+  return activation_bwd("nvte_dsilu", Activation::kSilu, false, grad, input, output, stream);
 }
 
 // ---------------------------------------------------------------- gated
-NVTEStatus nvte_geglu(const NVTETensor input, NVTETensor output, NVTEStream) {
-  return activation_fwd("nvte_geglu", Activation::kGelu, true, input, output);
+NVTEStatus nvte_geglu(const NVTETensor input, NVTETensor output, NVTEStream stream) {
+  return activation_fwd("nvte_geglu", Activation::kGelu, true, input, output, stream);
 }
-NVTEStatus nvte_qgeglu(const NVTETensor input, NVTETensor output, NVTEStream) {
-  return activation_fwd("nvte_qgeglu", Activation::kQGelu, true, input, output);
+NVTEStatus nvte_qgeglu(const NVTETensor input, NVTETensor output, NVTEStream stream) {
+  return activation_fwd("nvte_qgeglu", Activation::kQGelu, true, input, output, stream);
 }
-NVTEStatus nvte_reglu(const NVTETensor input, NVTETensor output, NVTEStream) {
-  return activation_fwd("nvte_reglu", Activation::kRelu, true, input, output);
+NVTEStatus nvte_reglu(const NVTETensor input, NVTETensor output, NVTEStream stream) {
+  return activation_fwd("nvte_reglu", Activation::kRelu, true, input, output, stream);
 }
-NVTEStatus nvte_sreglu(const NVTETensor input, NVTETensor output, NVTEStream) {
-  return activation_fwd("nvte_sreglu", Activation::kSRelu, true, input, output);
+NVTEStatus nvte_sreglu(const NVTETensor input, NVTETensor output, NVTEStream stream) {
+  return activation_fwd("nvte_sreglu", Activation::kSRelu, true, input, output, stream);
 }
-NVTEStatus nvte_swiglu(const NVTETensor input, NVTETensor output, NVTEStream) {
-  return activation_fwd("nvte_swiglu", Activation::kSilu, true, input, output);
+NVTEStatus nvte_swiglu(const NVTETensor input, NVTETensor output, NVTEStream stream) {
+  return activation_fwd("nvte_swiglu", Activation::kSilu, true, input, output, stream);
 }
 
 NVTEStatus nvte_dgeglu(const NVTETensor grad, const NVTETensor input, NVTETensor output,
-                       NVTEStream) {
-  return activation_bwd("nvte_dgeglu", Activation::kGelu, true, grad, input, output);
+                       NVTEStream stream) {
+  return activation_bwd("nvte_dgeglu", Activation::kGelu, true, grad, input, output, stream);
 }
 NVTEStatus nvte_dqgeglu(const NVTETensor grad, const NVTETensor input, NVTETensor output,
-                        NVTEStream) {
-  return activation_bwd("nvte_dqgeglu", Activation::kQGelu, true, grad, input, output);
+                        NVTEStream stream) {
+  return activation_bwd("nvte_dqgeglu", Activation::kQGelu, true, grad, input, output, stream);
 }
 NVTEStatus nvte_dreglu(const NVTETensor grad, const NVTETensor input, NVTETensor output,
-                       NVTEStream) {
-  return activation_bwd("nvte_dreglu", Activation::kRelu, true, grad, input, output);
+                       NVTEStream stream) {
+  return activation_bwd("nvte_dreglu", Activation::kRelu, true, grad, input, output, stream);
 }
 NVTEStatus nvte_dsreglu(const NVTETensor grad, const NVTETensor input, NVTETensor output,
-                        NVTEStream) {
-  return activation_bwd("nvte_dsreglu", Activation::kSRelu, true, grad, input, output);
+                        NVTEStream stream) {
+  return activation_bwd("nvte_dsreglu", Activation::kSRelu, true, grad, input, output, stream);
 }
 NVTEStatus nvte_dswiglu(const NVTETensor grad, const NVTETensor input, NVTETensor output,
-                        NVTEStream) {
-  return activation_bwd("nvte_dswiglu", Activation::kSilu, true, grad, input, output);
+                        NVTEStream stream) {
+  return activation_bwd("nvte_dswiglu", Activation::kSilu, true, grad, input, output, stream);
 }

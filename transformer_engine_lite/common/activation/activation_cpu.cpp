@@ -83,20 +83,6 @@ void gated_activation_bwd_kernel(const IType *g, const IType *x, const OutputEmi
   });
 }
 
-// Activation enum -> functor type, for the lambda-style dispatch used with dispatch_dtype.
-template <typename F>
-void dispatch_activation(Activation act, F &&f) {
-  switch (act) {
-    case Activation::kGelu: f(TypeTag<Gelu>{}); return;
-    case Activation::kQGelu: f(TypeTag<QGelu>{}); return;
-    case Activation::kRelu: f(TypeTag<Relu>{}); return;
-    case Activation::kSRelu: f(TypeTag<SRelu>{}); return;
-    case Activation::kSilu: f(TypeTag<Silu>{}); return;
-  }
-  NVTE_ERROR("activation: expected one of gelu, qgelu, relu, srelu, silu, got enum value ",
-             static_cast<int>(act));
-}
-
 }  // namespace
 
 void launch_activation_fwd(Activation act, const Tensor &input, const OutputEmitter &out) {

@@ -4,11 +4,9 @@
 
 #include "../cast/emit_cpu.h"
 #include "../util/tensor.h"
+#include "activation_kind.h"
 
 namespace nvte {
-
-// The activation functions of util/math.h, named at runtime so one entry helper serves all ops.
-enum class Activation { kGelu, kQGelu, kRelu, kSRelu, kSilu };
 
 // Callers validate first: inputs have data, a high-precision dtype (grad the dtype of input) and
 // the shapes the emitter was built for; the emitter has validated the output.

@@ -4,6 +4,7 @@
 #include <algorithm>
 #include <cstring>
 
+#include "mx_scale.h"
 #include "transpose_tile.h"
 
 namespace nvte {
@@ -92,25 +93,6 @@ NVTE_CPU_CLONES void mul_encode_row(const float *v, const float *mult, OType *q,
   for (size_t i = 0; i < n; ++i) q[i] = from_float<OType>(v[i] * mult[i]);
 }
 
-// Biased E8M0 exponent of 2^ceil(log2(amax / fp8_max)) (TE's round-up rule) from the magnitude bits
-// of amax, exactly and without dividing. With amax = a * 2^ea and fp8_max = f * 2^ef (a, f in
-// [1, 2)), the quotient lies in (2^(ea-ef-1), 2^(ea-ef)] when a <= f and in
-// (2^(ea-ef), 2^(ea-ef+1)) when a > f, so ceil(log2) = ea - ef + (a > f): one compare of mantissa
-// fields. (An fp32 division
-// would round quotients just above 2^-127, which are subnormal, onto 2^-127 and pick a scale one
-// binade too small.) Zero and subnormal amaxes give quotients below 2^-127: byte 0. NaN -> 0xFF;
-// Inf -> 0xFE (saturates, as the GPU's satfinite cvt to ue8m0).
-template <typename OType>
-NVTE_HOST_DEVICE uint8_t mx_scale_byte(uint32_t amax_bits) {
-  using F = typename Fp8Traits<OType>::format;
-  const uint32_t f = float_bits(fp8_max_value<F>());  // folded to a constant
-  const int ef = static_cast<int>(f >> 23) - 127;
-  const int k = static_cast<int>(amax_bits >> 23) - ef +
-                ((amax_bits & 0x7FFFFFu) > (f & 0x7FFFFFu) ? 1 : 0);  // biased: (ea + 127) - ef
-  const uint8_t finite = static_cast<uint8_t>(amax_bits < 0x00800000u ? 0 : (k < 0 ? 0 : k));
-  return amax_bits > 0x7F800000u ? 0xFFu : (amax_bits == 0x7F800000u ? 0xFEu : finite);
-}
-
 // Scales of the row-wise blocks of one row, and each element's multiplier 1 / scale (exact: a power
 // of two) expanded into mult[0, cols).
 template <typename OType>
@@ -186,85 +168,21 @@ size_t ceil_div(size_t a, size_t b) { return (a + b - 1) / b; }
 
 }  // namespace
 
-// ---------------------------------------------------------------- validation
-OutputEmitter::OutputEmitter(const Tensor &out, const char *arg, const std::vector<size_t> &shape)
-    : out_(out) {
-  SimpleTensor view;
-  view.shape = shape;
-  rows_ = view.rows();
-  cols_ = view.cols();
-  const bool has_row = out.data.has_data(), has_col = out.columnwise_data.has_data();
-  NVTE_CHECK(has_row || has_col, "argument '", arg,
-             "': expected row-wise and/or column-wise data, got neither (null pointers)");
-  const DType t = has_row ? out.data.dtype : out.columnwise_data.dtype;
-  fp8_ = nvte::is_fp8(t);
-  if (out.amax.has_data()) check_fp32_scalar(out.amax, arg, "amax");
-
-  if (out.scaling_mode == NVTE_MXFP8_1D_SCALING) {
-    NVTE_CHECK(fp8_, "argument '", arg, "': expected an FP8 dtype with MXFP8 scaling, got ",
-               dtype_name(t));
-    mx_ = true;
-    if (has_row) {
-      check_shape(out.data, arg, shape);
-      NVTE_CHECK(out.scale_inv.has_data(), "argument '", arg,
-                 "': expected row-wise E8M0 scale_inv for MXFP8 row-wise data, got a null pointer");
-      check_dtype(out.scale_inv, arg, {kNVTEFloat8E8M0, kNVTEByte});
-      NVTE_CHECK(out.scale_inv.shape == std::vector<size_t>({rows_, ceil_div(cols_, kBlock)}),
-                 "argument '", arg, "': expected row-wise scale_inv shape ",
-                 shape_str({rows_, ceil_div(cols_, kBlock)}), ", got ",
-                 shape_str(out.scale_inv.shape));
-      rowwise_ = true;
-    }
-    if (has_col) {
-      check_shape(out.columnwise_data, arg, shape);
-      NVTE_CHECK(!has_row || out.columnwise_data.dtype == t, "argument '", arg,
-                 "': expected column-wise data of dtype ", dtype_name(t), ", got ",
-                 dtype_name(out.columnwise_data.dtype));
-      NVTE_CHECK(out.columnwise_scale_inv.has_data(), "argument '", arg,
-                 "': expected column-wise E8M0 scale_inv for MXFP8 column-wise data, got a null "
-                 "pointer");
-      check_dtype(out.columnwise_scale_inv, arg, {kNVTEFloat8E8M0, kNVTEByte});
-      NVTE_CHECK(
-          out.columnwise_scale_inv.shape == std::vector<size_t>({ceil_div(rows_, kBlock), cols_}),
-          "argument '", arg, "': expected column-wise scale_inv shape ",
-          shape_str({ceil_div(rows_, kBlock), cols_}), ", got ",
-          shape_str(out.columnwise_scale_inv.shape));
-      colwise_ = true;
-    }
-    return;
-  }
-
-  NVTE_CHECK(out.scaling_mode == NVTE_DELAYED_TENSOR_SCALING, "argument '", arg,
-             "': expected scaling mode NVTE_DELAYED_TENSOR_SCALING or NVTE_MXFP8_1D_SCALING, got ",
-             static_cast<int>(out.scaling_mode));
-  if (!fp8_) {
-    NVTE_CHECK(has_row, "argument '", arg, "': expected row-wise data for a ", dtype_name(t),
-               " output, got only column-wise data");
-    check_dtype(out.data, arg, {kNVTEFloat32, kNVTEFloat16, kNVTEBFloat16});
-    check_shape(out.data, arg, shape);
-    NVTE_CHECK(!has_col, "argument '", arg,
-               "': column-wise data is only produced for FP8 outputs, got a ", dtype_name(t),
-               " output with column-wise data");
-    rowwise_ = true;
-    return;
-  }
-  check_fp32_scalar(out.scale, arg, "scale");
-  if (out.scale_inv.has_data()) check_fp32_scalar(out.scale_inv, arg, "scale_inv");
-  if (has_row) {
-    check_shape(out.data, arg, shape);
-    rowwise_ = true;
-  }
-  if (has_col) {
-    NVTE_CHECK(out.columnwise_data.dtype == t, "argument '", arg,
-               "': expected column-wise data of dtype ", dtype_name(t), ", got ",
-               dtype_name(out.columnwise_data.dtype));
-    NVTE_CHECK(out.columnwise_data.shape == std::vector<size_t>({cols_, rows_}), "argument '", arg,
-               "': expected column-wise (transposed) data of shape ", shape_str({cols_, rows_}),
-               ", got ", shape_str(out.columnwise_data.shape));
-    colwise_ = true;
-  }
-  scale_ = *out.scale.ptr<const float>();
+// ---------------------------------------------------------------- construction
+OutputEmitter::OutputEmitter(const Tensor &out, const OutputSpec &spec)
+    : out_(out),
+      rows_(spec.rows),
+      cols_(spec.cols),
+      fp8_(spec.fp8),
+      mx_(spec.mx),
+      rowwise_(spec.rowwise),
+      colwise_(spec.colwise) {
+  // Host memory only: CPU kernels read the per-tensor scale once here.
+  if (fp8_ && !mx_) scale_ = *out.scale.ptr<const float>();
 }
+
+OutputEmitter::OutputEmitter(const Tensor &out, const char *arg, const std::vector<size_t> &shape)
+    : OutputEmitter(out, validate_output(out, arg, shape)) {}
 
 // ---------------------------------------------------------------- writers
 AbsMax OutputEmitter::emit(const float *vals, size_t row0, size_t nrows) const {

@@ -13,6 +13,7 @@
 #include "../platform/host_device.h"
 #include "../util/dtype_dispatch.h"
 #include "../util/tensor.h"
+#include "output_spec.h"
 
 namespace nvte {
 
@@ -37,13 +38,15 @@ void store_row(const float *src, T *dst, size_t n);
 class OutputEmitter {
  public:
   // Row granularity of MXFP8 column-wise blocks; callers pass row blocks aligned to it.
-  static constexpr size_t kBlock = 32;
+  static constexpr size_t kBlock = OutputSpec::kBlock;
   // fp32 values per row block that fit comfortably in L1 (16 KiB).
   static constexpr size_t kL1Floats = 4096;
 
   // `out` must describe a [rows, cols] result (`shape` is the expected row-wise shape; leading dims
-  // flatten into rows). Raises an error naming `arg` if its buffers do not fit.
+  // flatten into rows). Raises an error naming `arg` if its buffers do not fit (validate_output).
   OutputEmitter(const Tensor &out, const char *arg, const std::vector<size_t> &shape);
+  // From an already validated spec (reads the per-tensor scale: host memory only).
+  OutputEmitter(const Tensor &out, const OutputSpec &spec);
 
   // Rows per block a kernel should produce before calling emit (a multiple of kBlock when a
   // column-wise copy is written, for contiguous transposed stores). Otherwise sized so the fp32

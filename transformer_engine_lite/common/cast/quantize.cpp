@@ -1,11 +1,15 @@
 // C API entries of nvte_quantize, nvte_dequantize, nvte_compute_amax, nvte_compute_scale_from_amax:
-// argument checks (all before any write), then routing to the CPU kernels in quantize_cpu.cpp.
+// argument checks (all before any write, none reading tensor memory), then routing on the tensors'
+// device to the CPU kernels (quantize_cpu.cpp) or the GPU launchers (quantize.cu).
 #include "transformer_engine_lite/cast.h"
 
+#include "../recipe/scaling_math.h"
 #include "../util/api.h"
 #include "../util/tensor.h"
+#include "emit_cpu.h"
 #include "quantize.h"
 #include "quantize_cpu.h"
+#include "quantize_gpu.h"
 
 namespace nvte {
 namespace {
@@ -30,20 +34,20 @@ void check_outputs_disjoint(const SimpleTensor &in, const Tensor &out) {
 
 }  // namespace
 
-OutputEmitter make_quantize_emitter(const Tensor &in, const Tensor &out, const char *op) {
+QuantizeArgs check_quantize_args(const Tensor &in, const Tensor &out) {
   check_has_data(in, "input");
   check_dtype(in.data, "input", {kNVTEFloat32, kNVTEFloat16, kNVTEBFloat16});
   NVTE_CHECK(is_fp8(declared_dtype(out)), "argument 'output': expected an FP8 dtype (",
              dtype_name(kNVTEFloat8E4M3), ", ", dtype_name(kNVTEFloat8E5M2), ", ",
              dtype_name(kNVTEFloat8E4M3FNUZ), ", ", dtype_name(kNVTEFloat8E5M2FNUZ), "), got ",
              dtype_name(declared_dtype(out)));
-  // Routing comes before the emitter: it reads the output's scale, which must be host memory.
-  require_cpu_backend(check_same_device({{&in, "input"}, {&out, "output"}}), op);
-  OutputEmitter em(out, "output", in.data.shape);
+  QuantizeArgs args;
+  args.device = check_same_device({{&in, "input"}, {&out, "output"}});
+  args.spec = validate_output(out, "output", in.data.shape);
   check_outputs_disjoint(in.data, out);
   check_no_overlap(out.data, "output (row-wise data)", out.columnwise_data,
                    "output (column-wise data)");
-  return em;
+  return args;
 }
 
 }  // namespace nvte
@@ -52,17 +56,24 @@ using namespace nvte;
 
 NVTEStatus nvte_quantize(const NVTETensor input, NVTETensor output, NVTEStream stream) {
   return guarded("nvte_quantize", [&] {
-    (void)stream;  // CPU: synchronous
+    (void)stream;  // only GPU launchers take it: the CPU path is synchronous
     const Tensor &in = as_tensor(input, "input");
     const Tensor &out = as_tensor(output, "output");
-    const OutputEmitter em = make_quantize_emitter(in, out, "nvte_quantize");
-    launch_quantize(in, em);
+    const QuantizeArgs args = check_quantize_args(in, out);
+    if (use_gpu(args.device, "nvte_quantize")) {
+#ifdef NVTE_WITH_GPU
+      gpu::launch_quantize(in, out, args.spec, stream);
+#endif
+      return;
+    }
+    // The CPU emitter reads the output's scale, so it is built only after routing (host memory).
+    launch_quantize(in, OutputEmitter(out, args.spec));
   });
 }
 
 NVTEStatus nvte_dequantize(const NVTETensor input, NVTETensor output, NVTEStream stream) {
   return guarded("nvte_dequantize", [&] {
-    (void)stream;
+    (void)stream;  // only GPU launchers take it: the CPU path is synchronous
     const Tensor &in = as_tensor(input, "input");
     const Tensor &out = as_tensor(output, "output");
     const bool has_row = in.data.has_data(), has_col = in.columnwise_data.has_data();
@@ -102,21 +113,31 @@ NVTEStatus nvte_dequantize(const NVTETensor input, NVTETensor output, NVTEStream
     check_no_overlap(q, "input", out.data, "output");
     check_no_overlap(has_row ? in.scale_inv : in.columnwise_scale_inv, "input (scale_inv)",
                      out.data, "output");
-    require_cpu_backend(check_same_device({{&in, "input"}, {&out, "output"}}), "nvte_dequantize");
+    if (use_gpu(check_same_device({{&in, "input"}, {&out, "output"}}), "nvte_dequantize")) {
+#ifdef NVTE_WITH_GPU
+      gpu::launch_dequantize(in, out, stream);
+#endif
+      return;
+    }
     launch_dequantize(in, out.data);
   });
 }
 
 NVTEStatus nvte_compute_amax(const NVTETensor input, NVTETensor output, NVTEStream stream) {
   return guarded("nvte_compute_amax", [&] {
-    (void)stream;
+    (void)stream;  // only GPU launchers take it: the CPU path is synchronous
     const Tensor &in = as_tensor(input, "input");
     Tensor &out = as_tensor_mut(output, "output");
     check_has_data(in, "input");
     check_dtype(in.data, "input", {kNVTEFloat32, kNVTEFloat16, kNVTEBFloat16});
     check_fp32_scalar(out.amax, "output", "amax");
     check_no_overlap(in.data, "input", out.amax, "output (amax)");
-    require_cpu_backend(check_same_device({{&in, "input"}, {&out, "output"}}), "nvte_compute_amax");
+    if (use_gpu(check_same_device({{&in, "input"}, {&out, "output"}}), "nvte_compute_amax")) {
+#ifdef NVTE_WITH_GPU
+      gpu::launch_compute_amax(in, out, stream);
+#endif
+      return;
+    }
     *out.amax.ptr<float>() = launch_compute_amax(in.data);
   });
 }
@@ -124,7 +145,7 @@ NVTEStatus nvte_compute_amax(const NVTETensor input, NVTETensor output, NVTEStre
 NVTEStatus nvte_compute_scale_from_amax(NVTETensor output, const NVTEQuantizationConfig config,
                                         NVTEStream stream) {
   return guarded("nvte_compute_scale_from_amax", [&] {
-    (void)stream;
+    (void)stream;  // only GPU launchers take it: the CPU path is synchronous
     Tensor &out = as_tensor_mut(output, "output");
     NVTE_CHECK(out.scaling_mode == NVTE_DELAYED_TENSOR_SCALING,
                "argument 'output': expected scaling mode NVTE_DELAYED_TENSOR_SCALING (per-tensor "
@@ -136,10 +157,15 @@ NVTEStatus nvte_compute_scale_from_amax(NVTETensor output, const NVTEQuantizatio
     check_fp32_scalar(out.amax, "output", "amax");
     check_fp32_scalar(out.scale, "output", "scale");
     if (out.scale_inv.has_data()) check_fp32_scalar(out.scale_inv, "output", "scale_inv");
-    require_cpu_backend(out.device, "nvte_compute_scale_from_amax");
     QuantizationConfig defaults;
     const QuantizationConfig &cfg =
         config ? *static_cast<const QuantizationConfig *>(config) : defaults;
+    if (use_gpu(out.device, "nvte_compute_scale_from_amax")) {
+#ifdef NVTE_WITH_GPU
+      gpu::launch_compute_scale_from_amax(out, cfg, stream);
+#endif
+      return;
+    }
     const float scale = compute_scale_from_amax(*out.amax.ptr<const float>(), fp8_max(t),
                                                 cfg.amax_epsilon, cfg.force_pow_2_scales);
     *out.scale.ptr<float>() = scale;

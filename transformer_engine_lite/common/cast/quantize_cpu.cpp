@@ -1,9 +1,8 @@
-// CPU kernels of the cast family: quantize (through the OutputEmitter), dequantize, amax and the
-// current-scaling scale. FP8 bytes and decodes come from util/fp8.h only.
+// CPU kernels of the cast family: quantize (through the OutputEmitter), dequantize and amax. FP8
+// bytes and decodes come from util/fp8.h only; the current-scaling scale is recipe/scaling_math.h.
 #include "quantize_cpu.h"
 
 #include <atomic>
-#include <cfloat>
 #include <cmath>
 #include <vector>
 
@@ -148,18 +147,6 @@ float launch_compute_amax(const SimpleTensor &in) {
       NVTE_ERROR("argument 'input': expected dtype in {float32, float16, bfloat16}, got ",
                  dtype_name(in.dtype));
   }
-}
-
-float compute_scale_from_amax(float amax, float fp8_max, float eps, bool force_pow_2_scales) {
-  // A negative amax (never produced by the library) is below any eps >= 0 and so acts as eps.
-  amax = amax < eps ? eps : amax;                       // NaN stays NaN
-  if (!(amax > 0.0f) || std::isinf(amax)) return 1.0f;  // 0, NaN, Inf: no information
-  float scale = fp8_max / amax;                         // IEEE division: correctly rounded
-  if (std::isinf(scale)) scale = FLT_MAX;               // tiny amax
-  // fp8_max / amax >= 240 / FLT_MAX is a normal float, so clearing the mantissa gives the largest
-  // power of two <= scale, never 0.
-  if (force_pow_2_scales) scale = bits_float(float_bits(scale) & 0xFF800000u);
-  return scale;
 }
 
 }  // namespace nvte

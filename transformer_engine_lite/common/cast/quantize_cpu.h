@@ -20,10 +20,6 @@ void launch_dequantize(const Tensor &in, const SimpleTensor &out);
 // max |x| over `in` (fp32/fp16/bf16); NaN if any element is NaN.
 float launch_compute_amax(const SimpleTensor &in);
 
-// Current-scaling scale for one tensor (see cast.h): eps clamp, 0/Inf/NaN -> 1, Inf scale ->
-// FLT_MAX, optional power-of-two rounding down.
-float compute_scale_from_amax(float amax, float fp8_max, float eps, bool force_pow_2_scales);
-
 // output[j, i] = input[i, j] for a [rows, cols] buffer of any element width.
 void launch_transpose(const SimpleTensor &in, const SimpleTensor &out);
 

@@ -1,16 +1,19 @@
-// C API entries of nvte_transpose and nvte_cast_transpose: argument checks, then the CPU kernels.
+// C API entries of nvte_transpose and nvte_cast_transpose: argument checks, then routing on the
+// tensors' device to the CPU kernels or the GPU launchers (transpose.cu).
 #include "transformer_engine_lite/transpose.h"
 
 #include "../util/api.h"
 #include "../util/tensor.h"
+#include "emit_cpu.h"
 #include "quantize.h"
 #include "quantize_cpu.h"
+#include "quantize_gpu.h"
 
 using namespace nvte;
 
 NVTEStatus nvte_transpose(const NVTETensor input, NVTETensor output, NVTEStream stream) {
   return guarded("nvte_transpose", [&] {
-    (void)stream;
+    (void)stream;  // only GPU launchers take it: the CPU path is synchronous
     const Tensor &in = as_tensor(input, "input");
     const Tensor &out = as_tensor(output, "output");
     // Only the row-wise buffers move; MXFP8 block scales would not follow a transpose.
@@ -29,14 +32,19 @@ NVTEStatus nvte_transpose(const NVTETensor input, NVTETensor output, NVTEStream 
                dtype_name(in.data.dtype), " (that of 'input'), got ", dtype_name(out.data.dtype));
     check_shape(out.data, "output", {in.data.shape[1], in.data.shape[0]});
     check_no_overlap(in.data, "input", out.data, "output");
-    require_cpu_backend(check_same_device({{&in, "input"}, {&out, "output"}}), "nvte_transpose");
+    if (use_gpu(check_same_device({{&in, "input"}, {&out, "output"}}), "nvte_transpose")) {
+#ifdef NVTE_WITH_GPU
+      gpu::launch_transpose(in, out, stream);
+#endif
+      return;
+    }
     launch_transpose(in.data, out.data);
   });
 }
 
 NVTEStatus nvte_cast_transpose(const NVTETensor input, NVTETensor output, NVTEStream stream) {
   return guarded("nvte_cast_transpose", [&] {
-    (void)stream;
+    (void)stream;  // only GPU launchers take it: the CPU path is synchronous
     const Tensor &in = as_tensor(input, "input");
     const Tensor &out = as_tensor(output, "output");
     check_has_data(in, "input");
@@ -48,9 +56,15 @@ NVTEStatus nvte_cast_transpose(const NVTETensor input, NVTETensor output, NVTESt
                "pointer (", out.data.describe(), ")");
     NVTE_CHECK(out.columnwise_data.has_data(), "argument 'output': expected column-wise ",
                "(transposed) FP8 data, got a null pointer (", out.columnwise_data.describe(), ")");
+    const QuantizeArgs args = check_quantize_args(in, out);
+    if (use_gpu(args.device, "nvte_cast_transpose")) {
+#ifdef NVTE_WITH_GPU
+      gpu::launch_cast_transpose(in, out, args.spec, stream);
+#endif
+      return;
+    }
     // The emitter writes the transposed copy in the same pass as the row-wise one: nvte_quantize
     // with a column-wise buffer is the fused cast-transpose.
-    const OutputEmitter em = make_quantize_emitter(in, out, "nvte_cast_transpose");
-    launch_quantize(in, em);
+    launch_quantize(in, OutputEmitter(out, args.spec));
   });
 }

@@ -8,11 +8,10 @@ NVTEStatus nvte_layernorm_fwd(const NVTETensor x, const NVTETensor gamma, const 
                               const float epsilon, NVTETensor z, NVTETensor mu, NVTETensor rsigma,
                               NVTETensor workspace, const int multiprocessorCount,
                               const bool zero_centered_gamma, NVTEStream stream) {
-  (void)multiprocessorCount;  // GPU launch hint; the CPU uses OpenMP threads
-  (void)stream;
+  (void)multiprocessorCount;  // launch hint of TE's kernels; ours size their grids themselves
   return nvte::guarded("nvte_layernorm_fwd", [&] {
     nvte::norm_fwd_api(nvte::NormKind::kLayerNorm, "nvte_layernorm_fwd", x, gamma, beta, epsilon, z,
-                       mu, rsigma, workspace, zero_centered_gamma);
+                       mu, rsigma, workspace, zero_centered_gamma, stream);
   });
 }
 
@@ -22,9 +21,8 @@ NVTEStatus nvte_layernorm_bwd(const NVTETensor dz, const NVTETensor x, const NVT
                               const int multiprocessorCount, const bool zero_centered_gamma,
                               NVTEStream stream) {
   (void)multiprocessorCount;
-  (void)stream;
   return nvte::guarded("nvte_layernorm_bwd", [&] {
     nvte::norm_bwd_api(nvte::NormKind::kLayerNorm, "nvte_layernorm_bwd", dz, x, mu, rsigma, gamma,
-                       dx, dgamma, dbeta, workspace, zero_centered_gamma);
+                       dx, dgamma, dbeta, workspace, zero_centered_gamma, stream);
   });
 }

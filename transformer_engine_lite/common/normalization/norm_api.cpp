@@ -5,7 +5,12 @@
 #include <cmath>
 
 #include "../cast/emit_cpu.h"
+#include "../cast/output_spec.h"
 #include "../util/tensor.h"
+#include "norm_cpu.h"
+#ifdef NVTE_WITH_GPU
+#include "norm_gpu.h"
+#endif
 
 namespace nvte {
 
@@ -71,17 +76,18 @@ void check_outputs_disjoint(std::initializer_list<Named> inputs,
   }
 }
 
-// Routes on the common device of every tensor given; the workspace only counts once it has memory
-// (a query may pass a fresh handle whose device tag was never set).
-void route(const char *op, std::initializer_list<std::pair<const Tensor *, const char *>> ts) {
-  require_cpu_backend(check_same_device(ts), op);
+// Routes on the common device of every tensor given (true: run on the GPU); the workspace only
+// counts once it has memory (a query may pass a fresh handle whose device tag was never set).
+bool route(const char *op, std::initializer_list<std::pair<const Tensor *, const char *>> ts) {
+  return use_gpu(check_same_device(ts), op);
 }
 
 }  // namespace
 
 void norm_fwd_api(NormKind kind, const char *op, const NVTETensor x_h, const NVTETensor gamma_h,
                   const NVTETensor beta_h, float epsilon, NVTETensor z_h, NVTETensor mu_h,
-                  NVTETensor rsigma_h, NVTETensor workspace_h, bool zero_centered_gamma) {
+                  NVTETensor rsigma_h, NVTETensor workspace_h, bool zero_centered_gamma,
+                  void *stream) {
   const bool ln = kind == NormKind::kLayerNorm;
   const Tensor &x = as_tensor(x_h, "x");
   const Tensor &gamma = as_tensor(gamma_h, "gamma");
@@ -99,16 +105,20 @@ void norm_fwd_api(NormKind kind, const char *op, const NVTETensor x_h, const NVT
              "argument 'epsilon': expected a finite value >= 0, got ", epsilon);
   if (ln) check_stats(*mu, "mu", x);
   check_stats(rsigma, "rsigma", x);
-  const OutputEmitter emitter(z, "z", x.data.shape);  // z: any output dtype / scaling mode
+  // z: any output dtype / scaling mode. Validation only: the CPU emitter reads the per-tensor
+  // scale, which may be device memory, so it is built after routing.
+  const OutputSpec z_spec = validate_output(z, "z", x.data.shape);
   check_outputs_disjoint(
       {{&x.data, "x"}, {&gamma.data, "gamma"}, {ln ? &beta->data : nullptr, "beta"}},
       {{&z.data, "z"}, {&z.columnwise_data, "z (column-wise)"}, {ln ? &mu->data : nullptr, "mu"},
        {&rsigma.data, "rsigma"}});
-  route(op, {{&x, "x"}, {&gamma, "gamma"}, {beta, "beta"}, {&z, "z"}, {mu, "mu"},
-             {&rsigma, "rsigma"}, {workspace.data.has_data() ? &workspace : nullptr, "workspace"}});
+  const bool gpu = route(op, {{&x, "x"}, {&gamma, "gamma"}, {beta, "beta"}, {&z, "z"}, {mu, "mu"},
+                              {&rsigma, "rsigma"},
+                              {workspace.data.has_data() ? &workspace : nullptr, "workspace"}});
 
   if (!workspace.data.has_data()) {
-    // The CPU forward needs no scratch; TE's protocol still wants a non-empty buffer.
+    // Neither forward needs scratch (the GPU stages MXFP8 z in stream-ordered memory of its own);
+    // TE's protocol still wants a non-empty buffer.
     workspace.data.shape = {1};
     workspace.data.dtype = kNVTEByte;
     return;
@@ -127,13 +137,20 @@ void norm_fwd_api(NormKind kind, const char *op, const NVTETensor x_h, const NVT
   p.zero_centered_gamma = zero_centered_gamma;
   p.mu = ln ? mu->data.ptr<float>() : nullptr;
   p.rsigma = rsigma.data.ptr<float>();
-  launch_norm_fwd(p, emitter);
+  if (gpu) {
+#ifdef NVTE_WITH_GPU
+    gpu::launch_norm_fwd(p, z, z_spec, stream);
+#endif
+    return;
+  }
+  (void)stream;
+  launch_norm_fwd(p, OutputEmitter(z, z_spec));
 }
 
 void norm_bwd_api(NormKind kind, const char *op, const NVTETensor dz_h, const NVTETensor x_h,
                   const NVTETensor mu_h, const NVTETensor rsigma_h, const NVTETensor gamma_h,
                   NVTETensor dx_h, NVTETensor dgamma_h, NVTETensor dbeta_h,
-                  NVTETensor workspace_h, bool zero_centered_gamma) {
+                  NVTETensor workspace_h, bool zero_centered_gamma, void *stream) {
   const bool ln = kind == NormKind::kLayerNorm;
   const Tensor &dz = as_tensor(dz_h, "dz");
   const Tensor &x = as_tensor(x_h, "x");
@@ -159,9 +176,10 @@ void norm_bwd_api(NormKind kind, const char *op, const NVTETensor dz_h, const NV
                           {&rsigma.data, "rsigma"}, {&gamma.data, "gamma"}},
                          {{&dx.data, "dx"}, {&dgamma.data, "dgamma"},
                           {ln ? &dbeta->data : nullptr, "dbeta"}, {&workspace.data, "workspace"}});
-  route(op, {{&dz, "dz"}, {&x, "x"}, {mu, "mu"}, {&rsigma, "rsigma"}, {&gamma, "gamma"},
-             {&dx, "dx"}, {&dgamma, "dgamma"}, {dbeta, "dbeta"},
-             {workspace.data.has_data() ? &workspace : nullptr, "workspace"}});
+  const bool gpu =
+      route(op, {{&dz, "dz"}, {&x, "x"}, {mu, "mu"}, {&rsigma, "rsigma"}, {&gamma, "gamma"},
+                 {&dx, "dx"}, {&dgamma, "dgamma"}, {dbeta, "dbeta"},
+                 {workspace.data.has_data() ? &workspace : nullptr, "workspace"}});
 
   const size_t rows = x.data.rows(), hidden = x.data.cols();
   const size_t chunks = norm_bwd_chunks(rows);
@@ -195,6 +213,13 @@ void norm_bwd_api(NormKind kind, const char *op, const NVTETensor dz_h, const NV
   p.dbeta = ln ? dbeta->data.dptr : nullptr;
   p.workspace = workspace.data.ptr<float>();
   p.chunks = chunks;
+  if (gpu) {
+#ifdef NVTE_WITH_GPU
+    gpu::launch_norm_bwd(p, stream);
+#endif
+    return;
+  }
+  (void)stream;
   launch_norm_bwd(p);
 }
 

@@ -8,11 +8,10 @@ NVTEStatus nvte_rmsnorm_fwd(const NVTETensor x, const NVTETensor gamma, const fl
                             NVTETensor z, NVTETensor rsigma, NVTETensor workspace,
                             const int multiprocessorCount, const bool zero_centered_gamma,
                             NVTEStream stream) {
-  (void)multiprocessorCount;  // GPU launch hint; the CPU uses OpenMP threads
-  (void)stream;
+  (void)multiprocessorCount;  // launch hint of TE's kernels; ours size their grids themselves
   return nvte::guarded("nvte_rmsnorm_fwd", [&] {
     nvte::norm_fwd_api(nvte::NormKind::kRMSNorm, "nvte_rmsnorm_fwd", x, gamma, nullptr, epsilon, z,
-                       nullptr, rsigma, workspace, zero_centered_gamma);
+                       nullptr, rsigma, workspace, zero_centered_gamma, stream);
   });
 }
 
@@ -21,9 +20,8 @@ NVTEStatus nvte_rmsnorm_bwd(const NVTETensor dz, const NVTETensor x, const NVTET
                             NVTETensor workspace, const int multiprocessorCount,
                             const bool zero_centered_gamma, NVTEStream stream) {
   (void)multiprocessorCount;
-  (void)stream;
   return nvte::guarded("nvte_rmsnorm_bwd", [&] {
     nvte::norm_bwd_api(nvte::NormKind::kRMSNorm, "nvte_rmsnorm_bwd", dz, x, nullptr, rsigma, gamma,
-                       dx, dgamma, nullptr, workspace, zero_centered_gamma);
+                       dx, dgamma, nullptr, workspace, zero_centered_gamma, stream);
   });
 }

@@ -1,5 +1,6 @@
 // C API entry of nvte_delayed_scaling_recipe_amax_and_scale_update: argument checks (in-place
-// aliasing allowed, partial overlaps rejected), then the CPU kernel.
+// aliasing allowed, partial overlaps rejected), then routing on the tensors' device to the CPU
+// kernel or the GPU launcher (delayed_scaling.cu).
 #include "transformer_engine_lite/recipe.h"
 
 #include <cmath>
@@ -9,6 +10,7 @@
 #include "../util/api.h"
 #include "../util/tensor.h"
 #include "delayed_scaling_cpu.h"
+#include "delayed_scaling_gpu.h"
 
 namespace nvte {
 namespace {
@@ -31,7 +33,7 @@ NVTEStatus nvte_delayed_scaling_recipe_amax_and_scale_update(
     NVTETensor updated_scale, const char *amax_compute_algo, NVTEDType fp8_dtype, float margin,
     NVTEStream stream) {
   return guarded("nvte_delayed_scaling_recipe_amax_and_scale_update", [&] {
-    (void)stream;
+    (void)stream;  // only the GPU launcher takes it: the CPU path is synchronous
     const Tensor &hist = as_tensor(amax_history, "amax_history");
     const Tensor &sc = as_tensor(scale, "scale");
     const Tensor &uhist = as_tensor(updated_amax_history, "updated_amax_history");
@@ -68,11 +70,10 @@ NVTEStatus nvte_delayed_scaling_recipe_amax_and_scale_update(
     check_no_overlap(hist.data, "amax_history", usc.data, "updated_scale");
     check_no_overlap(uhist.data, "updated_amax_history", usc.data, "updated_scale");
 
-    require_cpu_backend(check_same_device({{&hist, "amax_history"},
-                                           {&sc, "scale"},
-                                           {&uhist, "updated_amax_history"},
-                                           {&usc, "updated_scale"}}),
-                        "nvte_delayed_scaling_recipe_amax_and_scale_update");
+    const NVTEDevice device = check_same_device({{&hist, "amax_history"},
+                                                 {&sc, "scale"},
+                                                 {&uhist, "updated_amax_history"},
+                                                 {&usc, "updated_scale"}});
 
     DelayedScalingParams p;
     p.amax_history = hist.data.ptr<const float>();
@@ -85,6 +86,12 @@ NVTEStatus nvte_delayed_scaling_recipe_amax_and_scale_update(
     p.fp8_max = fp8_max(fp8_dtype);
     // 2^margin rounded once to fp32 (exact for integer margins).
     p.margin_factor = static_cast<float>(std::exp2(static_cast<double>(margin)));
+    if (use_gpu(device, "nvte_delayed_scaling_recipe_amax_and_scale_update")) {
+#ifdef NVTE_WITH_GPU
+      gpu::launch_delayed_scaling_update(p, stream);
+#endif
+      return;
+    }
     launch_delayed_scaling_update(p);
   });
 }

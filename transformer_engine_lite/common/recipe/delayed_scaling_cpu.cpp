@@ -1,20 +1,19 @@
 // CPU kernel of the delayed-scaling update: amax from the history, roll by -1, new scales.
 #include "delayed_scaling_cpu.h"
 
-#include <cfloat>
-#include <cmath>
 #include <cstring>
 #include <vector>
 
 #include "../platform/host_device.h"
+#include "scaling_math.h"
 
 namespace nvte {
 namespace {
 
-// Running max over one history row, vectorized across scales. fmaxf ignores NaN, so a NaN entry
-// never wins (TE semantics) and an all-NaN column keeps its start value 0.
+// Running max over one history row, vectorized across scales. history_max ignores NaN, so a NaN
+// entry never wins (TE semantics) and an all-NaN column keeps its start value 0.
 NVTE_CPU_CLONES void max_row(const float *row, float *amax, size_t n) {
-  for (size_t j = 0; j < n; ++j) amax[j] = std::fmax(amax[j], row[j]);
+  for (size_t j = 0; j < n; ++j) amax[j] = history_max(amax[j], row[j]);
 }
 
 }  // namespace
@@ -36,13 +35,9 @@ void launch_delayed_scaling_update(const DelayedScalingParams &p) {
     std::memcpy(p.updated_amax_history + (h - 1) * n, first.data(), n * sizeof(float));
   }
   std::memset(p.updated_amax_history, 0, n * sizeof(float));
-  // 3. scale = (fp8_max / amax) / 2^margin if amax is finite and > 0, else the previous scale;
-  //    each division is a correctly rounded fp32 division; Inf (tiny amax) becomes FLT_MAX.
+  // 3. The scale rule of recipe/scaling_math.h (shared with the GPU kernel).
   for (size_t j = 0; j < n; ++j) {
-    const float a = amax[j];
-    float s = (std::isfinite(a) && a > 0.0f) ? (p.fp8_max / a) / p.margin_factor : p.scale[j];
-    if (std::isinf(s)) s = FLT_MAX;
-    p.updated_scale[j] = s;
+    p.updated_scale[j] = delayed_scaling_scale(amax[j], p.scale[j], p.fp8_max, p.margin_factor);
   }
 }
 

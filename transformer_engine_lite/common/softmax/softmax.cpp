@@ -1,10 +1,13 @@
-// C API of the scaled softmax family (softmax.h): argument checks, device routing, CPU launch.
+// C API of the scaled softmax family (softmax.h): argument checks, device routing, CPU/GPU launch.
 #include "transformer_engine_lite/softmax.h"
 
 #include <cmath>
 
 #include "../util/api.h"
 #include "softmax_cpu.h"
+#ifdef NVTE_WITH_GPU
+#include "softmax_gpu.h"
+#endif
 
 namespace nvte {
 namespace {
@@ -50,7 +53,8 @@ void check_alias_or_disjoint(const SimpleTensor &in, const char *arg_in, const S
 }
 
 NVTEStatus softmax_fwd(const char *op, SoftmaxMask kind, const NVTETensor input,
-                       const NVTETensor mask, NVTETensor softmax_results, float scale) {
+                       const NVTETensor mask, NVTETensor softmax_results, float scale,
+                       NVTEStream stream) {
   return guarded(op, [&] {
     const Tensor &in = as_tensor(input, "input");
     const Tensor &out = as_tensor(softmax_results, "softmax_results");
@@ -78,13 +82,20 @@ NVTEStatus softmax_fwd(const char *op, SoftmaxMask kind, const NVTETensor input,
     if (m != nullptr) check_no_overlap(m->data, "mask", out.data, "softmax_results");
     const NVTEDevice device =
         check_same_device({{&in, "input"}, {m, "mask"}, {&out, "softmax_results"}});
-    require_cpu_backend(device, op);
+    if (use_gpu(device, op)) {
+#ifdef NVTE_WITH_GPU
+      gpu::launch_softmax_fwd(p, in.data.dtype, in.data.dptr, out.data.dptr, stream);
+#endif
+      return;
+    }
+    (void)stream;
     launch_softmax_fwd(p, in.data.dtype, in.data.dptr, out.data.dptr);
   });
 }
 
 NVTEStatus softmax_bwd(const char *op, SoftmaxMask kind, const NVTETensor incoming_grads,
-                       const NVTETensor softmax_results, NVTETensor output_grads, float scale) {
+                       const NVTETensor softmax_results, NVTETensor output_grads, float scale,
+                       NVTEStream stream) {
   return guarded(op, [&] {
     const Tensor &dy = as_tensor(incoming_grads, "incoming_grads");
     const Tensor &y = as_tensor(softmax_results, "softmax_results");
@@ -103,11 +114,18 @@ NVTEStatus softmax_bwd(const char *op, SoftmaxMask kind, const NVTETensor incomi
     check_alias_or_disjoint(y.data, "softmax_results", dx.data, "output_grads");
     const NVTEDevice device = check_same_device(
         {{&dy, "incoming_grads"}, {&y, "softmax_results"}, {&dx, "output_grads"}});
-    require_cpu_backend(device, op);
+    const bool gpu = use_gpu(device, op);
     // The byte mask is not needed backward: y is 0 at masked positions, so the formula gives 0.
     const SoftmaxMask bwd_kind = kind == SoftmaxMask::kByte ? SoftmaxMask::kNone : kind;
-    launch_softmax_bwd(make_params(dy.data, bwd_kind, scale), dy.data.dtype, dy.data.dptr,
-                       y.data.dptr, dx.data.dptr);
+    const SoftmaxParams p = make_params(dy.data, bwd_kind, scale);
+    if (gpu) {
+#ifdef NVTE_WITH_GPU
+      gpu::launch_softmax_bwd(p, dy.data.dtype, dy.data.dptr, y.data.dptr, dx.data.dptr, stream);
+#endif
+      return;
+    }
+    (void)stream;
+    launch_softmax_bwd(p, dy.data.dtype, dy.data.dptr, y.data.dptr, dx.data.dptr);
   });
 }
 
@@ -119,57 +137,60 @@ using nvte::softmax_bwd;
 using nvte::softmax_fwd;
 
 NVTEStatus nvte_scaled_softmax_forward(const NVTETensor input, NVTETensor softmax_results,
-                                       float scale_factor, NVTEStream) {
+                                       float scale_factor, NVTEStream stream) {
   return softmax_fwd("nvte_scaled_softmax_forward", SoftmaxMask::kNone, input, nullptr,
-                     softmax_results, scale_factor);
+                     softmax_results, scale_factor, stream);
 }
 NVTEStatus nvte_scaled_softmax_backward(const NVTETensor incoming_grads,
                                         const NVTETensor softmax_results, NVTETensor output_grads,
-                                        float scale_factor, NVTEStream) {
+                                        float scale_factor, NVTEStream stream) {
   return softmax_bwd("nvte_scaled_softmax_backward", SoftmaxMask::kNone, incoming_grads,
-                     softmax_results, output_grads, scale_factor);
+                     softmax_results, output_grads, scale_factor, stream);
 }
 
 NVTEStatus nvte_scaled_masked_softmax_forward(const NVTETensor input, const NVTETensor mask,
                                               NVTETensor softmax_results, float scale_factor,
-                                              NVTEStream) {
+                                              NVTEStream stream) {
   return softmax_fwd("nvte_scaled_masked_softmax_forward", SoftmaxMask::kByte, input, mask,
-                     softmax_results, scale_factor);
+                     softmax_results, scale_factor, stream);
 }
 NVTEStatus nvte_scaled_masked_softmax_backward(const NVTETensor incoming_grads,
                                                const NVTETensor softmax_results,
                                                NVTETensor output_grads, float scale_factor,
-                                               NVTEStream) {
+                                               NVTEStream stream) {
   return softmax_bwd("nvte_scaled_masked_softmax_backward", SoftmaxMask::kByte, incoming_grads,
-                     softmax_results, output_grads, scale_factor);
+                     softmax_results, output_grads, scale_factor, stream);
 }
 
 NVTEStatus nvte_scaled_upper_triang_masked_softmax_forward(const NVTETensor input,
                                                            NVTETensor softmax_results,
-                                                           float scale_factor, NVTEStream) {
+                                                           float scale_factor, NVTEStream stream) {
   return softmax_fwd("nvte_scaled_upper_triang_masked_softmax_forward", SoftmaxMask::kUpperTriang,
-                     input, nullptr, softmax_results, scale_factor);
+                     input, nullptr, softmax_results, scale_factor, stream);
 }
 NVTEStatus nvte_scaled_upper_triang_masked_softmax_backward(const NVTETensor incoming_grads,
                                                             const NVTETensor softmax_results,
                                                             NVTETensor output_grads,
-                                                            float scale_factor, NVTEStream) {
+                                                            float scale_factor, NVTEStream stream) {
   return softmax_bwd("nvte_scaled_upper_triang_masked_softmax_backward",
                      SoftmaxMask::kUpperTriang, incoming_grads, softmax_results, output_grads,
-                     scale_factor);
+                     scale_factor, stream);
 }
 
 NVTEStatus nvte_scaled_aligned_causal_masked_softmax_forward(const NVTETensor input,
                                                              NVTETensor softmax_results,
-                                                             float scale_factor, NVTEStream) {
+                                                             float scale_factor,
+                                                             NVTEStream stream) {
   return softmax_fwd("nvte_scaled_aligned_causal_masked_softmax_forward",
-                     SoftmaxMask::kAlignedCausal, input, nullptr, softmax_results, scale_factor);
+                     SoftmaxMask::kAlignedCausal, input, nullptr, softmax_results, scale_factor,
+                     stream);
 }
 NVTEStatus nvte_scaled_aligned_causal_masked_softmax_backward(const NVTETensor incoming_grads,
                                                               const NVTETensor softmax_results,
                                                               NVTETensor output_grads,
-                                                              float scale_factor, NVTEStream) {
+                                                              float scale_factor,
+                                                              NVTEStream stream) {
   return softmax_bwd("nvte_scaled_aligned_causal_masked_softmax_backward",
                      SoftmaxMask::kAlignedCausal, incoming_grads, softmax_results, output_grads,
-                     scale_factor);
+                     scale_factor, stream);
 }

@@ -28,29 +28,6 @@ float sum_lanes(const float *acc) {
   return s;
 }
 
-// Number of leading positions row r keeps under a causal variant (all of them otherwise).
-size_t valid_prefix(const SoftmaxParams &p, size_t r) {
-  const size_t i = r % p.sq;
-  switch (p.mask) {
-    case SoftmaxMask::kUpperTriang: return std::min(i + 1, p.cols);
-    case SoftmaxMask::kAlignedCausal: {
-      // keep j <= i + sk - sq, i.e. a prefix of i + sk - sq + 1 positions; computed as
-      // (i + 1 + sk) - sq so nothing goes negative in unsigned arithmetic.
-      const size_t end = i + 1 + p.cols;
-      return end > p.sq ? std::min(end - p.sq, p.cols) : 0;
-    }
-    default: return p.cols;
-  }
-}
-
-// The byte-mask row of softmax row r (nullptr when the variant has no byte mask).
-const uint8_t *mask_row(const SoftmaxParams &p, size_t r) {
-  if (p.mask != SoftmaxMask::kByte) return nullptr;
-  const size_t i = r % p.sq, batch = r / (p.sq * p.heads);
-  const size_t mb = p.mask_batches == 1 ? 0 : batch;
-  return p.mask_ptr + (mb * p.sq + i) * p.cols;
-}
-
 // v = scale * v (or kMaskedLogit where mask != 0); returns max(v). The select form `a > m ? a : m`
 // is what MAXPS computes, so the lane loop vectorizes.
 NVTE_CPU_CLONES float scale_mask_max(float *v, const uint8_t *mask, size_t n, float scale) {
@@ -129,7 +106,7 @@ void softmax_fwd_kernel(const SoftmaxParams &p, const T *in, T *out) {
     for (size_t r = r0; r < r1; ++r) {
       // Load the whole row before storing: input and output may alias.
       load_row(in + r * n, row.data(), n);
-      softmax_fwd_row(row.data(), mask_row(p, r), n, valid_prefix(p, r), p.scale);
+      softmax_fwd_row(row.data(), softmax_mask_row(p, r), n, softmax_valid_prefix(p, r), p.scale);
       store_row(row.data(), out + r * n, n);
     }
   });
@@ -145,7 +122,7 @@ void softmax_bwd_kernel(const SoftmaxParams &p, const T *dy, const T *y, T *dx) 
       load_row(y + r * n, yr.data(), n);
       // Causal variants write exact zeros past the kept prefix (as the forward did), whatever the
       // incoming gradient holds there; a byte mask needs nothing: y is 0 at masked positions.
-      const size_t valid = valid_prefix(p, r);
+      const size_t valid = softmax_valid_prefix(p, r);
       softmax_grad(g.data(), yr.data(), valid, dot(g.data(), yr.data(), valid), p.scale);
       std::fill(g.begin() + valid, g.end(), 0.0f);
       store_row(g.data(), dx + r * n, n);

@@ -3,6 +3,7 @@
 
 #include <sstream>
 #include <string>
+#include <vector>
 
 #ifdef _OPENMP
 #include <omp.h>
@@ -14,17 +15,44 @@
 #ifndef NVTE_BACKEND_NAME
 #define NVTE_BACKEND_NAME "cpu"
 #endif
+// GPU builds: comma lists from gpu.cmake, the compiled archs and each one's FP8 flavour ("ocp" or
+// "fnuz", same order).
+#ifndef NVTE_GPU_ARCHS
+#define NVTE_GPU_ARCHS ""
+#define NVTE_GPU_FP8 ""
+#endif
 
 namespace nvte {
 
 namespace {
+std::vector<std::string> split_commas(const std::string &s) {
+  std::vector<std::string> out;
+  std::istringstream in(s);
+  for (std::string item; std::getline(in, item, ',');) out.push_back(item);
+  return out;
+}
+
+// "gpu_archs": ["gfx90a", "gfx940"], "gpu_fp8": {"gfx90a": "ocp", "gfx940": "fnuz"}
+void write_gpu_archs(std::ostringstream &ss) {
+  const std::vector<std::string> archs = split_commas(NVTE_GPU_ARCHS);
+  const std::vector<std::string> fp8 = split_commas(NVTE_GPU_FP8);
+  ss << ", \"gpu_archs\": [";
+  for (size_t i = 0; i < archs.size(); ++i) ss << (i ? ", " : "") << '"' << archs[i] << '"';
+  ss << "], \"gpu_fp8\": {";
+  for (size_t i = 0; i < archs.size() && i < fp8.size(); ++i) {
+    ss << (i ? ", " : "") << '"' << archs[i] << "\": \"" << fp8[i] << '"';
+  }
+  ss << "}";
+}
+
 std::string make_info() {
   std::ostringstream ss;
   ss << "{\"version\": \"" << NVTE_VERSION_STRING << "\"";
   ss << ", \"device_backends\": [\"cpu\"";
   if (std::string(NVTE_BACKEND_NAME) != "cpu") ss << ", \"" << NVTE_BACKEND_NAME << "\"";
   ss << "]";
-  // FP8 flavour of the GPU backend (FNUZ on gfx94x, OCP elsewhere); the CPU supports all four.
+  // GPU archs with their FP8 flavour (FNUZ on gfx94x, OCP elsewhere); the CPU supports all four.
+  write_gpu_archs(ss);
   ss << ", \"cpu_fp8_formats\": [\"e4m3\", \"e5m2\", \"e4m3fnuz\", \"e5m2fnuz\"]";
   ss << ", \"cpu_features\": {";
 #if defined(__x86_64__) && defined(__GNUC__)

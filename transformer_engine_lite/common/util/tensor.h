@@ -83,6 +83,17 @@ NVTEDevice check_same_device(std::initializer_list<std::pair<const Tensor *, con
 // Routes on a device: returns normally for the CPU; for the GPU in a build without a GPU backend
 // raises NVTE_ERROR_UNSUPPORTED naming the op.
 void require_cpu_backend(NVTEDevice device, const char *op);
+// Routing of ops that have GPU kernels: false -> run the CPU kernel; true -> run the GPU launcher (GPU
+// build with a usable device). GPU tensors in a CPU-only build, or on a host without a device, raise
+// NVTE_ERROR_UNSUPPORTED naming the op.
+bool use_gpu(NVTEDevice device, const char *op);
+// True in builds with a GPU backend (CUDA or ROCm).
+constexpr bool kGpuBuild =
+#ifdef NVTE_WITH_GPU
+    true;
+#else
+    false;
+#endif
 
 constexpr DType kHighPrecisionTypes[] = {kNVTEFloat32, kNVTEFloat16, kNVTEBFloat16};
 

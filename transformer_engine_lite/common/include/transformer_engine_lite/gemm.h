@@ -1,4 +1,5 @@
-/* GEMM with TE's nvte_cublas_gemm semantics (column-major), on the CPU through oneDNN. */
+/* GEMM with TE's nvte_cublas_gemm semantics (column-major): CPU through oneDNN; GPU through cuBLASLt
+ * (CUDA, when loadable) or the project's tiled kernel (ROCm, and CUDA combinations cuBLASLt lacks). */
 #ifndef TRANSFORMER_ENGINE_LITE_GEMM_H_
 #define TRANSFORMER_ENGINE_LITE_GEMM_H_
 
@@ -34,7 +35,10 @@ extern "C" {
  *  GELU is the tanh approximation. Outputs (D; bias in grad mode; pre_gelu_out in forward) must not
  *  share memory with any other argument. On any error no output is modified.
  *  workspace, use_split_accumulator and math_sm_count are accepted and ignored on the CPU (oneDNN
- *  manages its own scratch; accumulation is always FP32).
+ *  manages its own scratch; accumulation is always FP32). On the GPU, a workspace with data is
+ *  cuBLASLt's scratch (its bytes; without one, scratch is allocated on the stream per call),
+ *  math_sm_count > 0 is the SM count cuBLASLt targets, and use_split_accumulator is ignored
+ *  (FP8 fast accumulation stays off: accumulation is FP32 everywhere).
  */
 NVTE_API NVTEStatus nvte_cublas_gemm(const NVTETensor A, const NVTETensor B, NVTETensor D,
                                      const NVTETensor bias, NVTETensor pre_gelu_out, bool transa,

@@ -1,0 +1,27 @@
+#!/usr/bin/env bash
+# PyTorch front-end suites: each tests/pytorch/test_*.py as tag pytorch.<file> (single process,
+# TEST_SGPU), and test_distributed.py under `torchrun --nproc_per_node=2` (gloo) as
+# pytorch.test_distributed (TEST_MGPU). TEST_FILTER globs select tags (see ci/_utils.sh).
+set -u
+source "$(dirname "${BASH_SOURCE[0]}")/_utils.sh"
+
+# One OpenMP thread for the tiny-matrix suites and for two ranks sharing the cores: more threads
+# than free cores make every op spin-wait (milliseconds per op instead of microseconds).
+run_single() { OMP_NUM_THREADS=${OMP_NUM_THREADS:-1} run_pytest "$@"; }
+run_torchrun() {
+  # -m pytest under torchrun: every rank runs the file; torchrun fails if any rank fails.
+  # (--standalone: a free rendezvous port, so concurrent runs do not collide).
+  OMP_NUM_THREADS=${OMP_NUM_THREADS:-1} python -m torch.distributed.run --standalone \
+    --nproc_per_node=2 -m pytest -q -p no:cacheprovider -o faulthandler_timeout="$PYTEST_TIMEOUT" "$@"
+}
+
+for f in "$REPO_ROOT"/tests/pytorch/test_*.py; do
+  [ -e "$f" ] || continue
+  name=$(basename "$f" .py)
+  if [ "$name" = test_distributed ]; then
+    [ "$TEST_MGPU" = 1 ] && run_tagged "pytorch.$name" run_torchrun "$f"
+  else
+    [ "$TEST_SGPU" = 1 ] && run_tagged "pytorch.$name" run_single "$f"
+  fi
+done
+finish_tests pytorch

@@ -1,0 +1,363 @@
+#!/usr/bin/env python
+"""Train a small GPT-like byte-level language model with transformer_engine_lite's PyTorch modules
+on the CPU, once in bf16 and once per FP8 recipe (delayed scaling, current scaling, MXFP8), with the
+same seed, data and batches, and compare the loss curves.
+
+Corpus: the Python standard library's own source files (offline everywhere Python is): the *.py files
+under sysconfig's "stdlib" path, sorted, tests and site-packages skipped, until --corpus-mb MB; the
+last 5% of the bytes are held out for validation. Tokens are bytes (vocabulary 256).
+
+Model (per block): te.LayerNormLinear (LayerNorm + fused QKV projection) -> causal
+F.scaled_dot_product_attention -> te.Linear (output projection) -> residual; te.LayerNormMLP
+(LayerNorm + fc1 + GELU + fc2) -> residual. Token + position embeddings, final te.LayerNorm and the
+LM head (te.Linear) run outside fp8_autocast, in bf16, as is usual for FP8 training. Parameters are
+fp32 master weights; activations are bf16 (the modules cast weights to the input's dtype).
+
+    python examples/pytorch/train_gpt.py                  # default: 4 runs, ~2-3 min on 2 cores
+    python examples/pytorch/train_gpt.py --quick          # a few steps, smoke test
+    python examples/pytorch/train_gpt.py --steps 300 --recipes bf16,current --out /tmp/loss.png
+"""
+
+from __future__ import annotations
+
+import argparse
+import logging
+import math
+import os
+import sys
+import sysconfig
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+import torch
+import torch.nn.functional as F
+from tqdm import tqdm
+
+import transformer_engine_lite.pytorch as te
+from transformer_engine_lite.common.recipe import (
+    DelayedScaling,
+    Float8CurrentScaling,
+    Format,
+    MXFP8BlockScaling,
+)
+
+log = logging.getLogger("train_gpt")
+
+RECIPES = {
+    "bf16": None,
+    "delayed": lambda: DelayedScaling(fp8_format=Format.HYBRID, amax_history_len=16),
+    "current": lambda: Float8CurrentScaling(fp8_format=Format.HYBRID),
+    "mxfp8": lambda: MXFP8BlockScaling(fp8_format=Format.E4M3),
+}
+RECIPE_LABELS = {
+    "bf16": "bf16 (no FP8)",
+    "delayed": "FP8 DelayedScaling (HYBRID, history 16)",
+    "current": "FP8 Float8CurrentScaling (HYBRID)",
+    "mxfp8": "MXFP8BlockScaling (E4M3, 1x32 blocks)",
+}
+SKIP_DIRS = {"site-packages", "dist-packages", "test", "tests", "idle_test", "__pycache__"}
+
+
+# ------------------------------------------------------------------------------------------ data
+def load_corpus(max_bytes: int) -> tuple[bytes, int]:
+    """The stdlib's *.py files in sorted order until max_bytes (deterministic for a given Python).
+    Returns (bytes, number of files)."""
+    root = Path(sysconfig.get_paths()["stdlib"])
+    files = sorted(
+        p
+        for p in root.rglob("*.py")
+        if not (set(p.relative_to(root).parts[:-1]) & SKIP_DIRS) and p.is_file()
+    )
+    chunks, total, n = [], 0, 0
+    for p in files:
+        try:
+            data = p.read_bytes()
+        except OSError:
+            continue
+        chunks.append(data)
+        total += len(data)
+        n += 1
+        if total >= max_bytes:
+            break
+    if total == 0:
+        raise SystemExit(f"train_gpt: no *.py files found under {root}")
+    return b"".join(chunks)[:max_bytes], n
+
+
+class Batches:
+    """Random windows of seq_len + 1 bytes from a fixed generator: every run sees the same batches."""
+
+    def __init__(self, data: torch.Tensor, batch: int, seq_len: int, seed: int) -> None:
+        self.data, self.batch, self.seq_len = data, batch, seq_len
+        self.gen = torch.Generator().manual_seed(seed)
+
+    def next(self) -> tuple[torch.Tensor, torch.Tensor]:
+        starts = torch.randint(0, len(self.data) - self.seq_len - 1, (self.batch,), generator=self.gen)
+        idx = starts[:, None] + torch.arange(self.seq_len + 1)
+        w = self.data[idx].long()
+        return w[:, :-1], w[:, 1:]
+
+
+# ----------------------------------------------------------------------------------------- model
+@dataclass
+class Config:
+    vocab: int = 256
+    seq_len: int = 128
+    hidden: int = 128
+    heads: int = 4
+    layers: int = 4
+    ffn: int = 512
+
+
+class CausalSelfAttention(torch.nn.Module):
+    """LayerNorm + fused QKV (te.LayerNormLinear) -> causal SDPA -> te.Linear. Stand-in until
+    te.MultiheadAttention / te.TransformerLayer exist."""
+
+    def __init__(self, cfg: Config) -> None:
+        super().__init__()
+        self.heads = cfg.heads
+        self.qkv = te.LayerNormLinear(cfg.hidden, 3 * cfg.hidden, device="cpu")
+        self.proj = te.Linear(cfg.hidden, cfg.hidden, device="cpu")
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        b, s, h = x.shape
+        qkv = self.qkv(x).view(b, s, 3, self.heads, h // self.heads)
+        q, k, v = qkv.permute(2, 0, 3, 1, 4)  # each [b, heads, s, head_dim]
+        y = F.scaled_dot_product_attention(q, k, v, is_causal=True)
+        return self.proj(y.transpose(1, 2).reshape(b, s, h))
+
+
+class Block(torch.nn.Module):
+    def __init__(self, cfg: Config) -> None:
+        super().__init__()
+        self.attn = CausalSelfAttention(cfg)
+        self.mlp = te.LayerNormMLP(cfg.hidden, cfg.ffn, activation="gelu", device="cpu")
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        x = x + self.attn(x)
+        return x + self.mlp(x)
+
+
+class GPT(torch.nn.Module):
+    def __init__(self, cfg: Config) -> None:
+        super().__init__()
+        self.cfg = cfg
+        self.tok = torch.nn.Embedding(cfg.vocab, cfg.hidden)
+        self.pos = torch.nn.Embedding(cfg.seq_len, cfg.hidden)
+        torch.nn.init.normal_(self.tok.weight, std=0.02)
+        torch.nn.init.normal_(self.pos.weight, std=0.02)
+        self.blocks = torch.nn.ModuleList(Block(cfg) for _ in range(cfg.layers))
+        self.ln_f = te.LayerNorm(cfg.hidden, device="cpu")
+        self.head = te.Linear(cfg.hidden, cfg.vocab, bias=False, device="cpu")
+
+    def forward(self, idx: torch.Tensor, recipe) -> torch.Tensor:
+        pos = torch.arange(idx.shape[1])
+        x = (self.tok(idx) + self.pos(pos)).to(torch.bfloat16)
+        # The transformer blocks run their GEMMs in FP8 under the recipe; embeddings, the final
+        # norm and the LM head stay in bf16 (TE's usual practice).
+        with te.fp8_autocast(enabled=recipe is not None, fp8_recipe=recipe):
+            for blk in self.blocks:
+                x = blk(x)
+        return self.head(self.ln_f(x))
+
+
+# -------------------------------------------------------------------------------------- training
+def lr_at(step: int, steps: int, lr: float, warmup: int) -> float:
+    if step < warmup:
+        return lr * (step + 1) / warmup
+    t = (step - warmup) / max(1, steps - warmup)
+    return lr * (0.1 + 0.9 * 0.5 * (1 + math.cos(math.pi * t)))
+
+
+def loss_of(model: GPT, x: torch.Tensor, y: torch.Tensor, recipe) -> torch.Tensor:
+    logits = model(x, recipe)
+    return F.cross_entropy(logits.float().view(-1, logits.shape[-1]), y.reshape(-1))
+
+
+@torch.no_grad()
+def evaluate(model: GPT, data: torch.Tensor, args, recipe) -> float:
+    batches = Batches(data, args.batch, args.seq_len, seed=args.seed + 1)
+    losses = [loss_of(model, *batches.next(), recipe).item() for _ in range(args.eval_batches)]
+    return sum(losses) / len(losses)
+
+
+def train_one(name: str, args, cfg: Config, train: torch.Tensor, val: torch.Tensor) -> dict:
+    recipe = RECIPES[name]() if RECIPES[name] else None
+    torch.manual_seed(args.seed)  # same initial weights for every run
+    model = GPT(cfg)
+    opt = torch.optim.AdamW(model.parameters(), lr=args.lr, weight_decay=0.1, betas=(0.9, 0.95))
+    batches = Batches(train, args.batch, args.seq_len, seed=args.seed)  # same batches
+    losses: list[float] = []
+    tokens = args.batch * args.seq_len
+    bar = tqdm(range(args.steps), desc=f"{name:>7}", unit="step", leave=True, dynamic_ncols=True,
+               disable=args.no_progress)
+    t0 = time.perf_counter()
+    for step in bar:
+        for g in opt.param_groups:
+            g["lr"] = lr_at(step, args.steps, args.lr, args.warmup)
+        x, y = batches.next()
+        loss = loss_of(model, x, y, recipe)
+        opt.zero_grad(set_to_none=True)
+        loss.backward()
+        torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
+        opt.step()
+        losses.append(loss.item())
+        if not math.isfinite(losses[-1]):
+            log.error("%s: loss became %s at step %d; stopping this run", name, losses[-1], step)
+            break
+        if step % 10 == 0 or step == args.steps - 1:
+            el = time.perf_counter() - t0
+            bar.set_postfix(loss=f"{losses[-1]:.3f}", tok_s=f"{tokens * (step + 1) / el:,.0f}")
+    elapsed = time.perf_counter() - t0
+    bar.close()
+    val_loss = evaluate(model, val, args, recipe)
+    tail = losses[-min(args.avg_last, len(losses)) :]
+    return {
+        "name": name,
+        "losses": losses,
+        "final": sum(tail) / len(tail),
+        "val": val_loss,
+        "seconds": elapsed,
+        "tok_s": tokens * len(losses) / elapsed,
+    }
+
+
+def plot(results: list[dict], path: Path, title: str, smooth: int) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, ax = plt.subplots(figsize=(8, 4.8), dpi=110)
+    for r in results:
+        ls = r["losses"]
+        k = max(1, min(smooth, len(ls)))
+        # trailing moving average (first points average what exists so far)
+        cs = [0.0]
+        for v in ls:
+            cs.append(cs[-1] + v)
+        sm = [(cs[i + 1] - cs[max(0, i + 1 - k)]) / (i + 1 - max(0, i + 1 - k)) for i in range(len(ls))]
+        ax.plot(range(1, len(ls) + 1), sm, label=f"{RECIPE_LABELS[r['name']]}: {r['final']:.3f}", lw=1.4)
+    ax.set_xlabel("step")
+    ax.set_ylabel(f"training loss (nats/byte, moving avg {smooth})")
+    ax.set_title(title, fontsize=10)
+    ax.grid(alpha=0.3)
+    ax.legend(fontsize=8)
+    lo = min(min(r["losses"]) for r in results)
+    first = max(r["losses"][0] for r in results)
+    ax.set_ylim(max(0.0, lo - 0.2), min(first, lo + 3.0) + 0.1)
+    fig.tight_layout()
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fig.savefig(path)
+    plt.close(fig)
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(
+        description=__doc__.split("\n\n")[0], formatter_class=argparse.RawDescriptionHelpFormatter
+    )
+    p.add_argument("--steps", type=int, default=None, help="training steps per run (default 150)")
+    p.add_argument("--quick", action="store_true", help="smoke test: 12 steps, smaller corpus")
+    p.add_argument(
+        "--recipes", default="bf16,delayed,current,mxfp8", help=f"comma-separated of {list(RECIPES)}"
+    )
+    p.add_argument("--batch", type=int, default=16)
+    p.add_argument("--seq-len", type=int, default=128)
+    p.add_argument("--hidden", type=int, default=128)
+    p.add_argument("--heads", type=int, default=4)
+    p.add_argument("--layers", type=int, default=4)
+    p.add_argument("--lr", type=float, default=3e-3)
+    p.add_argument("--warmup", type=int, default=15)
+    p.add_argument("--seed", type=int, default=1234)
+    p.add_argument("--corpus-mb", type=float, default=4.0, help="MB of stdlib source to use")
+    p.add_argument("--eval-batches", type=int, default=8, help="held-out batches at the end")
+    p.add_argument("--avg-last", type=int, default=20, help="final loss = mean of the last N steps")
+    p.add_argument("--threads", type=int, default=None, help="torch threads (default: all cores)")
+    p.add_argument(
+        "--out",
+        default=str(Path(__file__).resolve().parent / "out" / "loss.png"),
+        help="loss plot (PNG)",
+    )
+    p.add_argument("--no-progress", action="store_true", help="no tqdm bars (logs only)")
+    args = p.parse_args(argv)
+    logging.basicConfig(level=logging.INFO, format="%(message)s", stream=sys.stdout)
+
+    names = [n.strip() for n in args.recipes.split(",") if n.strip()]
+    bad = [n for n in names if n not in RECIPES]
+    if bad or not names:
+        p.error(f"--recipes: unknown {bad}; expected some of {list(RECIPES)}")
+    if args.steps is None:
+        args.steps = 12 if args.quick else 150
+    if args.quick:
+        args.corpus_mb = min(args.corpus_mb, 0.5)
+        args.eval_batches = min(args.eval_batches, 2)
+        args.warmup = min(args.warmup, 3)
+    if args.hidden % args.heads:
+        p.error("--hidden must be a multiple of --heads")
+    torch.set_num_threads(args.threads or os.cpu_count() or 1)
+
+    t_start = time.perf_counter()
+    raw, nfiles = load_corpus(int(args.corpus_mb * 1e6))
+    data = torch.frombuffer(bytearray(raw), dtype=torch.uint8)
+    split = int(len(data) * 0.95)
+    train, val = data[:split], data[split:]
+    cfg = Config(seq_len=args.seq_len, hidden=args.hidden, heads=args.heads, layers=args.layers,
+                 ffn=4 * args.hidden)
+    nparams = sum(p.numel() for p in GPT(cfg).parameters())
+    log.info(
+        "corpus: %d stdlib files, %.2f MB (train %.2f MB, val %.2f MB), byte vocabulary",
+        nfiles, len(data) / 1e6, len(train) / 1e6, len(val) / 1e6,
+    )
+    log.info(
+        "model: %d layers, hidden %d, %d heads, ffn %d, seq %d: %.2fM parameters; batch %d "
+        "(%d tokens/step), %d steps, lr %g; torch %s, %d threads",
+        cfg.layers, cfg.hidden, cfg.heads, cfg.ffn, cfg.seq_len, nparams / 1e6, args.batch,
+        args.batch * args.seq_len, args.steps, args.lr, torch.__version__, torch.get_num_threads(),
+    )
+    ok, why = te.is_fp8_available()
+    if not ok and any(RECIPES[n] for n in names):
+        log.warning("FP8 not available (%s): running bf16 only", why)
+        names = [n for n in names if RECIPES[n] is None] or ["bf16"]
+
+    results = []
+    for name in names:
+        log.info("-- %s", RECIPE_LABELS[name])
+        r = train_one(name, args, cfg, train, val)
+        log.info(
+            "   %s: final train loss %.4f, val loss %.4f, %.1f s, %s tokens/s",
+            name, r["final"], r["val"], r["seconds"], f"{r['tok_s']:,.0f}",
+        )
+        results.append(r)
+
+    base = next((r for r in results if r["name"] == "bf16"), None)
+    log.info("")
+    head = f"{'run':<42} {'train loss':>10} {'val loss':>9} {'vs bf16':>8} {'tokens/s':>9} {'time s':>7}"
+    log.info(head)
+    log.info("-" * len(head))
+    for r in results:
+        d = f"{r['val'] - base['val']:+.3f}" if base else "-"
+        log.info(
+            "%-42s %10.4f %9.4f %8s %9s %7.1f", RECIPE_LABELS[r["name"]], r["final"], r["val"], d,
+            f"{r['tok_s']:,.0f}", r["seconds"],
+        )
+    log.info("(train loss: mean of the last %d steps; val: %d held-out batches; nats/byte)",
+             min(args.avg_last, args.steps), args.eval_batches)
+
+    out = Path(args.out)
+    title = (
+        f"byte-level GPT on Python stdlib source: {cfg.layers}x{cfg.hidden}, seq {cfg.seq_len}, "
+        f"batch {args.batch}, {args.steps} steps"
+    )
+    plot(results, out, title, smooth=max(1, min(10, args.steps // 10)))
+    log.info("loss plot: %s", out)
+    log.info("total time: %.1f s", time.perf_counter() - t_start)
+    failed = [r["name"] for r in results if not math.isfinite(r["final"])]
+    if failed:
+        log.error("non-finite loss in: %s", ", ".join(failed))
+        return 1
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,211 @@
+"""Tensor / sequence parallel modules (2 ranks, gloo) against the single-process module.
+
+Run: torchrun --nproc_per_node=2 -m pytest tests/pytorch/test_distributed.py
+(skipped when not launched by torchrun). Every rank builds the same single-process module from the
+same seed, copies its shard into the parallel module, and compares outputs and gradients.
+"""
+
+from __future__ import annotations
+
+import datetime
+import os
+
+import pytest
+import torch
+import torch.distributed as dist
+from utils import assert_close
+
+import transformer_engine_lite.pytorch as te
+from transformer_engine_lite.common.recipe import DelayedScaling, Float8CurrentScaling
+
+S, B, H, OUT, FFN = 6, 2, 16, 12, 20
+
+
+@pytest.fixture(scope="module", autouse=True)
+def process_group():
+    if "WORLD_SIZE" not in os.environ:
+        pytest.skip("run under torchrun --nproc_per_node=2")
+    if not dist.is_initialized():
+        dist.init_process_group("gloo", timeout=datetime.timedelta(seconds=120))
+    assert dist.get_world_size() == 2, "these tests expect 2 ranks"
+    yield
+    dist.barrier()
+
+
+def _shard(t: torch.Tensor, dim: int) -> torch.Tensor:
+    return t.chunk(dist.get_world_size(), dim)[dist.get_rank()]
+
+
+def _run(m, x, dy, recipe=None):
+    x = x.clone().requires_grad_(True)
+    with te.fp8_autocast(enabled=recipe is not None, fp8_recipe=recipe):
+        y = m(x)
+    y.backward(dy)
+    return y, x.grad
+
+
+def _load(tp_mod, ref, shard_dims: dict[str, int | None]):
+    with torch.no_grad():
+        for name, p in tp_mod.named_parameters():
+            full = dict(ref.named_parameters())[name]
+            d = shard_dims.get(name)
+            p.copy_(full if d is None else _shard(full, d))
+
+
+def _check_grads(tp_mod, ref, shard_dims, kind=torch.float32):
+    te.allreduce_sequence_parallel_grads(tp_mod)
+    for name, p in tp_mod.named_parameters():
+        d = shard_dims.get(name)
+        full = dict(ref.named_parameters())[name].grad
+        assert_close(p.grad, full if d is None else _shard(full, d), kind, f"grad of {name}")
+
+
+def _inputs(sp: bool, features: int, out_features: int):
+    g = torch.Generator().manual_seed(11)
+    x = torch.randn(S, B, features, generator=g)
+    dy = torch.randn(S, B, out_features, generator=g)
+    return x, dy
+
+
+@pytest.mark.parametrize("sp", [False, True], ids=["tp", "tp_sp"])
+@pytest.mark.parametrize("mode", ["column", "row"])
+def test_linear(mode, sp):
+    torch.manual_seed(0)
+    ref = te.Linear(H, OUT)
+    with torch.no_grad():
+        ref.bias.normal_()
+    tp = te.Linear(H, OUT, parallel_mode=mode, tp_group=dist.group.WORLD, sequence_parallel=sp)
+    dims = {"weight": 0, "bias": 0} if mode == "column" else {"weight": 1, "bias": None}
+    _load(tp, ref, dims)
+    x, dy = _inputs(sp, H, OUT)
+    y_ref, dx_ref = _run(ref, x, dy)
+    if mode == "column":
+        x_in = _shard(x, 0) if sp else x
+        y, dx = _run(tp, x_in, _shard(dy, 2))
+        assert_close(y, _shard(y_ref, 2), torch.float32, "output")
+        assert_close(dx, _shard(dx_ref, 0) if sp else dx_ref, torch.float32, "input grad")
+    else:
+        y, dx = _run(tp, _shard(x, 2), _shard(dy, 0) if sp else dy)
+        assert_close(y, _shard(y_ref, 0) if sp else y_ref, torch.float32, "output")
+        assert_close(dx, _shard(dx_ref, 2), torch.float32, "input grad")
+    _check_grads(tp, ref, dims)
+
+
+@pytest.mark.parametrize("sp", [False, True], ids=["tp", "tp_sp"])
+def test_layernorm_linear_column(sp):
+    torch.manual_seed(1)
+    ref = te.LayerNormLinear(H, OUT, normalization="RMSNorm")
+    tp = te.LayerNormLinear(
+        H,
+        OUT,
+        normalization="RMSNorm",
+        parallel_mode="column",
+        tp_group=dist.group.WORLD,
+        sequence_parallel=sp,
+    )
+    dims = {"weight": 0, "bias": 0}
+    _load(tp, ref, dims)
+    x, dy = _inputs(sp, H, OUT)
+    y_ref, dx_ref = _run(ref, x, dy)
+    y, dx = _run(tp, _shard(x, 0) if sp else x, _shard(dy, 2))
+    assert_close(y, _shard(y_ref, 2), torch.float32, "output")
+    assert_close(dx, _shard(dx_ref, 0) if sp else dx_ref, torch.float32, "input grad")
+    _check_grads(tp, ref, dims)
+
+
+@pytest.mark.parametrize("sp", [False, True], ids=["tp", "tp_sp"])
+@pytest.mark.parametrize("activation", ["gelu", "swiglu"])
+def test_layernorm_mlp(activation, sp):
+    torch.manual_seed(2)
+    ref = te.LayerNormMLP(H, FFN, activation=activation)
+    tp = te.LayerNormMLP(
+        H,
+        FFN,
+        activation=activation,
+        set_parallel_mode=True,
+        tp_group=dist.group.WORLD,
+        sequence_parallel=sp,
+    )
+    with torch.no_grad():
+        for p in ref.parameters():
+            p.add_(torch.randn_like(p) * 0.1)
+    if activation == "swiglu":
+        # fc1 rows are [act input | linear]: each rank holds its shard of both halves.
+        def fc1_shard(t):
+            a, lin = t.chunk(2, 0)
+            return torch.cat([_shard(a, 0), _shard(lin, 0)])
+    else:
+
+        def fc1_shard(t):
+            return _shard(t, 0)
+
+    with torch.no_grad():
+        for name, p in tp.named_parameters():
+            full = dict(ref.named_parameters())[name]
+            p.copy_(
+                fc1_shard(full)
+                if name.startswith("fc1")
+                else _shard(full, 1)
+                if name == "fc2_weight"
+                else full
+            )
+    x, dy = _inputs(sp, H, H)
+    y_ref, dx_ref = _run(ref, x, dy)
+    y, dx = _run(tp, _shard(x, 0) if sp else x, _shard(dy, 0) if sp else dy)
+    assert_close(y, _shard(y_ref, 0) if sp else y_ref, torch.float32, "output")
+    assert_close(dx, _shard(dx_ref, 0) if sp else dx_ref, torch.float32, "input grad")
+    te.allreduce_sequence_parallel_grads(tp)
+    refp = dict(ref.named_parameters())
+    for name, p in tp.named_parameters():
+        full = refp[name].grad
+        want = (
+            fc1_shard(full)
+            if name.startswith("fc1")
+            else (_shard(full, 1) if name == "fc2_weight" else full)
+        )
+        assert_close(p.grad, want, torch.float32, f"grad of {name}")
+
+
+def test_delayed_scaling_amax_reduction_matches_single_process():
+    """Column-parallel FP8 Linear with reduce_amax: the weight amax is all-reduced (MAX), so the
+    scales, and with them the outputs, equal those of the single-process module."""
+    torch.manual_seed(3)
+    recipe = DelayedScaling(amax_history_len=4)
+    ref = te.Linear(H, OUT)
+    tp = te.Linear(H, OUT, parallel_mode="column", tp_group=dist.group.WORLD)
+    dims = {"weight": 0, "bias": 0}
+    _load(tp, ref, dims)
+    for step in range(3):
+        x, dy = _inputs(False, H, OUT)
+        x = x * (step + 1)
+        y_ref, dx_ref = _run(ref, x, dy, recipe)
+        y, dx = _run(tp, x, _shard(dy, 2), recipe)
+        assert_close(y, _shard(y_ref, 2), torch.float32, f"step {step} output")
+        assert_close(dx, dx_ref, torch.float32, f"step {step} input grad")
+        assert torch.equal(tp.fp8_bwd_scale, ref.fp8_bwd_scale), f"step {step} backward scales"
+        assert torch.equal(tp.fp8_fwd_scale, ref.fp8_fwd_scale), f"step {step} forward scales"
+        assert torch.equal(tp.fp8_fwd_amax_history, ref.fp8_fwd_amax_history)
+        scales = [torch.zeros_like(tp.fp8_bwd_scale) for _ in range(2)]
+        dist.all_gather(scales, tp.fp8_bwd_scale)
+        assert torch.equal(scales[0], scales[1]), "backward scales differ across ranks"
+        ref.zero_grad()
+        tp.zero_grad()
+
+
+def test_current_scaling_row_parallel_close_to_single_process():
+    torch.manual_seed(4)
+    ref = te.Linear(H, OUT)
+    tp = te.Linear(H, OUT, parallel_mode="row", tp_group=dist.group.WORLD)
+    _load(tp, ref, {"weight": 1, "bias": None})
+    x, dy = _inputs(False, H, OUT)
+    y_ref, _ = _run(ref, x, dy, Float8CurrentScaling())
+    y, _ = _run(tp, _shard(x, 2), dy, Float8CurrentScaling())
+    # Per-shard scales differ from the full tensor's: FP8 tolerance.
+    assert_close(y, y_ref, "fp8", "output")
+
+
+def test_bad_tp_arguments():
+    with pytest.raises(ValueError, match="divisible by tp_size"):
+        te.Linear(H, 7, parallel_mode="column", tp_group=dist.group.WORLD)
+    with pytest.raises(ValueError, match="tp_size=4"):
+        te.Linear(H, OUT, parallel_mode="column", tp_size=4)

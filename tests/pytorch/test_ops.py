@@ -1,0 +1,534 @@
+"""torch.ops.te_lite (transformer_engine_lite/pytorch/ops.py): torch.library.opcheck for every op
+(schema, fake kernel, autograd registration, AOT dispatch with dynamic shapes), errors that name the
+argument, and a torch.compile(fullgraph=True) smoke test. Numerics: test_ops_numerics.py."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+import pytest
+import torch
+
+te_ops = pytest.importorskip(
+    "transformer_engine_lite.pytorch.ops",
+    reason="PyTorch extension not built",
+    exc_type=ImportError,
+)
+from op_helpers import FP8, HP_DTYPES, f32, ops, randn
+
+
+# ===================================================================================== opcheck
+# One or more cases per op: (op name, id, args factory). Inputs that require grad also exercise
+# the registered autograd under opcheck's aot_dispatch test.
+def _fp8(shape, dtype=torch.float8_e4m3fn, seed=0):
+    q, _, scale_inv = ops.quantize(randn(*shape, seed=seed), f32(4.0), dtype)
+    return q, scale_inv
+
+
+def _mx(shape, columnwise):
+    row, row_s, col, col_s = ops.quantize_mxfp8(
+        randn(*shape), torch.float8_e4m3fn, not columnwise, columnwise
+    )
+    return (col, col_s) if columnwise else (row, row_s)
+
+
+def _ln_stats(x, g, b):
+    _, mu, rs, _, _ = ops.layernorm_fwd(x, g, b, 1e-5, False)
+    return mu, rs
+
+
+OPCHECK_CASES: list[tuple[str, str, Callable[[], tuple]]] = [
+    ("quantize", "fp32-e4m3", lambda: (randn(5, 96), f32(2.0), torch.float8_e4m3fn)),
+    (
+        "quantize",
+        "bf16-e5m2fnuz",
+        lambda: (randn(3, 7, 33, dtype=torch.bfloat16), f32(0.5), torch.float8_e5m2fnuz),
+    ),
+    ("quantize_mxfp8", "fp32-both", lambda: (randn(40, 70), torch.float8_e4m3fn, True, True)),
+    (
+        "quantize_mxfp8",
+        "bf16-row",
+        lambda: (randn(2, 33, 64, dtype=torch.bfloat16), torch.float8_e5m2, True, False),
+    ),
+    ("quantize_mxfp8", "fp32-col", lambda: (randn(33, 40), torch.float8_e4m3fn, False, True)),
+    ("dequantize", "e4m3-bf16", lambda: (*_fp8((5, 96)), torch.bfloat16)),
+    ("dequantize", "e5m2-fp32", lambda: (*_fp8((3, 4, 9), torch.float8_e5m2), torch.float32)),
+    ("dequantize_mxfp8", "row", lambda: (*_mx((40, 70), False), False, torch.float32)),
+    ("dequantize_mxfp8", "col", lambda: (*_mx((40, 70), True), True, torch.bfloat16)),
+    ("compute_amax", "fp32", lambda: (randn(5, 96),)),
+    ("compute_amax", "bf16", lambda: (randn(3, 7, 33, dtype=torch.bfloat16),)),
+    ("compute_scale_from_amax", "e4m3", lambda: (f32(3.0), torch.float8_e4m3fn, 0.0, False)),
+    ("compute_scale_from_amax", "e5m2-pow2", lambda: (f32(0.3), torch.float8_e5m2, 1e-3, True)),
+    (
+        "delayed_scaling_update",
+        "max",
+        lambda: (torch.rand(4, 3), torch.ones(3), "max", torch.float8_e4m3fn, 0.0),
+    ),
+    (
+        "delayed_scaling_update",
+        "most_recent",
+        lambda: (torch.rand(2, 5), torch.ones(5), "most_recent", torch.float8_e5m2, 1.0),
+    ),
+    (
+        "delayed_scaling_update_",
+        "max",
+        lambda: (torch.rand(4, 3), torch.ones(3), "max", torch.float8_e4m3fn, 0.0),
+    ),
+    ("transpose", "fp32", lambda: (randn(5, 96),)),
+    ("transpose", "int32", lambda: (torch.arange(21, dtype=torch.int32).reshape(7, 3),)),
+    ("transpose", "bf16-grad", lambda: (randn(5, 9, dtype=torch.bfloat16, requires_grad=True),)),
+    ("cast_transpose", "fp32", lambda: (randn(5, 96), f32(2.0), torch.float8_e4m3fn)),
+    (
+        "cast_transpose",
+        "bf16",
+        lambda: (randn(33, 17, dtype=torch.bfloat16), f32(1.0), torch.float8_e5m2),
+    ),
+    (
+        "layernorm_fwd",
+        "fp32-grad",
+        lambda: (
+            randn(3, 7, 64, requires_grad=True),
+            randn(64, seed=1, requires_grad=True),
+            randn(64, seed=2, requires_grad=True),
+            1e-5,
+            False,
+        ),
+    ),
+    (
+        "layernorm_fwd",
+        "bf16-zc-grad",
+        lambda: (
+            randn(5, 123, dtype=torch.bfloat16, requires_grad=True),
+            randn(123, dtype=torch.bfloat16, requires_grad=True),
+            randn(123, dtype=torch.bfloat16, seed=2),
+            1e-5,
+            True,
+        ),
+    ),
+    (
+        "layernorm_fwd",
+        "fp8-out",
+        lambda: (
+            randn(5, 64),
+            randn(64, seed=1),
+            randn(64, seed=2),
+            1e-5,
+            False,
+            torch.float8_e4m3fn,
+            f32(8.0),
+        ),
+    ),
+    (
+        "layernorm_bwd",
+        "fp32",
+        lambda: (
+            randn(6, 64, seed=3),
+            randn(6, 64),
+            *_ln_stats(randn(6, 64), randn(64, seed=1), randn(64, seed=2)),
+            randn(64, seed=1),
+            False,
+        ),
+    ),
+    (
+        "rmsnorm_fwd",
+        "fp32-grad",
+        lambda: (
+            randn(3, 7, 64, requires_grad=True),
+            randn(64, seed=1, requires_grad=True),
+            1e-5,
+            False,
+        ),
+    ),
+    (
+        "rmsnorm_fwd",
+        "bf16-fp8-out",
+        lambda: (
+            randn(5, 96, dtype=torch.bfloat16),
+            randn(96, dtype=torch.bfloat16),
+            1e-6,
+            True,
+            torch.float8_e5m2,
+            f32(2.0),
+        ),
+    ),
+    (
+        "rmsnorm_bwd",
+        "bf16",
+        lambda: (
+            randn(6, 64, dtype=torch.bfloat16, seed=3),
+            randn(6, 64, dtype=torch.bfloat16),
+            ops.rmsnorm_fwd(
+                randn(6, 64, dtype=torch.bfloat16), randn(64, dtype=torch.bfloat16), 1e-5, False
+            )[1],
+            randn(64, dtype=torch.bfloat16),
+            False,
+        ),
+    ),
+    ("activation_fwd", "gelu-fp32-grad", lambda: (randn(4, 33, requires_grad=True), "gelu")),
+    (
+        "activation_fwd",
+        "swiglu-bf16-grad",
+        lambda: (randn(2, 3, 64, dtype=torch.bfloat16, requires_grad=True), "swiglu"),
+    ),
+    (
+        "activation_fwd",
+        "srelu-fp8-out",
+        lambda: (randn(4, 33), "srelu", torch.float8_e4m3fn, f32(4.0)),
+    ),
+    (
+        "activation_fwd",
+        "qgeglu-to-bf16",
+        lambda: (randn(4, 32, requires_grad=True), "qgeglu", torch.bfloat16),
+    ),
+    ("activation_bwd", "relu", lambda: (randn(4, 33, seed=1), randn(4, 33), "relu")),
+    ("activation_bwd", "reglu", lambda: (randn(4, 16, seed=1), randn(4, 32), "reglu")),
+    (
+        "gemm",
+        "TN-fp32",
+        lambda: (randn(16, 32), None, True, randn(8, 32, seed=1), None, False, torch.float32),
+    ),
+    (
+        "gemm",
+        "TN-bias-grad",
+        lambda: (
+            randn(16, 32, requires_grad=True),
+            None,
+            True,
+            randn(2, 4, 32, seed=1, requires_grad=True),
+            None,
+            False,
+            torch.float32,
+            randn(16, seed=2, requires_grad=True),
+        ),
+    ),
+    (
+        "gemm",
+        "NT-gelu-bf16-grad",
+        lambda: (
+            randn(32, 16, dtype=torch.bfloat16, requires_grad=True),
+            None,
+            False,
+            randn(32, 8, dtype=torch.bfloat16, seed=1, requires_grad=True),
+            None,
+            True,
+            torch.bfloat16,
+            None,
+            True,
+        ),
+    ),
+    (
+        "gemm",
+        "NN-bf16-bias-gelu",
+        lambda: (
+            randn(32, 16, dtype=torch.bfloat16),
+            None,
+            False,
+            randn(2, 4, 32, dtype=torch.bfloat16, seed=1),
+            None,
+            False,
+            torch.bfloat16,
+            randn(16, dtype=torch.bfloat16, seed=2),
+            True,
+        ),
+    ),
+    (
+        "gemm",
+        "NT-grad-bias",
+        lambda: (
+            randn(8, 16),
+            None,
+            False,
+            randn(8, 12, seed=1),
+            None,
+            True,
+            torch.float32,
+            randn(12, seed=2),
+            False,
+            True,
+        ),
+    ),
+    (
+        "gemm",
+        "grad-dgelu-bias",
+        lambda: (
+            randn(12, 16),
+            None,
+            False,
+            randn(8, 12, seed=1),
+            None,
+            False,
+            torch.float32,
+            randn(16, seed=2),
+            True,
+            True,
+            randn(8, 16, seed=3),
+        ),
+    ),
+    (
+        "gemm",
+        "fp8-fp8out",
+        lambda: (
+            *_fp8((16, 32)),
+            True,
+            *_fp8((8, 32), torch.float8_e5m2, 1),
+            False,
+            torch.float8_e4m3fn,
+            None,
+            False,
+            False,
+            None,
+            f32(2.0),
+        ),
+    ),
+    (
+        "gemm_accumulate_",
+        "fp32-bf16",
+        lambda: (
+            randn(8, 16, seed=4),
+            randn(16, 32, dtype=torch.bfloat16),
+            None,
+            True,
+            randn(8, 32, dtype=torch.bfloat16, seed=1),
+            None,
+            False,
+        ),
+    ),
+]
+for _v, _shape in (
+    ("scaled", (2, 3, 8, 16)),
+    ("scaled_masked", (2, 3, 8, 16)),
+    ("scaled_upper_triang_masked", (6, 8, 8)),
+    ("scaled_aligned_causal_masked", (2, 3, 8, 16)),
+):
+    for _dt in HP_DTYPES:
+        _mask = (
+            (lambda: (torch.rand(2, 1, 8, 16, generator=torch.Generator().manual_seed(0)) > 0.7,))
+            if _v == "scaled_masked"
+            else (lambda: ())
+        )
+        OPCHECK_CASES.append(
+            (
+                f"{_v}_softmax_fwd",
+                str(_dt)[6:],
+                lambda s=_shape, d=_dt, m=_mask: (
+                    randn(*s, dtype=d, requires_grad=True),
+                    *m(),
+                    0.7,
+                ),
+            )
+        )
+        OPCHECK_CASES.append(
+            (
+                f"{_v}_softmax_bwd",
+                str(_dt)[6:],
+                lambda s=_shape, d=_dt: (
+                    randn(*s, dtype=d, seed=1),
+                    torch.softmax(randn(*s), -1).to(d),
+                    0.7,
+                ),
+            )
+        )
+
+
+def _has_fp8_input(args: tuple) -> bool:
+    return any(isinstance(a, torch.Tensor) and a.dtype in FP8 for a in args)
+
+
+@pytest.mark.parametrize(
+    "name,factory",
+    [(c[0], c[2]) for c in OPCHECK_CASES],
+    ids=[f"{c[0]}-{c[1]}" for c in OPCHECK_CASES],
+)
+def test_opcheck(name, factory):
+    args = factory()
+    op = getattr(ops, name)
+    if not _has_fp8_input(args):
+        torch.library.opcheck(op, args)
+        return
+    # torch's schema check compares inputs before/after with allclose, which has no CPU kernel
+    # for float8: run the other checks, and check "inputs not mutated" on the bytes ourselves.
+    before = [a.clone() if isinstance(a, torch.Tensor) else a for a in args]
+    torch.library.opcheck(
+        op,
+        args,
+        test_utils=("test_autograd_registration", "test_faketensor", "test_aot_dispatch_dynamic"),
+    )
+    op(*args)
+    for i, (b, a) in enumerate(zip(before, args)):
+        if isinstance(a, torch.Tensor):
+            assert torch.equal(
+                b.view(torch.uint8) if b.dtype in FP8 else b,
+                a.view(torch.uint8) if a.dtype in FP8 else a,
+            ), f"arg {i} mutated"
+
+
+def test_every_op_has_an_opcheck_case():
+    covered = {c[0] for c in OPCHECK_CASES}
+    assert set(te_ops.OPS) == covered, (
+        f"no case for {sorted(set(te_ops.OPS) - covered)}; unknown {sorted(covered - set(te_ops.OPS))}"
+    )
+    assert len(te_ops.OPS) == 26
+
+
+# ===================================================================================== errors
+ERROR_CASES = [
+    (
+        "quantize x dtype",
+        lambda: ops.quantize(torch.ones(4, dtype=torch.int32), f32(1.0), torch.float8_e4m3fn),
+        r"quantize: argument 'x'.*\{float32, float16, bfloat16\}, got int32",
+    ),
+    (
+        "quantize fp8_dtype",
+        lambda: ops.quantize(randn(4), f32(1.0), torch.float16),
+        r"'fp8_dtype'.*float8_e4m3fn.*got float16",
+    ),
+    (
+        "quantize scale shape",
+        lambda: ops.quantize(randn(4), torch.ones(2), torch.float8_e4m3fn),
+        r"'scale'.*one element.*\[2\]",
+    ),
+    (
+        "mxfp8 none requested",
+        lambda: ops.quantize_mxfp8(randn(4, 32), torch.float8_e4m3fn, False, False),
+        r"'rowwise' and 'columnwise'",
+    ),
+    (
+        "dequantize data dtype",
+        lambda: ops.dequantize(randn(4), f32(1.0), torch.float32),
+        r"dequantize.*'data'.*float8_e4m3fn.*got float32",
+    ),
+    (
+        "dequantize_mxfp8 scale shape",
+        lambda: ops.dequantize_mxfp8(
+            _mx((40, 70), False)[0], torch.zeros(40, 2, dtype=torch.uint8), False, torch.float32
+        ),
+        r"'scale_inv'.*\[40, 3\]",
+    ),
+    (
+        "recipe algo",
+        lambda: ops.delayed_scaling_update(
+            torch.ones(2, 3), torch.ones(3), "mean", torch.float8_e4m3fn, 0.0
+        ),
+        r"delayed_scaling_update.*amax_compute_algo.*mean",
+    ),
+    (
+        "recipe scale shape",
+        lambda: ops.delayed_scaling_update(
+            torch.ones(2, 3), torch.ones(4), "max", torch.float8_e4m3fn, 0.0
+        ),
+        r"'scale'.*\[3\]",
+    ),
+    ("transpose ndim", lambda: ops.transpose(randn(2, 3, 4)), r"transpose.*'x'.*2-D"),
+    (
+        "layernorm gamma shape",
+        lambda: ops.layernorm_fwd(randn(4, 8), torch.ones(9), torch.zeros(8), 1e-5, False),
+        r"'gamma'.*\[8\].*\[9\]",
+    ),
+    (
+        "layernorm fp8 without scale",
+        lambda: ops.layernorm_fwd(
+            randn(4, 8), torch.ones(8), torch.zeros(8), 1e-5, False, torch.float8_e4m3fn
+        ),
+        r"'scale'.*None",
+    ),
+    (
+        "layernorm scale without fp8",
+        lambda: ops.layernorm_fwd(
+            randn(4, 8), torch.ones(8), torch.zeros(8), 1e-5, False, None, f32(1.0)
+        ),
+        r"'scale'.*expected None",
+    ),
+    (
+        "layernorm negative eps",
+        lambda: ops.layernorm_fwd(randn(4, 8), torch.ones(8), torch.zeros(8), -1.0, False),
+        r"layernorm_fwd.*epsilon",
+    ),
+    (
+        "rmsnorm_bwd dz shape",
+        lambda: ops.rmsnorm_bwd(randn(4, 9), randn(4, 8), torch.ones(4), torch.ones(8), False),
+        r"'dz'.*\[4, 8\]",
+    ),
+    (
+        "activation name",
+        lambda: ops.activation_fwd(randn(4, 8), "tanh"),
+        r"'activation'.*gelu.*'tanh'",
+    ),
+    ("gated odd dim", lambda: ops.activation_fwd(randn(4, 7), "swiglu"), r"'x'.*even"),
+    (
+        "activation_bwd grad dtype",
+        lambda: ops.activation_bwd(randn(4, 8).half(), randn(4, 8), "gelu"),
+        r"'grad'.*float32.*got float16",
+    ),
+    (
+        "gemm inner dim",
+        lambda: ops.gemm(randn(16, 8), None, True, randn(4, 9), None, False, torch.float32),
+        r"gemm.*'B'.*k = 8",
+    ),
+    (
+        "gemm fp8 without scale_inv",
+        lambda: ops.gemm(_fp8((16, 8))[0], None, True, randn(4, 8), None, False, torch.float32),
+        r"'A_scale_inv'.*None",
+    ),
+    (
+        "gemm mixed precision",
+        lambda: ops.gemm(randn(16, 8), None, True, randn(4, 8).half(), None, False, torch.float32),
+        r"gemm.*'A' and 'B'",
+    ),
+    (
+        "gemm bias shape",
+        lambda: ops.gemm(
+            randn(16, 8), None, True, randn(4, 8), None, False, torch.float32, torch.ones(5)
+        ),
+        r"'bias'.*\[16\]",
+    ),
+    (
+        "gemm_accumulate_ D shape",
+        lambda: ops.gemm_accumulate_(
+            randn(4, 15), randn(16, 8), None, True, randn(4, 8), None, False
+        ),
+        r"'D'.*\[4, 16\]",
+    ),
+    ("softmax ndim", lambda: ops.scaled_softmax_fwd(randn(3, 4, 5), 1.0), r"'x'.*4-D"),
+    (
+        "softmax mask shape",
+        lambda: ops.scaled_masked_softmax_fwd(
+            randn(2, 3, 4, 5), torch.zeros(2, 3, 4, 5, dtype=torch.bool), 1.0
+        ),
+        r"'mask'.*\[2 or 1",
+    ),
+    (
+        "softmax_bwd dy dtype",
+        lambda: ops.scaled_softmax_bwd(randn(1, 1, 2, 2).half(), randn(1, 1, 2, 2), 1.0),
+        r"'dy'",
+    ),
+]
+
+
+@pytest.mark.parametrize(
+    "call,pattern", [(c[1], c[2]) for c in ERROR_CASES], ids=[c[0] for c in ERROR_CASES]
+)
+def test_bad_inputs_raise_runtime_error_naming_the_argument(call, pattern):
+    with pytest.raises(RuntimeError, match=pattern):
+        call()
+
+
+# ===================================================================================== compile
+def test_torch_compile_fullgraph_smoke():
+    def block(x, gamma, beta, w, bias):
+        z = ops.layernorm_fwd(x, gamma, beta, 1e-5, False)[0]
+        h = ops.gemm(w, None, True, z, None, False, torch.float32, bias, False)[0]
+        h = ops.activation_fwd(h, "swiglu")[0]
+        q, amax, scale_inv = ops.quantize(h, f32(4.0), torch.float8_e4m3fn)
+        p = ops.scaled_softmax_fwd(h.reshape(2, 1, 6, -1), 0.5)
+        return ops.dequantize(q, scale_inv, torch.float32), amax, p
+
+    args = (
+        randn(12, 32),
+        torch.ones(32),
+        torch.zeros(32),
+        randn(64, 32, seed=1),
+        randn(64, seed=2),
+    )
+    compiled = torch.compile(block, fullgraph=True, backend="aot_eager")
+    for got, want in zip(compiled(*args), block(*args)):
+        assert torch.equal(got, want)

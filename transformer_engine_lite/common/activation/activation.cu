@@ -1,0 +1,141 @@
+// GPU activation kernels: one template per direction over the util/math.h functors (element-wise
+// and gated share it), the CPU kernels' formulas term for term: every output byte as on the CPU.
+#include <algorithm>
+
+#include "../cast/staged_output_gpu.cuh"
+#include "../util/hp_access.h"
+#include "activation_gpu.h"
+
+namespace nvte {
+namespace gpu {
+
+namespace {
+
+constexpr int kThreads = 256;
+// Grid-stride loops bound the grid, and with it the amax atomics (one per block).
+constexpr size_t kMaxBlocks = 8192;
+
+// One activation call, as the kernels see it.
+struct ActivationParams {
+  const void *input = nullptr;  // [rows, in_cols]: x, or [a | b] with a, b of width H (gated)
+  const void *grad = nullptr;   // backward only: [rows, cols] (element-wise) or [rows, H] (gated)
+  DType dtype = kNVTEFloat32;   // of input and grad (fp32, fp16 or bf16)
+  size_t rows = 0;              // product of the output's leading dims
+  size_t cols = 0;              // output columns: input cols; H (gated fwd); 2H (gated bwd)
+  bool gated = false;           // input rows are [a | b]
+};
+
+// Both kernels run a flat grid-stride loop over the rows * cols outputs: every thread is busy
+// whatever the row length (a row of 8 elements would idle most of a per-row block), and the
+// division into (row, col) costs little next to GELU's ~60 flops.
+__device__ __forceinline__ size_t first_index() {
+  return blockIdx.x * static_cast<size_t>(blockDim.x) + threadIdx.x;
+}
+__device__ __forceinline__ size_t grid_stride() {
+  return static_cast<size_t>(gridDim.x) * blockDim.x;
+}
+
+// y = act(a), times b when gated (the CPU's gated_fwd_span: act(a) * b).
+template <typename Act, typename OType>
+__global__ void __launch_bounds__(kThreads)
+    activation_fwd_kernel(const ActivationParams p, const OutputParams out) {
+  __shared__ float scratch[kThreads / kWarpSize];
+  const float scale = output_scale(out);
+  const size_t in_cols = p.gated ? 2 * p.cols : p.cols;
+  float thread_amax = 0.0f;
+  for (size_t e = first_index(); e < p.rows * p.cols; e += grid_stride()) {
+    const size_t row = e / p.cols, col = e - row * p.cols;
+    const size_t i = row * in_cols + col;
+    float y = Act::fwd(load_hp(p.input, p.dtype, i));
+    if (p.gated) y = y * load_hp(p.input, p.dtype, i + p.cols);
+    store_output<OType>(out, row, col, y, scale);
+    thread_amax = abs_max_update(thread_amax, y);
+  }
+  record_amax(out, thread_amax, scratch);  // every thread of the block: it holds barriers
+  write_scale_inv(out);
+}
+
+// Element-wise: y = grad * act'(x). Gated, output row [da | db] of width 2H from input row [a | b]
+// and grad row g of width H: da = g * b * act'(a), db = g * act(a) (the CPU's gated_bwd_span).
+template <typename Act, typename OType>
+__global__ void __launch_bounds__(kThreads)
+    activation_bwd_kernel(const ActivationParams p, const OutputParams out) {
+  __shared__ float scratch[kThreads / kWarpSize];
+  const float scale = output_scale(out);
+  const size_t h = p.cols / 2;
+  float thread_amax = 0.0f;
+  for (size_t e = first_index(); e < p.rows * p.cols; e += grid_stride()) {
+    const size_t row = e / p.cols, col = e - row * p.cols;
+    float y;
+    if (!p.gated) {
+      const size_t i = row * p.cols + col;
+      y = load_hp(p.grad, p.dtype, i) * Act::bwd(load_hp(p.input, p.dtype, i));
+    } else {
+      const bool first = col < h;
+      const size_t k = first ? col : col - h;
+      const float av = load_hp(p.input, p.dtype, row * p.cols + k);
+      const float gv = load_hp(p.grad, p.dtype, row * h + k);
+      y = first ? gv * load_hp(p.input, p.dtype, row * p.cols + h + k) * Act::bwd(av)
+                : gv * Act::fwd(av);
+    }
+    store_output<OType>(out, row, col, y, scale);
+    thread_amax = abs_max_update(thread_amax, y);
+  }
+  record_amax(out, thread_amax, scratch);
+  write_scale_inv(out);
+}
+
+unsigned grid_for(const ActivationParams &p) {
+  const size_t blocks = (p.rows * p.cols + kThreads - 1) / kThreads;
+  // At least one block: the kernel also writes scale_inv, which an empty output still gets.
+  return static_cast<unsigned>(std::max<size_t>(1, std::min(blocks, kMaxBlocks)));
+}
+
+// Dispatches the functor and the stored element type, launches `kernel` and finishes the output.
+template <bool kBackward>
+void launch(Activation act, const ActivationParams &p, const Tensor &out, const OutputSpec &spec,
+            void *stream) {
+  const cudaStream_t s = as_stream(stream);
+  StagedOutput staged(out, spec, s);
+  dispatch_activation(act, [&](auto atag) {
+    using Act = typename decltype(atag)::type;
+    dispatch_dtype<GpuOutputTypes>(staged.store_dtype(), "output", [&](auto tag) {
+      using OType = typename decltype(tag)::type;
+      if constexpr (kBackward) {
+        activation_bwd_kernel<Act, OType><<<grid_for(p), kThreads, 0, s>>>(p, staged.params());
+      } else {
+        activation_fwd_kernel<Act, OType><<<grid_for(p), kThreads, 0, s>>>(p, staged.params());
+      }
+      NVTE_CHECK_LAUNCH();
+    });
+  });
+  staged.finish();
+}
+
+}  // namespace
+
+void launch_activation_fwd(Activation act, bool gated, const Tensor &input, const Tensor &out,
+                           const OutputSpec &spec, void *stream) {
+  ActivationParams p;
+  p.input = input.data.dptr;
+  p.dtype = input.data.dtype;
+  p.rows = spec.rows;
+  p.cols = spec.cols;
+  p.gated = gated;
+  launch<false>(act, p, out, spec, stream);
+}
+
+void launch_activation_bwd(Activation act, bool gated, const Tensor &grad, const Tensor &input,
+                           const Tensor &out, const OutputSpec &spec, void *stream) {
+  ActivationParams p;
+  p.input = input.data.dptr;
+  p.grad = grad.data.dptr;
+  p.dtype = input.data.dtype;
+  p.rows = spec.rows;
+  p.cols = spec.cols;
+  p.gated = gated;
+  launch<true>(act, p, out, spec, stream);
+}
+
+}  // namespace gpu
+}  // namespace nvte

@@ -1,0 +1,293 @@
+"""FP8 recipes shared by the PyTorch and JAX front ends (TE's `transformer_engine.common.recipe`).
+
+Framework-free on purpose: no torch or jax import. Field names and defaults follow TE 2.x; every
+field is validated at construction with an error that names the field, what was expected and what
+was got. FP8 formats are named by strings ("e4m3", "e5m2", "e4m3fnuz", "e5m2fnuz") that each front
+end maps to its own dtype.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from enum import Enum
+from typing import Any, NamedTuple
+
+__all__ = [
+    "FP8_MAX",
+    "DelayedScaling",
+    "Float8CurrentScaling",
+    "Format",
+    "MMParams",
+    "MXFP8BlockScaling",
+    "QParams",
+    "Recipe",
+]
+
+# Largest finite value of each FP8 format (ARCHITECTURE.md §5).
+FP8_MAX: dict[str, float] = {
+    "e4m3": 448.0,
+    "e5m2": 57344.0,
+    "e4m3fnuz": 240.0,
+    "e5m2fnuz": 57344.0,
+}
+
+
+class _FormatHelper(NamedTuple):
+    """Value of a `Format` member: max finite values (as TE's) plus the format names."""
+
+    max_fwd: float
+    max_bwd: float
+    fwd: str
+    bwd: str
+
+
+class Format(Enum):
+    """FP8 format of forward tensors (activations, weights) and backward tensors (gradients).
+
+    E4M3 / E5M2: one format for both passes. HYBRID: E4M3 forward, E5M2 backward (TE's default).
+    The FNUZ variants (ROCm gfx94x hardware formats, also supported on the CPU) mirror them.
+    """
+
+    E4M3 = _FormatHelper(FP8_MAX["e4m3"], FP8_MAX["e4m3"], "e4m3", "e4m3")
+    E5M2 = _FormatHelper(FP8_MAX["e5m2"], FP8_MAX["e5m2"], "e5m2", "e5m2")
+    HYBRID = _FormatHelper(FP8_MAX["e4m3"], FP8_MAX["e5m2"], "e4m3", "e5m2")
+    E4M3FNUZ = _FormatHelper(FP8_MAX["e4m3fnuz"], FP8_MAX["e4m3fnuz"], "e4m3fnuz", "e4m3fnuz")
+    E5M2FNUZ = _FormatHelper(FP8_MAX["e5m2fnuz"], FP8_MAX["e5m2fnuz"], "e5m2fnuz", "e5m2fnuz")
+    HYBRID_FNUZ = _FormatHelper(FP8_MAX["e4m3fnuz"], FP8_MAX["e5m2fnuz"], "e4m3fnuz", "e5m2fnuz")
+
+    @property
+    def fwd(self) -> str:
+        """Format name of forward tensors."""
+        return self.value.fwd
+
+    @property
+    def bwd(self) -> str:
+        """Format name of backward tensors (gradients)."""
+        return self.value.bwd
+
+    @property
+    def is_fnuz(self) -> bool:
+        return self.value.fwd.endswith("fnuz")
+
+    def dtype_name(self, forward: bool) -> str:
+        """Format name of forward (True) or backward (False) tensors."""
+        return self.value.fwd if forward else self.value.bwd
+
+    def max(self, forward: bool) -> float:
+        """Largest finite value of forward (True) or backward (False) tensors."""
+        return self.value.max_fwd if forward else self.value.max_bwd
+
+
+_PURE_E5M2 = (Format.E5M2, Format.E5M2FNUZ)
+
+
+def _check_format(recipe: str, value: Any) -> None:
+    if not isinstance(value, Format):
+        raise TypeError(
+            f"{recipe}: fp8_format: expected a Format member "
+            f"({', '.join('Format.' + f.name for f in Format)}), got {value!r}"
+        )
+    if value in _PURE_E5M2:
+        # TE asserts the same: E5M2 has 2 mantissa bits, too coarse for forward tensors.
+        raise ValueError(
+            f"{recipe}: fp8_format: pure E5M2 training is not supported (got Format.{value.name}); "
+            "use Format.HYBRID (E4M3 forward, E5M2 backward) or an E4M3 format"
+        )
+
+
+def _check_bool(recipe: str, name: str, value: Any) -> None:
+    if not isinstance(value, bool):
+        raise TypeError(f"{recipe}: {name}: expected a bool, got {value!r}")
+
+
+def _check_margin(recipe: str, value: Any) -> None:
+    ok = isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value)
+    if not ok or value < 0:
+        raise ValueError(f"{recipe}: margin: expected a finite number >= 0, got {value!r}")
+
+
+class Recipe:
+    """Base class of the recipes; the predicates tell them apart without isinstance chains."""
+
+    def delayed(self) -> bool:
+        return isinstance(self, DelayedScaling)
+
+    def float8_current_scaling(self) -> bool:
+        return isinstance(self, Float8CurrentScaling)
+
+    def float8_per_tensor_scaling(self) -> bool:
+        return isinstance(self, (DelayedScaling, Float8CurrentScaling))
+
+    def mxfp8(self) -> bool:
+        return isinstance(self, MXFP8BlockScaling)
+
+    def float8_block_scaling(self) -> bool:
+        return False
+
+    def nvfp4(self) -> bool:
+        return False
+
+    def to_dict(self) -> dict[str, Any]:
+        """Plain-value description (for checkpoints and logs); callables are recorded by name."""
+        out: dict[str, Any] = {"recipe": type(self).__name__}
+        for k, v in vars(self).items():
+            if isinstance(v, Format):
+                out[k] = v.name
+            elif callable(v):
+                out[k] = getattr(v, "__qualname__", repr(v))
+            elif isinstance(v, (QParams, MMParams)):
+                out[k] = v._asdict()
+            else:
+                out[k] = v
+        return out
+
+
+AmaxComputeAlgo = str | Callable[..., Any]
+
+
+@dataclass()
+class DelayedScaling(Recipe):
+    """Per-tensor FP8 scaling with scales derived from a history of amaxes (TE's default recipe).
+
+    Per step and tensor (ARCHITECTURE.md §5): `amax = max(history)` ("max") or `history[0]`
+    ("most_recent"); the history rolls by -1 with the new row 0 zeroed; `scale = (fp8_max / amax) /
+    2^margin` when amax is finite and > 0, else the previous scale.
+
+    margin: extra headroom, in powers of two.
+    fp8_format: Format of forward / backward tensors.
+    amax_history_len: rows of the amax history window.
+    amax_compute_algo: "max", "most_recent", or a callable `f(amax_history) -> amax` (per column).
+    scaling_factor_compute_algo: None (the rule above) or a callable
+        `f(amax, scale, fp8_max, recipe) -> scale`.
+    reduce_amax: all-reduce (MAX) the amaxes over the autocast's group before each update when
+        torch.distributed is initialized.
+    fp8_dpa, fp8_mha: FP8 attention flags (kept for API compatibility; attention is not FP8 here).
+    """
+
+    margin: int = 0
+    fp8_format: Format = Format.HYBRID
+    amax_history_len: int = 1024
+    amax_compute_algo: AmaxComputeAlgo = "max"
+    scaling_factor_compute_algo: Callable[..., Any] | None = None
+    reduce_amax: bool = True
+    fp8_dpa: bool = False
+    fp8_mha: bool = False
+
+    def __post_init__(self) -> None:
+        name = "DelayedScaling"
+        _check_margin(name, self.margin)
+        _check_format(name, self.fp8_format)
+        n = self.amax_history_len
+        if not isinstance(n, int) or isinstance(n, bool) or n < 1:
+            raise ValueError(f"{name}: amax_history_len: expected an int >= 1, got {n!r}")
+        algo = self.amax_compute_algo
+        if not callable(algo) and algo not in ("max", "most_recent"):
+            raise ValueError(
+                f"{name}: amax_compute_algo: expected 'max', 'most_recent' or a callable, got {algo!r}"
+            )
+        sf = self.scaling_factor_compute_algo
+        if sf is not None and not callable(sf):
+            raise TypeError(
+                f"{name}: scaling_factor_compute_algo: expected None or a callable, got {sf!r}"
+            )
+        for flag in ("reduce_amax", "fp8_dpa", "fp8_mha"):
+            _check_bool(name, flag, getattr(self, flag))
+
+    def __repr__(self) -> str:
+        return (
+            f"recipe_type={type(self).__name__}, margin={self.margin}, "
+            f"format={self.fp8_format.name}, amax_history_len={self.amax_history_len}, "
+            f"amax_compute_algo={self.amax_compute_algo}, fp8_dpa={self.fp8_dpa}, "
+            f"fp8_mha={self.fp8_mha}"
+        )
+
+
+class QParams(NamedTuple):
+    """Quantization parameters of one tensor role under current scaling."""
+
+    power_2_scale: bool = False
+    amax_epsilon: float = 0.0
+
+
+class MMParams(NamedTuple):
+    """GEMM options of one GEMM role. The CPU GEMM always accumulates in FP32, so the flag only
+    matters on GPU backends."""
+
+    use_split_accumulator: bool = True
+
+
+def _check_qparams(recipe: str, name: str, q: Any) -> None:
+    if not isinstance(q, QParams):
+        raise TypeError(f"{recipe}: {name}: expected a QParams, got {q!r}")
+    _check_bool(recipe, f"{name}.power_2_scale", q.power_2_scale)
+    eps = q.amax_epsilon
+    if not isinstance(eps, (int, float)) or isinstance(eps, bool) or not (0.0 <= eps < math.inf):
+        raise ValueError(
+            f"{recipe}: {name}.amax_epsilon: expected a finite number >= 0, got {eps!r}"
+        )
+
+
+@dataclass()
+class Float8CurrentScaling(Recipe):
+    """Per-tensor FP8 scaling with the scale computed from the tensor itself, every step:
+    `amax = max(max|x|, amax_epsilon)`; `scale = fp8_max / amax` (1 when amax is 0/Inf/NaN),
+    optionally rounded down to a power of two. Holds no state between steps."""
+
+    fp8_format: Format = Format.HYBRID
+    fp8_quant_fwd_inp: QParams = field(default_factory=QParams)
+    fp8_quant_fwd_weight: QParams = field(default_factory=QParams)
+    fp8_quant_bwd_grad: QParams = field(default_factory=QParams)
+    fp8_gemm_fprop: MMParams = field(default_factory=lambda: MMParams(False))
+    fp8_gemm_dgrad: MMParams = field(default_factory=lambda: MMParams(True))
+    fp8_gemm_wgrad: MMParams = field(default_factory=lambda: MMParams(True))
+    fp8_dpa: bool = False
+    fp8_mha: bool = False
+
+    def __post_init__(self) -> None:
+        name = "Float8CurrentScaling"
+        _check_format(name, self.fp8_format)
+        for q in ("fp8_quant_fwd_inp", "fp8_quant_fwd_weight", "fp8_quant_bwd_grad"):
+            _check_qparams(name, q, getattr(self, q))
+        for m in ("fp8_gemm_fprop", "fp8_gemm_dgrad", "fp8_gemm_wgrad"):
+            if not isinstance(getattr(self, m), MMParams):
+                raise TypeError(f"{name}: {m}: expected an MMParams, got {getattr(self, m)!r}")
+        for flag in ("fp8_dpa", "fp8_mha"):
+            _check_bool(name, flag, getattr(self, flag))
+
+    def __repr__(self) -> str:
+        return (
+            f"recipe_type={type(self).__name__}, format={self.fp8_format.name}, "
+            f"fp8_quant_fwd_inp={self.fp8_quant_fwd_inp}, "
+            f"fp8_quant_fwd_weight={self.fp8_quant_fwd_weight}, "
+            f"fp8_quant_bwd_grad={self.fp8_quant_bwd_grad}"
+        )
+
+
+@dataclass()
+class MXFP8BlockScaling(Recipe):
+    """MXFP8: blocks of 32 consecutive elements share one E8M0 scale
+    `2^ceil(log2(block_amax / fp8_max))` (TE's round-up rule). Holds no state between steps.
+
+    margin: accepted for TE compatibility; TE does not apply it to MX scales, nor do we.
+    fp8_format: E4M3 by default (gradients too); HYBRID uses E5M2 for gradients.
+    """
+
+    margin: int = 0
+    fp8_format: Format = Format.E4M3
+    fp8_dpa: bool = False
+    fp8_mha: bool = False
+
+    def __post_init__(self) -> None:
+        name = "MXFP8BlockScaling"
+        _check_margin(name, self.margin)
+        _check_format(name, self.fp8_format)
+        for flag in ("fp8_dpa", "fp8_mha"):
+            _check_bool(name, flag, getattr(self, flag))
+
+    def __repr__(self) -> str:
+        return (
+            f"recipe_type={type(self).__name__}, margin={self.margin}, "
+            f"format={self.fp8_format.name}"
+        )

@@ -1,0 +1,78 @@
+// Every te_lite op schema, declared once (TORCH_LIBRARY). Device implementations are registered by
+// the family files (cast.cpp, norm.cpp, activation.cpp, gemm.cpp, softmax.cpp); fake kernels and
+// autograd by transformer_engine_lite/pytorch/ops.py, whose docstring documents each op.
+#include <torch/library.h>
+
+TORCH_LIBRARY(te_lite, m) {
+  // Fake kernels live in Python: the dispatcher imports this module when it needs them.
+  m.set_python_module("transformer_engine_lite.pytorch.ops");
+
+  // ---- cast (per-tensor and MXFP8), amax and scales
+  m.def("quantize(Tensor x, Tensor scale, ScalarType fp8_dtype) -> (Tensor, Tensor, Tensor)");
+  m.def(
+      "quantize_mxfp8(Tensor x, ScalarType fp8_dtype, bool rowwise, bool columnwise) -> "
+      "(Tensor, Tensor, Tensor, Tensor)");
+  m.def("dequantize(Tensor data, Tensor scale_inv, ScalarType out_dtype) -> Tensor");
+  m.def(
+      "dequantize_mxfp8(Tensor data, Tensor scale_inv, bool columnwise, ScalarType out_dtype) -> "
+      "Tensor");
+  m.def("compute_amax(Tensor x) -> Tensor");
+  m.def(
+      "compute_scale_from_amax(Tensor amax, ScalarType fp8_dtype, float epsilon, "
+      "bool force_pow_2_scales) -> (Tensor, Tensor)");
+
+  // ---- delayed-scaling recipe
+  m.def(
+      "delayed_scaling_update(Tensor amax_history, Tensor scale, str amax_compute_algo, "
+      "ScalarType fp8_dtype, float margin) -> (Tensor, Tensor)");
+  m.def(
+      "delayed_scaling_update_(Tensor(a!) amax_history, Tensor(b!) scale, str amax_compute_algo, "
+      "ScalarType fp8_dtype, float margin) -> ()");
+
+  // ---- transpose
+  m.def("transpose(Tensor x) -> Tensor");
+  m.def(
+      "cast_transpose(Tensor x, Tensor scale, ScalarType fp8_dtype) -> "
+      "(Tensor, Tensor, Tensor, Tensor)");
+
+  // ---- normalization
+  m.def(
+      "layernorm_fwd(Tensor x, Tensor gamma, Tensor beta, float eps, bool zero_centered_gamma, "
+      "ScalarType? out_dtype=None, Tensor? scale=None) -> "
+      "(Tensor, Tensor, Tensor, Tensor, Tensor)");
+  m.def(
+      "layernorm_bwd(Tensor dz, Tensor x, Tensor mu, Tensor rsigma, Tensor gamma, "
+      "bool zero_centered_gamma) -> (Tensor, Tensor, Tensor)");
+  m.def(
+      "rmsnorm_fwd(Tensor x, Tensor gamma, float eps, bool zero_centered_gamma, "
+      "ScalarType? out_dtype=None, Tensor? scale=None) -> (Tensor, Tensor, Tensor, Tensor)");
+  m.def(
+      "rmsnorm_bwd(Tensor dz, Tensor x, Tensor rsigma, Tensor gamma, bool zero_centered_gamma) -> "
+      "(Tensor, Tensor)");
+
+  // ---- activations
+  m.def(
+      "activation_fwd(Tensor x, str activation, ScalarType? out_dtype=None, Tensor? scale=None) -> "
+      "(Tensor, Tensor, Tensor)");
+  m.def("activation_bwd(Tensor grad, Tensor x, str activation) -> Tensor");
+
+  // ---- GEMM (TE's nvte_cublas_gemm semantics)
+  m.def(
+      "gemm(Tensor A, Tensor? A_scale_inv, bool transa, Tensor B, Tensor? B_scale_inv, "
+      "bool transb, ScalarType out_dtype, Tensor? bias=None, bool gelu=False, bool grad=False, "
+      "Tensor? gelu_input=None, Tensor? out_scale=None) -> "
+      "(Tensor, Tensor, Tensor, Tensor, Tensor)");
+  m.def(
+      "gemm_accumulate_(Tensor(a!) D, Tensor A, Tensor? A_scale_inv, bool transa, Tensor B, "
+      "Tensor? B_scale_inv, bool transb) -> ()");
+
+  // ---- fused softmax
+  m.def("scaled_softmax_fwd(Tensor x, float scale) -> Tensor");
+  m.def("scaled_softmax_bwd(Tensor dy, Tensor y, float scale) -> Tensor");
+  m.def("scaled_masked_softmax_fwd(Tensor x, Tensor mask, float scale) -> Tensor");
+  m.def("scaled_masked_softmax_bwd(Tensor dy, Tensor y, float scale) -> Tensor");
+  m.def("scaled_upper_triang_masked_softmax_fwd(Tensor x, float scale) -> Tensor");
+  m.def("scaled_upper_triang_masked_softmax_bwd(Tensor dy, Tensor y, float scale) -> Tensor");
+  m.def("scaled_aligned_causal_masked_softmax_fwd(Tensor x, float scale) -> Tensor");
+  m.def("scaled_aligned_causal_masked_softmax_bwd(Tensor dy, Tensor y, float scale) -> Tensor");
+}

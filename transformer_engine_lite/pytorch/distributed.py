@@ -1,0 +1,192 @@
+"""Tensor and sequence parallelism over torch.distributed (gloo on the CPU), TE/Megatron semantics.
+
+- column parallel: weight split on the output dim; the input is replicated. Forward: identity (or,
+  with sequence parallelism, all-gather of the sequence dim 0); backward: all-reduce of the input
+  gradient (or reduce-scatter on dim 0). The output stays split (TE has no gather_output).
+- row parallel: weight split on the input dim; the input is split on its last dim. Forward:
+  all-reduce of the partial outputs (or reduce-scatter on dim 0 with sequence parallelism); the
+  bias, which is not split, is added after the reduction; backward: identity (or all-gather).
+- Sequence-parallel LayerNorm parameters get `param.sequence_parallel = True`: their gradients are
+  partial sums per rank, to be all-reduced over the TP group by the caller (as Megatron does).
+The collectives are eager (not traced by torch.compile).
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+import torch.distributed as dist
+
+__all__ = [
+    "allreduce_sequence_parallel_grads",
+    "copy_to_tp_region",
+    "gather_along_first_dim",
+    "get_distributed_rank",
+    "get_distributed_world_size",
+    "reduce_from_tp_region",
+    "reduce_scatter_along_first_dim",
+    "split_size",
+]
+
+
+def _initialized() -> bool:
+    return dist.is_available() and dist.is_initialized()
+
+
+def get_distributed_world_size(group: Any = None) -> int:
+    return dist.get_world_size(group) if _initialized() else 1
+
+
+def get_distributed_rank(group: Any = None) -> int:
+    return dist.get_rank(group) if _initialized() else 0
+
+
+def split_size(owner: str, what: str, size: int, parts: int) -> int:
+    if size % parts:
+        raise ValueError(f"{owner}: {what} ({size}) must be divisible by tp_size ({parts})")
+    return size // parts
+
+
+def _all_reduce(x: torch.Tensor, group: Any) -> torch.Tensor:
+    if get_distributed_world_size(group) == 1:
+        return x
+    x = x.contiguous().clone()
+    dist.all_reduce(x, group=group)
+    return x
+
+
+def _gather0(x: torch.Tensor, group: Any) -> torch.Tensor:
+    world = get_distributed_world_size(group)
+    if world == 1:
+        return x
+    x = x.contiguous()
+    out = torch.empty((world * x.shape[0], *x.shape[1:]), dtype=x.dtype, device=x.device)
+    # torch >= 2.13 names it all_gather_single (all_gather_into_tensor is deprecated there)
+    gather = getattr(dist, "all_gather_single", None) or dist.all_gather_into_tensor
+    gather(out, x, group=group)
+    return out
+
+
+def _reduce_scatter0(x: torch.Tensor, group: Any) -> torch.Tensor:
+    world = get_distributed_world_size(group)
+    if world == 1:
+        return x
+    if x.shape[0] % world:
+        raise ValueError(
+            f"sequence parallel: dim 0 ({x.shape[0]}) must be divisible by the TP size ({world})"
+        )
+    x = x.contiguous()
+    out = torch.empty((x.shape[0] // world, *x.shape[1:]), dtype=x.dtype, device=x.device)
+    if x.device.type == "cpu":
+        # gloo has no reduce_scatter: all-reduce, then keep this rank's chunk.
+        full = x.clone()
+        dist.all_reduce(full, group=group)
+        out.copy_(full.chunk(world, 0)[get_distributed_rank(group)])
+    else:
+        scatter = getattr(dist, "reduce_scatter_single", None) or dist.reduce_scatter_tensor
+        scatter(out, x, group=group)
+    return out
+
+
+class _CopyToTP(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx: Any, x: torch.Tensor, group: Any) -> torch.Tensor:
+        ctx.group = group
+        return x
+
+    @staticmethod
+    def backward(ctx: Any, g: torch.Tensor):  # type: ignore[override]
+        return _all_reduce(g, ctx.group), None
+
+
+class _ReduceFromTP(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx: Any, x: torch.Tensor, group: Any) -> torch.Tensor:
+        return _all_reduce(x, group)
+
+    @staticmethod
+    def backward(ctx: Any, g: torch.Tensor):  # type: ignore[override]
+        return g, None
+
+
+class _GatherFirstDim(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx: Any, x: torch.Tensor, group: Any) -> torch.Tensor:
+        ctx.group = group
+        return _gather0(x, group)
+
+    @staticmethod
+    def backward(ctx: Any, g: torch.Tensor):  # type: ignore[override]
+        return _reduce_scatter0(g, ctx.group), None
+
+
+class _ReduceScatterFirstDim(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx: Any, x: torch.Tensor, group: Any) -> torch.Tensor:
+        ctx.group = group
+        return _reduce_scatter0(x, group)
+
+    @staticmethod
+    def backward(ctx: Any, g: torch.Tensor):  # type: ignore[override]
+        return _gather0(g, ctx.group), None
+
+
+def copy_to_tp_region(x: torch.Tensor, group: Any) -> torch.Tensor:
+    """Forward identity, backward all-reduce (input of a column-parallel GEMM)."""
+    return _CopyToTP.apply(x, group) if get_distributed_world_size(group) > 1 else x
+
+
+def reduce_from_tp_region(x: torch.Tensor, group: Any) -> torch.Tensor:
+    """Forward all-reduce, backward identity (output of a row-parallel GEMM)."""
+    return _ReduceFromTP.apply(x, group) if get_distributed_world_size(group) > 1 else x
+
+
+def gather_along_first_dim(x: torch.Tensor, group: Any) -> torch.Tensor:
+    """Forward all-gather on dim 0, backward reduce-scatter (sequence parallel -> column)."""
+    return _GatherFirstDim.apply(x, group) if get_distributed_world_size(group) > 1 else x
+
+
+def reduce_scatter_along_first_dim(x: torch.Tensor, group: Any) -> torch.Tensor:
+    """Forward reduce-scatter on dim 0, backward all-gather (row -> sequence parallel)."""
+    return _ReduceScatterFirstDim.apply(x, group) if get_distributed_world_size(group) > 1 else x
+
+
+def allreduce_sequence_parallel_grads(module: torch.nn.Module, group: Any = None) -> None:
+    """All-reduce (sum) the gradients of parameters flagged `sequence_parallel` over the TP group."""
+    if get_distributed_world_size(group) == 1:
+        return
+    for p in module.parameters():
+        if getattr(p, "sequence_parallel", False) and p.grad is not None:
+            dist.all_reduce(p.grad, group=group)
+
+
+class TPConfig:
+    """Resolved parallel settings of one module (TE: tp_group wins over tp_size)."""
+
+    def __init__(
+        self,
+        owner: str,
+        parallel_mode: str | None,
+        tp_group: Any,
+        tp_size: int,
+        sequence_parallel: bool,
+    ) -> None:
+        if parallel_mode not in (None, "column", "row"):
+            raise ValueError(
+                f"{owner}: parallel_mode: expected None, 'column' or 'row', got {parallel_mode!r}"
+            )
+        if not isinstance(tp_size, int) or tp_size < 1:
+            raise ValueError(f"{owner}: tp_size: expected an int >= 1, got {tp_size!r}")
+        self.owner = owner
+        self.parallel_mode = parallel_mode
+        self.group = tp_group
+        self.size = get_distributed_world_size(tp_group) if tp_group is not None else tp_size
+        if tp_group is None and tp_size > 1 and _initialized() and tp_size != dist.get_world_size():
+            raise ValueError(
+                f"{owner}: tp_size={tp_size} without tp_group needs a world of that size "
+                f"(got {dist.get_world_size()}); pass tp_group"
+            )
+        self.sequence_parallel = bool(sequence_parallel) and self.size > 1
+        if sequence_parallel and parallel_mode is None and self.size > 1:
+            raise ValueError(f"{owner}: sequence_parallel needs parallel_mode 'column' or 'row'")

@@ -1,0 +1,202 @@
+"""The modules' compute pieces: the FP8-aware linear autograd.Function, norm and activation.
+
+Each calls torch.ops.te_lite only; numerics live in the core (norm and activation ops carry
+their own registered autograd). The modules compose them (norm ->
+all-gather -> linear -> activation -> linear -> reduce), so each piece stays small and testable.
+Static options travel as NamedTuples (compile-time constants under torch.compile); FP8 state is
+read from and written to the module's buffers with tensor ops only.
+"""
+
+from __future__ import annotations
+
+from typing import Any, NamedTuple
+
+import torch
+
+from ..fp8 import FP8GlobalStateManager
+from ..quantization import QuantSpec, mx_dequantized, ops, quantize_per_tensor
+
+
+class GemmConfig(NamedTuple):
+    """Static options of one FP8-aware GEMM y = x @ W^T + b.
+
+    mode: "hp", "calibrate" (hp GEMM, amaxes recorded), "delayed", "current" or "mxfp8".
+    inp, weight, grad: how each operand is cast. slot_fwd: this GEMM's input slot in the forward
+    meta (weight = slot_fwd + 1). slot_bwd: its grad-output slot in the backward meta. code: value
+    written into the backward "ran" flag (delayed scaling). fuse_wgrad: accumulate the weight
+    gradient into main_grad instead of returning it.
+    """
+
+    mode: str = "hp"
+    inp: QuantSpec = QuantSpec()
+    weight: QuantSpec = QuantSpec()
+    grad: QuantSpec = QuantSpec()
+    slot_fwd: int = 0
+    slot_bwd: int = 0
+    code: int = 0
+    fuse_wgrad: bool = False
+
+
+def _empty_amax(like: torch.Tensor) -> torch.Tensor:
+    return torch.zeros(2, dtype=torch.float32, device=like.device)
+
+
+class _LinearFn(torch.autograd.Function):
+    """out[..., N] = inp[..., K] @ weight[N, K]^T + bias, with operands cast per cfg.mode.
+
+    Returns (out, amax[2]): amax of (input, weight) for "delayed"/"calibrate" (the module writes it
+    into its history), zeros otherwise.
+    """
+
+    @staticmethod
+    def forward(
+        ctx: Any,
+        inp: torch.Tensor,
+        weight: torch.Tensor,
+        bias: torch.Tensor | None,
+        fwd_scale: torch.Tensor,
+        bwd_hist: torch.Tensor,
+        bwd_scale: torch.Tensor,
+        bwd_ran: torch.Tensor,
+        main_grad: torch.Tensor | None,
+        cfg: GemmConfig,
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        te = ops()
+        k = inp.shape[-1]
+        x2 = inp.reshape(-1, k).contiguous()
+        w = weight.contiguous()
+        out_dtype = inp.dtype
+        need_dgrad, need_wgrad = ctx.needs_input_grad[0], ctx.needs_input_grad[1]
+        if cfg.mode in ("delayed", "current"):
+            s = cfg.slot_fwd
+            delayed = cfg.mode == "delayed"
+            xq, x_amax = quantize_per_tensor(x2, cfg.inp, fwd_scale[s : s + 1] if delayed else None)
+            wq, w_amax = quantize_per_tensor(
+                w, cfg.weight, fwd_scale[s + 1 : s + 2] if delayed else None
+            )
+            out = te.gemm(
+                wq.data, wq.scale_inv, True, xq.data, xq.scale_inv, False, out_dtype, bias
+            )[0]
+            amax = torch.cat([x_amax, w_amax]) if delayed else _empty_amax(inp)
+            saved = (xq.data, xq.scale_inv, wq.data, wq.scale_inv)
+        elif cfg.mode == "mxfp8":
+            # Block-scaled operands enter the per-tensor GEMM dequantized to bf16 (exact; see
+            # quantization.py). Forward contracts over K: row-wise blocks of x and W. The
+            # column-wise copies (blocks along N for W, along tokens for x) serve dgrad / wgrad.
+            dt = cfg.inp.dtype
+            xr, xc = mx_dequantized(x2, dt, True, need_wgrad)
+            wr, wc = mx_dequantized(w, dt, True, need_dgrad)
+            b = bias.to(torch.bfloat16) if bias is not None else None
+            out = te.gemm(wr, None, True, xr, None, False, out_dtype, b)[0]
+            amax = _empty_amax(inp)
+            saved = (xc, None, wc, None)
+        else:
+            out = te.gemm(w, None, True, x2, None, False, out_dtype, bias)[0]
+            if cfg.mode == "calibrate":
+                amax = torch.cat([te.compute_amax(x2), te.compute_amax(w)])
+            else:
+                amax = _empty_amax(inp)
+            saved = (x2, None, w, None)
+        ctx.cfg = cfg
+        ctx.inp_shape = inp.shape
+        ctx.w_dtype = weight.dtype
+        ctx.has_bias = bias is not None
+        ctx.bias_dtype = bias.dtype if bias is not None else None
+        ctx.bwd = (bwd_hist, bwd_scale, bwd_ran)
+        ctx.main_grad = main_grad
+        ctx.weight_param = weight if cfg.fuse_wgrad else None
+        ctx.save_for_backward(*[t for t in saved if t is not None])
+        ctx.saved_mask = tuple(t is not None for t in saved)
+        ctx.mark_non_differentiable(amax)
+        return out.reshape(*inp.shape[:-1], out.shape[-1]), amax
+
+    @staticmethod
+    def backward(ctx: Any, grad_out: torch.Tensor, _grad_amax: torch.Tensor):  # type: ignore[override]
+        te = ops()
+        cfg: GemmConfig = ctx.cfg
+        it = iter(ctx.saved_tensors)
+        x_data, x_si, w_data, w_si = [next(it) if m else None for m in ctx.saved_mask]
+        n = grad_out.shape[-1]
+        dy = grad_out.reshape(-1, n).contiguous()
+        act_dtype = grad_out.dtype
+        need_dgrad, need_wgrad = ctx.needs_input_grad[0], ctx.needs_input_grad[1]
+        need_wgrad = need_wgrad or cfg.fuse_wgrad
+        dgrad = wgrad = None
+        if cfg.mode in ("delayed", "current"):
+            bwd_hist, bwd_scale, bwd_ran = ctx.bwd
+            s = cfg.slot_bwd
+            delayed = cfg.mode == "delayed"
+            gq, g_amax = quantize_per_tensor(
+                dy, cfg.grad, bwd_scale[s : s + 1] if delayed else None
+            )
+            if delayed:
+                bwd_hist[0, s : s + 1].copy_(g_amax)
+                bwd_ran.fill_(cfg.code)
+                if not torch.compiler.is_compiling():
+                    FP8GlobalStateManager.queue_backward_update()
+            if need_dgrad:
+                dgrad = te.gemm(w_data, w_si, False, gq.data, gq.scale_inv, False, act_dtype)[0]
+            wa = (x_data, x_si, gq.data, gq.scale_inv)
+        elif cfg.mode == "mxfp8":
+            # dgrad contracts over N: row-wise blocks of dy, column-wise of W; wgrad over tokens:
+            # column-wise blocks of dy and x.
+            gr, gc = mx_dequantized(dy, cfg.grad.dtype, need_dgrad, need_wgrad)
+            if need_dgrad:
+                dgrad = te.gemm(w_data, None, False, gr, None, False, act_dtype)[0]
+            wa = (x_data, None, gc, None)
+        else:
+            if need_dgrad:
+                dgrad = te.gemm(w_data, None, False, dy, None, False, act_dtype)[0]
+            wa = (x_data, None, dy, None)
+        if need_wgrad:
+            if cfg.fuse_wgrad:
+                te.gemm_accumulate_(ctx.main_grad, wa[0], wa[1], False, wa[2], wa[3], True)
+                if not torch.compiler.is_compiling():
+                    param = ctx.weight_param
+                    if hasattr(param, "grad_added_to_main_grad"):
+                        param.grad_added_to_main_grad = True
+            else:
+                wgrad = te.gemm(wa[0], wa[1], False, wa[2], wa[3], True, ctx.w_dtype)[0]
+        dbias = None
+        if ctx.has_bias and ctx.needs_input_grad[2]:
+            # Bias gradient from the high-precision dy, FP32 accumulation (TE's fused dbias).
+            dbias = dy.sum(0, dtype=torch.float32).to(ctx.bias_dtype)
+        if dgrad is not None:
+            dgrad = dgrad.reshape(ctx.inp_shape)
+        return dgrad, wgrad, dbias, None, None, None, None, None, None
+
+
+class NormConfig(NamedTuple):
+    """Static options of a LayerNorm / RMSNorm call."""
+
+    kind: str  # "LayerNorm" or "RMSNorm"
+    eps: float
+    zero_centered_gamma: bool
+
+
+def linear(
+    inp: torch.Tensor,
+    weight: torch.Tensor,
+    bias: torch.Tensor | None,
+    meta: tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor],
+    main_grad: torch.Tensor | None,
+    cfg: GemmConfig,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """Functional entry of _LinearFn; meta = (fwd_scale, bwd_hist, bwd_scale, bwd_ran)."""
+    return _LinearFn.apply(inp, weight, bias, *meta, main_grad, cfg)
+
+
+def norm(
+    x: torch.Tensor, gamma: torch.Tensor, beta: torch.Tensor | None, cfg: NormConfig
+) -> torch.Tensor:
+    """z = norm(x) * gamma (+ beta), FP32 statistics; differentiable through the op's registered
+    autograd (ops.py)."""
+    x = x.contiguous()
+    if cfg.kind == "LayerNorm":
+        return ops().layernorm_fwd(x, gamma, beta, cfg.eps, cfg.zero_centered_gamma)[0]
+    return ops().rmsnorm_fwd(x, gamma, cfg.eps, cfg.zero_centered_gamma)[0]
+
+
+def activation(x: torch.Tensor, name: str) -> torch.Tensor:
+    """y = act(x); gated activations take [..., 2H] = [act input | linear] and return [..., H]."""
+    return ops().activation_fwd(x.contiguous(), name)[0]

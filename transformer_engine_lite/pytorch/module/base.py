@@ -1,0 +1,375 @@
+"""Shared base of the GEMM modules: FP8 state (per GEMM 3 forward + 2 backward scale / amax-history
+slots, TE's layout), its checkpoint schema, per-forward recipe resolution, parallel settings and
+parameter initialization.
+
+FP8 meta layout (TE's FP8FwdTensors / FP8BwdTensors): forward slot 3*g + {0: input, 1: weight,
+2: output}, backward slot 2*g + {0: grad output, 1: grad input} for GEMM g. Output and grad-input
+slots exist for layout compatibility; outputs stay in high precision here, so their amaxes stay 0
+and their scales 1.
+
+Checkpoint (`get_extra_state`): a dict of tensors and plain values, loadable with
+`torch.load(weights_only=True)`. Schema version 2 (current):
+    {"version": 2, "num_gemms": int, "recipe": dict | None,
+     "amax_history_fwd": [L, 3n], "scale_fwd": [3n], "amax_history_bwd": [L, 2n], "scale_bwd": [2n]}
+Version 1 is TE's own field names without its pickled globals:
+    {"version": 1, "amax_history_fwd", "scale_fwd", "scale_inv_fwd", "amax_history_bwd",
+     "scale_bwd", "scale_inv_bwd"} (scale_inv_* ignored: always 1/scale).
+None, an empty tensor or an empty dict mean "no FP8 state" and leave the defaults in place.
+"""
+
+from __future__ import annotations
+
+import contextlib
+from collections.abc import Callable
+from typing import Any
+
+import torch
+
+from ...common.recipe import Recipe
+from ..distributed import (
+    TPConfig,
+    copy_to_tp_region,
+    gather_along_first_dim,
+    reduce_from_tp_region,
+    reduce_scatter_along_first_dim,
+)
+from ..fp8 import FP8GlobalStateManager
+from ..quantization import fake_quantize, spec_for
+from ._autograd import GemmConfig, linear
+
+__all__ = ["EXTRA_STATE_VERSION", "TransformerEngineBaseModule", "get_default_init_method"]
+
+EXTRA_STATE_VERSION = 2
+_DEFAULT_HISTORY_LEN = 1024  # DelayedScaling's default; resized at the first update if different
+_HP_DTYPES = (torch.float32, torch.float16, torch.bfloat16)
+
+
+def get_default_init_method() -> Callable[[torch.Tensor], Any]:
+    """TE's default weight init: normal(0, 0.023)."""
+
+    def init_(t: torch.Tensor) -> Any:
+        return torch.nn.init.normal_(t, mean=0.0, std=0.023)
+
+    return init_
+
+
+def default_device() -> torch.device:
+    """TE defaults to "cuda"; here the CPU when no GPU is present."""
+    return torch.device("cuda" if torch.cuda.is_available() else "cpu")
+
+
+def reject_unsupported(owner: str, **flags: Any) -> None:
+    """NotImplementedError for each TE argument set to a value this implementation cannot honour
+    (userbuffers overlap, delayed wgrad, symmetric all-reduce, ...)."""
+    for name, value in flags.items():
+        if value not in (None, False):
+            raise NotImplementedError(
+                f"{owner}: argument '{name}'={value!r} is not supported by transformer_engine_lite "
+                "(TE feature without an equivalent here); leave it at its default"
+            )
+
+
+class TransformerEngineBaseModule(torch.nn.Module):
+    """Base of Linear, LayerNormLinear and LayerNormMLP."""
+
+    def __init__(self, num_gemms: int, device: Any, name: str | None = None) -> None:
+        super().__init__()
+        self.num_gemms = num_gemms
+        self.name = name
+        dev = torch.device(device) if device is not None else default_device()
+        self._meta_on_device = dev.type != "meta"
+        mdev = dev if dev.type != "meta" else torch.device("cpu")
+        f32 = {"dtype": torch.float32, "device": mdev}
+        L = _DEFAULT_HISTORY_LEN
+        if FP8GlobalStateManager.with_fp8_parameters():
+            r = FP8GlobalStateManager.get_model_init_recipe()
+            L = getattr(r, "amax_history_len", L)
+        self.register_buffer("fp8_fwd_amax_history", torch.zeros(L, 3 * num_gemms, **f32), False)
+        self.register_buffer("fp8_fwd_scale", torch.ones(3 * num_gemms, **f32), False)
+        self.register_buffer("fp8_bwd_amax_history", torch.zeros(L, 2 * num_gemms, **f32), False)
+        self.register_buffer("fp8_bwd_scale", torch.ones(2 * num_gemms, **f32), False)
+        # 0: did not run since the last update; else the recipe code it ran under.
+        self.register_buffer("fp8_fwd_ran", torch.zeros(1, dtype=torch.int32, device=mdev), False)
+        self.register_buffer("fp8_bwd_ran", torch.zeros(1, dtype=torch.int32, device=mdev), False)
+        self._last_recipe: dict[str, Any] | None = None
+        self.primary_weights_in_fp8 = FP8GlobalStateManager.with_fp8_parameters()
+        self._fp8_init_recipe = (
+            FP8GlobalStateManager.get_model_init_recipe() if self.primary_weights_in_fp8 else None
+        )
+        self._preserve_init = FP8GlobalStateManager.preserve_high_precision_init_val()
+        FP8GlobalStateManager.register_module(self)
+
+    _FP8_META_BUFFERS = (
+        "fp8_fwd_amax_history",
+        "fp8_fwd_scale",
+        "fp8_bwd_amax_history",
+        "fp8_bwd_scale",
+        "fp8_fwd_ran",
+        "fp8_bwd_ran",
+    )
+
+    def _apply(self, fn: Callable[..., Any], recurse: bool = True) -> TransformerEngineBaseModule:
+        # .to(dtype) / .bfloat16() / .half() must not touch the FP8 meta: it stays float32 (int32
+        # flags) and only follows device moves.
+        saved = {n: self._buffers.pop(n) for n in self._FP8_META_BUFFERS if n in self._buffers}
+        try:
+            super()._apply(fn, recurse)
+        finally:
+            for n, t in saved.items():
+                probe = fn(torch.empty(0, device=t.device))
+                self._buffers[n] = t if probe.device == t.device else t.to(probe.device)
+        return self
+
+    def __setstate__(self, state: dict[str, Any]) -> None:
+        # copy.deepcopy and unpickling build modules without __init__: register the copy too, or
+        # its delayed-scaling state would never be updated.
+        super().__setstate__(state)
+        FP8GlobalStateManager.register_module(self)
+
+    # ------------------------------------------------------------------ FP8 meta (manager API)
+    def fp8_meta_initialized(self) -> bool:
+        return self.num_gemms > 0
+
+    def fp8_meta_device(self) -> torch.device:
+        return self.fp8_fwd_scale.device
+
+    def fp8_meta_tensors(self, forward: bool) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        if forward:
+            return self.fp8_fwd_amax_history, self.fp8_fwd_scale, self.fp8_fwd_ran
+        return self.fp8_bwd_amax_history, self.fp8_bwd_scale, self.fp8_bwd_ran
+
+    @torch.no_grad()
+    def resize_amax_history(self, length: int) -> None:
+        """Keep the newest min(old, new) rows (row 0 is the newest); pad older rows with 0."""
+        for name in ("fp8_fwd_amax_history", "fp8_bwd_amax_history"):
+            h = getattr(self, name)
+            if h.shape[0] != length:
+                new = torch.zeros(length, h.shape[1], dtype=h.dtype, device=h.device)
+                k = min(length, h.shape[0])
+                new[:k] = h[:k]
+                setattr(self, name, new)
+
+    # ------------------------------------------------------------------ forward-time helpers
+    def _fp8_mode(self) -> tuple[str, Recipe | None, int]:
+        """(mode, recipe, code) of this forward from the active autocast: static Python values,
+        guarded by torch.compile."""
+        m = FP8GlobalStateManager
+        if m.is_fp8_enabled():
+            r = m.get_fp8_recipe()
+            mode = (
+                "delayed" if r.delayed() else "current" if r.float8_current_scaling() else "mxfp8"
+            )
+            return mode, r, m.get_recipe_code()
+        if m.is_fp8_calibration() and m.get_fp8_recipe().delayed():
+            return "calibrate", m.get_fp8_recipe(), m.get_recipe_code()
+        return "hp", None, 0
+
+    def _gemm_config(
+        self, gemm: int, mode: str, recipe: Recipe | None, code: int, fuse_wgrad: bool = False
+    ) -> GemmConfig:
+        if mode in ("hp", "calibrate"):
+            return GemmConfig(mode, slot_fwd=3 * gemm, code=code, fuse_wgrad=fuse_wgrad)
+        assert recipe is not None
+        qi = qw = qg = None
+        if mode == "current":
+            qi, qw, qg = (
+                recipe.fp8_quant_fwd_inp,
+                recipe.fp8_quant_fwd_weight,
+                recipe.fp8_quant_bwd_grad,
+            )
+        return GemmConfig(
+            mode,
+            spec_for(recipe, mode, True, qi),
+            spec_for(recipe, mode, True, qw),
+            spec_for(recipe, mode, False, qg),
+            slot_fwd=3 * gemm,
+            slot_bwd=2 * gemm,
+            code=code,
+            fuse_wgrad=fuse_wgrad,
+        )
+
+    def _meta_args(self) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
+        return self.fp8_fwd_scale, self.fp8_bwd_amax_history, self.fp8_bwd_scale, self.fp8_bwd_ran
+
+    def _record_forward(self, cfg: GemmConfig, amax: torch.Tensor) -> None:
+        """Delayed scaling / calibration: amax(input, weight) into history row 0; mark "ran"."""
+        if cfg.mode in ("delayed", "calibrate"):
+            s = cfg.slot_fwd
+            with torch.no_grad():
+                self.fp8_fwd_amax_history[0, s : s + 2].copy_(amax)
+                self.fp8_fwd_ran.fill_(cfg.code)
+
+    def _note_recipe(self, recipe: Recipe | None) -> None:
+        if recipe is not None and not torch.compiler.is_compiling():
+            self._last_recipe = recipe.to_dict()
+
+    @staticmethod
+    def _activation_dtype(owner: str, inp: torch.Tensor) -> torch.dtype:
+        if not isinstance(inp, torch.Tensor):
+            raise TypeError(f"{owner}: input: expected a torch.Tensor, got {type(inp).__name__}")
+        if torch.is_autocast_enabled(inp.device.type):
+            return torch.get_autocast_dtype(inp.device.type)
+        if inp.dtype not in _HP_DTYPES:
+            raise TypeError(
+                f"{owner}: input: expected dtype float32, float16 or bfloat16, got {inp.dtype}"
+            )
+        return inp.dtype
+
+    @staticmethod
+    def _check_last_dim(owner: str, inp: torch.Tensor, expected: int, what: str) -> None:
+        if inp.dim() < 1 or inp.shape[-1] != expected:
+            raise ValueError(
+                f"{owner}: input: expected last dim {expected} ({what}), got shape "
+                f"{tuple(inp.shape)}"
+            )
+
+    def _run_linear(
+        self,
+        x: torch.Tensor,
+        weight: torch.Tensor,
+        bias: torch.Tensor | None,
+        gemm: int,
+        parallel_mode: str | None,
+        tp: TPConfig,
+        fp8: tuple[str, Recipe | None, int],
+        add_bias: bool,
+        main_grad: torch.Tensor | None = None,
+        input_gathered: bool = False,
+    ) -> torch.Tensor:
+        """One GEMM with its tensor-parallel communication (see distributed.py). add_bias=False
+        leaves the bias to the caller (return_bias)."""
+        mode, recipe, code = fp8
+        dtype = x.dtype
+        if tp.size > 1 and parallel_mode == "column" and not input_gathered:
+            x = (
+                gather_along_first_dim(x, tp.group)
+                if tp.sequence_parallel
+                else copy_to_tp_region(x, tp.group)
+            )
+        w = weight if weight.dtype == dtype else weight.to(dtype)
+        row = tp.size > 1 and parallel_mode == "row"
+        b = bias if (add_bias and not row and bias is not None) else None
+        if b is not None and b.dtype != dtype:
+            b = b.to(dtype)
+        cfg = self._gemm_config(gemm, mode, recipe, code, main_grad is not None)
+        y, amax = linear(x, w, b, self._meta_args(), main_grad, cfg)
+        self._record_forward(cfg, amax)
+        if row:
+            y = (
+                reduce_scatter_along_first_dim(y, tp.group)
+                if tp.sequence_parallel
+                else reduce_from_tp_region(y, tp.group)
+            )
+            if add_bias and bias is not None:
+                y = y + bias.to(dtype)
+        return y
+
+    @staticmethod
+    def _main_grad(owner: str, fuse_wgrad: bool, weight: torch.Tensor) -> torch.Tensor | None:
+        if not fuse_wgrad:
+            return None
+        mg = getattr(weight, "main_grad", None)
+        if mg is None:
+            raise RuntimeError(
+                f"{owner}: fuse_wgrad_accumulation=True needs weight.main_grad (an fp32 tensor of "
+                f"shape {tuple(weight.shape)}) set before the forward"
+            )
+        return mg
+
+    # ------------------------------------------------------------------ parameters
+    def _new_param(
+        self, shape: tuple[int, ...], dtype: torch.dtype, device: Any
+    ) -> torch.nn.Parameter:
+        return torch.nn.Parameter(torch.empty(shape, dtype=dtype, device=device))
+
+    def _init_weight(
+        self,
+        param: torch.nn.Parameter,
+        init_method: Callable[[torch.Tensor], Any],
+        rng_tracker: Callable[[], Any] | None = None,
+        rng_tracker_name: str | None = None,
+    ) -> None:
+        """init_method on the local shard (TE: under the RNG tracker's fork when given), then the
+        FP8 rounding of quantized_model_init."""
+        if param.device.type == "meta":
+            return
+        ctx: Any = contextlib.nullcontext()
+        if rng_tracker is not None:
+            tracker = rng_tracker()
+            ctx = tracker.fork(rng_tracker_name) if rng_tracker_name else tracker.fork()
+        with torch.no_grad(), ctx:
+            init_method(param)
+        if self.primary_weights_in_fp8:
+            self._make_fp8_primary(param)
+
+    @torch.no_grad()
+    def _make_fp8_primary(self, param: torch.nn.Parameter) -> None:
+        if self._preserve_init:
+            hp = param.detach().to("cpu", copy=True)
+            param._high_precision_init_val = hp  # type: ignore[attr-defined]
+            param.get_high_precision_init_val = lambda p=param: p._high_precision_init_val  # type: ignore[attr-defined]
+
+            def _clear(p: torch.nn.Parameter = param) -> None:
+                p._high_precision_init_val = None  # type: ignore[attr-defined]
+
+            param.clear_high_precision_init_val = _clear  # type: ignore[attr-defined]
+        assert self._fp8_init_recipe is not None
+        param.copy_(fake_quantize(param, self._fp8_init_recipe))
+        param.fp8_primary = True  # type: ignore[attr-defined]
+
+    # ------------------------------------------------------------------ checkpoint
+    def get_extra_state(self) -> dict[str, Any]:
+        return {
+            "version": EXTRA_STATE_VERSION,
+            "num_gemms": self.num_gemms,
+            "recipe": self._last_recipe,
+            "amax_history_fwd": self.fp8_fwd_amax_history.detach().clone(),
+            "scale_fwd": self.fp8_fwd_scale.detach().clone(),
+            "amax_history_bwd": self.fp8_bwd_amax_history.detach().clone(),
+            "scale_bwd": self.fp8_bwd_scale.detach().clone(),
+        }
+
+    @torch.no_grad()
+    def set_extra_state(self, state: Any) -> None:
+        owner = type(self).__name__
+        if state is None or (isinstance(state, torch.Tensor) and state.numel() == 0):
+            return
+        if isinstance(state, dict) and not state:
+            return
+        if not isinstance(state, dict):
+            raise TypeError(
+                f"{owner}: _extra_state: expected a dict (schema version <= {EXTRA_STATE_VERSION}),"
+                f" None or an empty tensor, got {type(state).__name__} (TE's pickled extra state is"
+                " not loadable: it needs unsafe unpickling)"
+            )
+        version = state.get("version")
+        if version not in (1, 2):
+            raise ValueError(
+                f"{owner}: _extra_state: expected schema version 1 or {EXTRA_STATE_VERSION}, got "
+                f"{version!r}"
+            )
+        if version == 2 and state.get("num_gemms", self.num_gemms) != self.num_gemms:
+            raise ValueError(
+                f"{owner}: _extra_state: expected num_gemms {self.num_gemms}, got "
+                f"{state['num_gemms']}"
+            )
+        dev = self.fp8_meta_device()
+        for key, n, hist_name, scale_name in (
+            ("fwd", 3 * self.num_gemms, "fp8_fwd_amax_history", "fp8_fwd_scale"),
+            ("bwd", 2 * self.num_gemms, "fp8_bwd_amax_history", "fp8_bwd_scale"),
+        ):
+            hist = state.get(f"amax_history_{key}")
+            scale = state.get(f"scale_{key}")
+            if hist is None or scale is None:
+                continue  # missing FP8 state: keep defaults
+            if hist.dim() != 2 or hist.shape[1] != n or scale.shape != (n,):
+                raise ValueError(
+                    f"{owner}: _extra_state: expected amax_history_{key} [L, {n}] and scale_{key} "
+                    f"[{n}], got {tuple(hist.shape)} and {tuple(scale.shape)}"
+                )
+            setattr(self, hist_name, hist.to(device=dev, dtype=torch.float32).clone())
+            getattr(self, scale_name).copy_(scale.to(dev, torch.float32))
+        self.fp8_fwd_ran.zero_()
+        self.fp8_bwd_ran.zero_()
+        if version == 2:
+            self._last_recipe = state.get("recipe")

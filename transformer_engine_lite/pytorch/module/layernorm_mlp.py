@@ -1,0 +1,232 @@
+"""te.LayerNormMLP: norm -> fc1 -> activation -> fc2, TE's constructor, outputs and parameter names."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any
+
+import torch
+
+from ..distributed import TPConfig, gather_along_first_dim, split_size
+from ._autograd import activation as apply_activation
+from .base import (
+    TransformerEngineBaseModule,
+    default_device,
+    get_default_init_method,
+    reject_unsupported,
+)
+from .layernorm import (
+    _check_eps,
+    apply_norm,
+    check_normalization,
+    make_norm_params,
+    reset_norm_params,
+)
+
+__all__ = ["ACTIVATIONS", "GATED_ACTIVATIONS", "LayerNormMLP"]
+
+ACTIVATIONS = (
+    "gelu",
+    "geglu",
+    "qgelu",
+    "qgeglu",
+    "relu",
+    "reglu",
+    "srelu",
+    "sreglu",
+    "silu",
+    "swiglu",
+)
+GATED_ACTIVATIONS = ("geglu", "qgeglu", "reglu", "sreglu", "swiglu")
+
+
+class LayerNormMLP(TransformerEngineBaseModule):
+    """y = fc2(act(fc1(norm(x)))) (TE's `transformer_engine.pytorch.LayerNormMLP`).
+
+    hidden_size, ffn_hidden_size; activation: one of ACTIVATIONS; gated ones (geglu, ...) make fc1
+    produce 2 * ffn_hidden_size features laid out [act input | linear] (TE's convention).
+    set_parallel_mode=True: fc1 column parallel, fc2 row parallel over tp_group. Other arguments
+    as LayerNormLinear; output_layer_init_method initializes fc2 (default: init_method).
+    seq_length and micro_batch_size are TE's userbuffer shape hints: accepted, unused.
+    Parameters: layer_norm_weight, layer_norm_bias, fc1_weight, fc1_bias, fc2_weight, fc2_bias.
+    Returns out, then fc2's bias if return_bias, then the norm output if return_layernorm_output.
+    """
+
+    def __init__(
+        self,
+        hidden_size: int,
+        ffn_hidden_size: int,
+        eps: float = 1e-5,
+        sequence_parallel: bool = False,
+        return_bias: bool = False,
+        get_rng_state_tracker: Callable[[], Any] | None = None,
+        tp_group: Any = None,
+        tp_size: int = 1,
+        init_method: Callable[[torch.Tensor], Any] | None = None,
+        bias: bool = True,
+        normalization: str = "LayerNorm",
+        activation: str = "gelu",
+        output_layer_init_method: Callable[[torch.Tensor], Any] | None = None,
+        fuse_wgrad_accumulation: bool = False,
+        params_dtype: torch.dtype | None = None,
+        return_layernorm_output: bool = False,
+        return_layernorm_output_gathered: bool = False,
+        seq_length: int | None = None,
+        micro_batch_size: int | None = None,
+        set_parallel_mode: bool = False,
+        zero_centered_gamma: bool = False,
+        device: Any = None,
+        ub_overlap_ag: bool = False,
+        name: str | None = None,
+        ub_overlap_rs: bool = False,
+        ub_overlap_rs_dgrad: bool = False,
+        ub_bulk_dgrad: bool = False,
+        ub_bulk_wgrad: bool = False,
+        delay_wgrad_compute: bool = False,
+        symmetric_ar_type: str | None = None,
+        activation_params: dict | None = None,
+        checkpoint: bool = False,
+    ) -> None:
+        owner = "LayerNormMLP"
+        reject_unsupported(
+            owner,
+            ub_overlap_ag=ub_overlap_ag,
+            ub_overlap_rs=ub_overlap_rs,
+            ub_overlap_rs_dgrad=ub_overlap_rs_dgrad,
+            ub_bulk_dgrad=ub_bulk_dgrad,
+            ub_bulk_wgrad=ub_bulk_wgrad,
+            delay_wgrad_compute=delay_wgrad_compute,
+            symmetric_ar_type=symmetric_ar_type,
+            activation_params=activation_params,
+            checkpoint=checkpoint,
+        )
+        if activation not in ACTIVATIONS:
+            raise ValueError(
+                f"{owner}: activation: expected one of {ACTIVATIONS}, got {activation!r}"
+            )
+        for arg, v in (("hidden_size", hidden_size), ("ffn_hidden_size", ffn_hidden_size)):
+            if not isinstance(v, int) or v < 1:
+                raise ValueError(f"{owner}: {arg}: expected an int >= 1, got {v!r}")
+        device = torch.device(device) if device is not None else default_device()
+        super().__init__(num_gemms=2, device=device, name=name)
+        self.set_parallel_mode = set_parallel_mode
+        self.tp = TPConfig(
+            owner, "column" if set_parallel_mode else None, tp_group, tp_size, sequence_parallel
+        )
+        self.hidden_size = hidden_size
+        self.ffn_hidden_size = ffn_hidden_size
+        self.eps = _check_eps(owner, eps)
+        self.normalization = check_normalization(owner, normalization)
+        self.activation = activation
+        self.zero_centered_gamma = bool(zero_centered_gamma)
+        self.sequence_parallel = self.tp.sequence_parallel
+        self.tp_size = self.tp.size
+        self.fuse_wgrad_accumulation = fuse_wgrad_accumulation
+        self.use_bias = bias
+        self.return_bias = return_bias
+        self.return_layernorm_output = return_layernorm_output
+        self.return_layernorm_output_gathered = return_layernorm_output_gathered
+        self.seq_length, self.micro_batch_size = seq_length, micro_batch_size
+        self.params_dtype = params_dtype or torch.get_default_dtype()
+        self.init_method = init_method or get_default_init_method()
+        self.output_layer_init_method = output_layer_init_method or self.init_method
+        self.get_rng_state_tracker = get_rng_state_tracker
+        tp = self.tp.size if set_parallel_mode else 1
+        self.size_per_partition = split_size(owner, "ffn_hidden_size", ffn_hidden_size, tp)
+        fc1_out = self.size_per_partition * (2 if activation in GATED_ACTIVATIONS else 1)
+        dt = self.params_dtype
+        make_norm_params(
+            self,
+            "layer_norm_",
+            self.normalization,
+            hidden_size,
+            dt,
+            device,
+            self.sequence_parallel,
+        )
+        self.fc1_weight = self._new_param((fc1_out, hidden_size), dt, device)
+        self.fc1_bias = self._new_param((fc1_out,), dt, device) if bias else None
+        self.fc2_weight = self._new_param((hidden_size, self.size_per_partition), dt, device)
+        # fc2 is row parallel: its bias is added after the reduction and is not split.
+        self.fc2_bias = self._new_param((hidden_size,), dt, device) if bias else None
+        if self.fc2_bias is not None:
+            # partial gradient under sequence parallelism (see Linear)
+            self.fc2_bias.sequence_parallel = self.sequence_parallel
+        self.reset_parameters()
+
+    def reset_parameters(self, defer_init: bool = False) -> None:
+        if defer_init:
+            return
+        reset_norm_params(self, "layer_norm_", self.zero_centered_gamma)
+        tracker = self.get_rng_state_tracker if self.tp.size > 1 else None
+        self._init_weight(self.fc1_weight, self.init_method, tracker)
+        self._init_weight(self.fc2_weight, self.output_layer_init_method, tracker)
+        with torch.no_grad():
+            for b in (self.fc1_bias, self.fc2_bias):
+                if b is not None and b.device.type != "meta":
+                    b.zero_()
+
+    def set_tensor_parallel_group(self, tp_group: Any) -> None:
+        mode = "column" if self.set_parallel_mode else None
+        tp = TPConfig("LayerNormMLP", mode, tp_group, 1, self.sequence_parallel)
+        if self.set_parallel_mode and tp.size != self.tp.size:
+            raise ValueError(
+                f"LayerNormMLP: set_tensor_parallel_group: group size {tp.size} differs from the "
+                f"tp_size {self.tp.size} the parameters were split for"
+            )
+        self.tp = tp
+
+    def forward(self, inp: torch.Tensor, is_first_microbatch: bool | None = None) -> Any:
+        owner = "LayerNormMLP"
+        dtype = self._activation_dtype(owner, inp)
+        self._check_last_dim(owner, inp, self.hidden_size, "hidden_size")
+        x = inp if inp.dtype == dtype else inp.to(dtype)
+        fp8 = self._fp8_mode()
+        self._note_recipe(fp8[1])
+        ln_out = apply_norm(
+            x,
+            self.layer_norm_weight,
+            self.layer_norm_bias,
+            self.normalization,
+            self.eps,
+            self.zero_centered_gamma,
+        )
+        ln_local = ln_out
+        parallel = self.set_parallel_mode and self.tp.size > 1
+        gathered = False
+        if parallel and self.tp.sequence_parallel:
+            ln_out = gather_along_first_dim(ln_out, self.tp.group)
+            gathered = True
+        fuse = self.fuse_wgrad_accumulation
+        fc1_mode = "column" if self.set_parallel_mode else None
+        fc2_mode = "row" if self.set_parallel_mode else None
+        h = self._run_linear(
+            ln_out,
+            self.fc1_weight,
+            self.fc1_bias,
+            0,
+            fc1_mode,
+            self.tp,
+            fp8,
+            add_bias=True,
+            main_grad=self._main_grad(owner, fuse, self.fc1_weight),
+            input_gathered=gathered,
+        )
+        h = apply_activation(h, self.activation)
+        y = self._run_linear(
+            h,
+            self.fc2_weight,
+            self.fc2_bias,
+            1,
+            fc2_mode,
+            self.tp,
+            fp8,
+            add_bias=not self.return_bias,
+            main_grad=self._main_grad(owner, fuse, self.fc2_weight),
+        )
+        outs: list[Any] = [y]
+        if self.return_bias:
+            outs.append(self.fc2_bias.to(dtype) if self.fc2_bias is not None else None)
+        if self.return_layernorm_output:
+            outs.append(ln_out if self.return_layernorm_output_gathered else ln_local)
+        return outs[0] if len(outs) == 1 else tuple(outs)

@@ -1,0 +1,462 @@
+"""torch.ops.te_lite: the core library's ops registered with the PyTorch dispatcher.
+
+Loading this module loads the C++ extension (pytorch/_C*.so: schemas in csrc/registration.cpp, CPU
+and, in GPU builds, CUDA implementations) and registers in Python a fake kernel for every op (so
+torch.compile and FakeTensor tracing work) and autograd for the differentiable ones (norms,
+activations, softmax, transpose, high-precision gemm). Quantization, scale and statistics ops are
+registered as not differentiable (csrc/cast.cpp: their outputs never require grad). Ops are
+functional (new outputs) unless their name ends in "_".
+
+Final op list (namespace te_lite). FP8 dtypes are torch.float8_e4m3fn / float8_e5m2 /
+float8_e4m3fnuz / float8_e5m2fnuz; MXFP8 E8M0 scales are uint8. Per-tensor FP8 side outputs
+(amax, scale_inv) are float32 [1] when the output is FP8, float32 [0] otherwise; outputs that do not
+apply are float32 [0].
+
+  quantize(Tensor x, Tensor scale, ScalarType fp8_dtype) -> (data, amax, scale_inv)
+      data = encode(x * scale) (nearest even, satfinite); amax = max|x| (NaN propagates);
+      scale_inv = 1/scale.
+  quantize_mxfp8(Tensor x, ScalarType fp8_dtype, bool rowwise, bool columnwise)
+      -> (row_data, row_scale_inv [rows, ceil(cols/32)], col_data, col_scale_inv [ceil(rows/32), cols])
+      leading dims flattened into rows; copies not requested are [0].
+  dequantize(Tensor data, Tensor scale_inv, ScalarType out_dtype) -> Tensor
+  dequantize_mxfp8(Tensor data, Tensor scale_inv, bool columnwise, ScalarType out_dtype) -> Tensor
+  compute_amax(Tensor x) -> Tensor [1]
+  compute_scale_from_amax(Tensor amax, ScalarType fp8_dtype, float epsilon, bool force_pow_2_scales)
+      -> (scale, scale_inv)                                      (current scaling)
+  delayed_scaling_update(Tensor amax_history, Tensor scale, str amax_compute_algo,
+      ScalarType fp8_dtype, float margin) -> (new_history, new_scale)
+  delayed_scaling_update_(Tensor(a!) amax_history, Tensor(b!) scale, str amax_compute_algo,
+      ScalarType fp8_dtype, float margin) -> ()                  (in place)
+  transpose(Tensor x) -> Tensor                                  (2-D, any dtype)
+  cast_transpose(Tensor x, Tensor scale, ScalarType fp8_dtype) -> (data, data_t, amax, scale_inv)
+  layernorm_fwd(Tensor x, Tensor gamma, Tensor beta, float eps, bool zero_centered_gamma,
+      ScalarType? out_dtype=None, Tensor? scale=None) -> (z, mu, rsigma, amax, scale_inv)
+      out_dtype None = x's dtype; an FP8 out_dtype requires scale, any other refuses it.
+  layernorm_bwd(Tensor dz, Tensor x, Tensor mu, Tensor rsigma, Tensor gamma,
+      bool zero_centered_gamma) -> (dx [x's dtype], dgamma, dbeta [gamma's dtype])
+  rmsnorm_fwd(Tensor x, Tensor gamma, float eps, bool zero_centered_gamma,
+      ScalarType? out_dtype=None, Tensor? scale=None) -> (z, rsigma, amax, scale_inv)
+  rmsnorm_bwd(Tensor dz, Tensor x, Tensor rsigma, Tensor gamma, bool zero_centered_gamma)
+      -> (dx, dgamma)
+  activation_fwd(Tensor x, str activation, ScalarType? out_dtype=None, Tensor? scale=None)
+      -> (y, amax, scale_inv)             activation in ACTIVATIONS; gated ones halve the last dim
+  activation_bwd(Tensor grad, Tensor x, str activation) -> Tensor [x's shape and dtype]
+  gemm(Tensor A, Tensor? A_scale_inv, bool transa, Tensor B, Tensor? B_scale_inv, bool transb,
+      ScalarType out_dtype, Tensor? bias=None, bool gelu=False, bool grad=False,
+      Tensor? gelu_input=None, Tensor? out_scale=None)
+      -> (D, pre_gelu_out, bias_grad, amax, scale_inv)
+      TE's nvte_cublas_gemm: D = op(B) @ op(A) in row-major terms, op(A) = A^T if transa ([k, m]),
+      op(B) = B^T if transb ([n, k]); D is [*B.shape[:-1], m] if not transb, else [n, m].
+      A_scale_inv / B_scale_inv: given exactly for FP8 operands. out_scale: exactly for FP8 out.
+      grad=False: bias [m] is added; gelu=True returns pre_gelu_out (the biased product, dtype
+        bias's, else out_dtype if not FP8, else A's if not FP8, else bfloat16) and D = gelu(it).
+      grad=True: gelu=True needs gelu_input ([n, m]) and gives D = product * gelu'(gelu_input);
+        a given bias (only its shape and dtype are used) requests bias_grad: the column sums of D's
+        pre-output ([m]) with gelu, else the bias gradient of op(B) ([n]).
+  gemm_accumulate_(Tensor(a!) D, Tensor A, Tensor? A_scale_inv, bool transa, Tensor B,
+      Tensor? B_scale_inv, bool transb) -> ()                    D += op(B) @ op(A)
+  scaled_softmax_fwd(Tensor x, float scale) -> Tensor                      x [b, h, sq, sk]
+  scaled_masked_softmax_fwd(Tensor x, Tensor mask, float scale) -> Tensor  mask bool/uint8
+      [b or 1, 1, sq, sk], nonzero = masked
+  scaled_upper_triang_masked_softmax_fwd(Tensor x, float scale) -> Tensor  x [b*h, sq, sq]
+  scaled_aligned_causal_masked_softmax_fwd(Tensor x, float scale) -> Tensor
+  <variant>_bwd(Tensor dy, Tensor y, float scale) -> Tensor               for each variant
+
+Errors: invalid arguments raise RuntimeError "te_lite::<op>: argument '<name>': expected ..., got
+..."; requests the build or device cannot do raise NotImplementedError.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Sequence
+from pathlib import Path
+
+import torch
+
+from transformer_engine_lite.common import get_lib
+
+__all__ = ["ACTIVATIONS", "FP8_DTYPES", "GATED_ACTIVATIONS", "OPS", "extension_path"]
+
+FP8_DTYPES = (torch.float8_e4m3fn, torch.float8_e5m2, torch.float8_e4m3fnuz, torch.float8_e5m2fnuz)
+GATED_ACTIVATIONS = ("geglu", "qgeglu", "reglu", "sreglu", "swiglu")
+ACTIVATIONS = ("gelu", "qgelu", "relu", "srelu", "silu", *GATED_ACTIVATIONS)
+SOFTMAX_VARIANTS = (
+    "scaled",
+    "scaled_masked",
+    "scaled_upper_triang_masked",
+    "scaled_aligned_causal_masked",
+)
+MX_BLOCK = 32  # MXFP8: one E8M0 scale per 32 consecutive elements
+
+
+def extension_path() -> Path:
+    """The built extension (the newest _C*.so beside this file)."""
+    here = Path(__file__).resolve().parent
+    found = sorted(here.glob("_C*.so"), key=lambda p: p.stat().st_mtime)
+    if not found:
+        raise ImportError(
+            f"transformer_engine_lite.pytorch: the C++ extension (_C*.so) is not built in {here}; "
+            "build it with `pip install --no-build-isolation -e .` in an environment where torch "
+            "is importable (NVTE_FRAMEWORK unset, or naming pytorch)"
+        )
+    return found[-1]
+
+
+# The core library first: it honours NVTE_LIB_PATH and the build-folder fallback, and the
+# extension's dependency on libtransformer_engine_lite.so then resolves to that very library.
+get_lib()
+torch.ops.load_library(str(extension_path()))
+
+_ops = torch.ops.te_lite
+# Names of every registered te_lite op (tests check each has a fake kernel and an opcheck case).
+OPS = tuple(
+    sorted(
+        s.name.split("::", 1)[1]
+        for s in torch._C._jit_get_all_schemas()
+        if s.name.startswith("te_lite::")
+    )
+)
+
+
+# ------------------------------------------------------------------------------------ helpers
+def _f32(like: torch.Tensor, n: int) -> torch.Tensor:
+    return like.new_empty((n,), dtype=torch.float32)
+
+
+def _side(like: torch.Tensor, fp8: bool) -> tuple[torch.Tensor, torch.Tensor]:
+    """(amax, scale_inv) of an output: float32 [1] when it is FP8, else [0]."""
+    n = 1 if fp8 else 0
+    return _f32(like, n), _f32(like, n)
+
+
+def _rows(t: torch.Tensor) -> int:
+    return math.prod(t.shape[:-1])
+
+
+def _ceil_div(a, b: int):
+    return (a + b - 1) // b
+
+
+def _out_dtype(x: torch.Tensor, out_dtype: torch.dtype | None) -> torch.dtype:
+    return x.dtype if out_dtype is None else out_dtype
+
+
+# ------------------------------------------------------------------------------------ cast
+@torch.library.register_fake("te_lite::quantize")
+def _(x, scale, fp8_dtype):
+    return (x.new_empty(x.shape, dtype=fp8_dtype), *_side(x, True))
+
+
+@torch.library.register_fake("te_lite::quantize_mxfp8")
+def _(x, fp8_dtype, rowwise, columnwise):
+    torch._check(rowwise or columnwise, lambda: "quantize_mxfp8: rowwise or columnwise required")
+    rows, cols = _rows(x), x.shape[-1]
+    empty = (0,)
+    return (
+        x.new_empty(x.shape if rowwise else empty, dtype=fp8_dtype),
+        x.new_empty((rows, _ceil_div(cols, MX_BLOCK)) if rowwise else empty, dtype=torch.uint8),
+        x.new_empty(x.shape if columnwise else empty, dtype=fp8_dtype),
+        x.new_empty((_ceil_div(rows, MX_BLOCK), cols) if columnwise else empty, dtype=torch.uint8),
+    )
+
+
+@torch.library.register_fake("te_lite::dequantize")
+def _(data, scale_inv, out_dtype):
+    return data.new_empty(data.shape, dtype=out_dtype)
+
+
+@torch.library.register_fake("te_lite::dequantize_mxfp8")
+def _(data, scale_inv, columnwise, out_dtype):
+    return data.new_empty(data.shape, dtype=out_dtype)
+
+
+@torch.library.register_fake("te_lite::compute_amax")
+def _(x):
+    return _f32(x, 1)
+
+
+@torch.library.register_fake("te_lite::compute_scale_from_amax")
+def _(amax, fp8_dtype, epsilon, force_pow_2_scales):
+    return _f32(amax, 1), _f32(amax, 1)
+
+
+@torch.library.register_fake("te_lite::delayed_scaling_update")
+def _(amax_history, scale, amax_compute_algo, fp8_dtype, margin):
+    return amax_history.new_empty(amax_history.shape), scale.new_empty(scale.shape)
+
+
+@torch.library.register_fake("te_lite::delayed_scaling_update_")
+def _(amax_history, scale, amax_compute_algo, fp8_dtype, margin):
+    return None
+
+
+@torch.library.register_fake("te_lite::transpose")
+def _(x):
+    torch._check(x.dim() == 2, lambda: f"transpose: expected a 2-D x, got shape {tuple(x.shape)}")
+    return x.new_empty((x.shape[1], x.shape[0]))
+
+
+def _transpose_setup(ctx, inputs, output):
+    pass
+
+
+def _transpose_backward(ctx, dy):
+    return _ops.transpose(dy)
+
+
+torch.library.register_autograd(
+    "te_lite::transpose", _transpose_backward, setup_context=_transpose_setup
+)
+
+
+@torch.library.register_fake("te_lite::cast_transpose")
+def _(x, scale, fp8_dtype):
+    torch._check(x.dim() == 2, lambda: f"cast_transpose: expected a 2-D x, got {tuple(x.shape)}")
+    return (
+        x.new_empty(x.shape, dtype=fp8_dtype),
+        x.new_empty((x.shape[1], x.shape[0]), dtype=fp8_dtype),
+        *_side(x, True),
+    )
+
+
+# ------------------------------------------------------------------------------------ norms
+@torch.library.register_fake("te_lite::layernorm_fwd")
+def _(x, gamma, beta, eps, zero_centered_gamma, out_dtype=None, scale=None):
+    out = _out_dtype(x, out_dtype)
+    rows = _rows(x)
+    return (
+        x.new_empty(x.shape, dtype=out),
+        _f32(x, rows),
+        _f32(x, rows),
+        *_side(x, out in FP8_DTYPES),
+    )
+
+
+@torch.library.register_fake("te_lite::layernorm_bwd")
+def _(dz, x, mu, rsigma, gamma, zero_centered_gamma):
+    return x.new_empty(x.shape), gamma.new_empty(gamma.shape), gamma.new_empty(gamma.shape)
+
+
+@torch.library.register_fake("te_lite::rmsnorm_fwd")
+def _(x, gamma, eps, zero_centered_gamma, out_dtype=None, scale=None):
+    out = _out_dtype(x, out_dtype)
+    return (x.new_empty(x.shape, dtype=out), _f32(x, _rows(x)), *_side(x, out in FP8_DTYPES))
+
+
+@torch.library.register_fake("te_lite::rmsnorm_bwd")
+def _(dz, x, rsigma, gamma, zero_centered_gamma):
+    return x.new_empty(x.shape), gamma.new_empty(gamma.shape)
+
+
+def _norm_setup(ctx, x, gamma, stats, zero_centered_gamma, z, side):
+    ctx.save_for_backward(x, gamma, *stats)
+    ctx.zero_centered_gamma = zero_centered_gamma
+    # mu / rsigma are saved statistics (no gradient flows into them, as in TE); an FP8 z is not
+    # differentiable.
+    ctx.mark_non_differentiable(*stats, *side, *((z,) if z.dtype in FP8_DTYPES else ()))
+
+
+def _layernorm_setup(ctx, inputs, output):
+    x, gamma, _beta, _eps, zero_centered_gamma = inputs[:5]
+    z, mu, rsigma, amax, scale_inv = output
+    _norm_setup(ctx, x, gamma, (mu, rsigma), zero_centered_gamma, z, (amax, scale_inv))
+
+
+def _layernorm_backward(ctx, dz, *_):
+    x, gamma, mu, rsigma = ctx.saved_tensors
+    dx, dgamma, dbeta = _ops.layernorm_bwd(dz, x, mu, rsigma, gamma, ctx.zero_centered_gamma)
+    return dx, dgamma, dbeta, None, None, None, None
+
+
+def _rmsnorm_setup(ctx, inputs, output):
+    x, gamma, _eps, zero_centered_gamma = inputs[:4]
+    z, rsigma, amax, scale_inv = output
+    _norm_setup(ctx, x, gamma, (rsigma,), zero_centered_gamma, z, (amax, scale_inv))
+
+
+def _rmsnorm_backward(ctx, dz, *_):
+    x, gamma, rsigma = ctx.saved_tensors
+    dx, dgamma = _ops.rmsnorm_bwd(dz, x, rsigma, gamma, ctx.zero_centered_gamma)
+    return dx, dgamma, None, None, None, None
+
+
+torch.library.register_autograd(
+    "te_lite::layernorm_fwd", _layernorm_backward, setup_context=_layernorm_setup
+)
+torch.library.register_autograd(
+    "te_lite::rmsnorm_fwd", _rmsnorm_backward, setup_context=_rmsnorm_setup
+)
+
+
+# ------------------------------------------------------------------------------------ activations
+def _activation_out_shape(x: torch.Tensor, activation: str) -> Sequence[int]:
+    if activation not in GATED_ACTIVATIONS:
+        return x.shape
+    torch._check(
+        x.shape[-1] % 2 == 0,
+        lambda: (
+            f"activation_fwd: gated '{activation}' needs an even last dim, got {tuple(x.shape)}"
+        ),
+    )
+    return (*x.shape[:-1], x.shape[-1] // 2)
+
+
+@torch.library.register_fake("te_lite::activation_fwd")
+def _(x, activation, out_dtype=None, scale=None):
+    out = _out_dtype(x, out_dtype)
+    y = x.new_empty(_activation_out_shape(x, activation), dtype=out)
+    return (y, *_side(x, out in FP8_DTYPES))
+
+
+@torch.library.register_fake("te_lite::activation_bwd")
+def _(grad, x, activation):
+    return x.new_empty(x.shape)
+
+
+def _activation_setup(ctx, inputs, output):
+    x, activation = inputs[:2]
+    y, amax, scale_inv = output
+    ctx.save_for_backward(x)
+    ctx.activation = activation
+    ctx.mark_non_differentiable(amax, scale_inv, *((y,) if y.dtype in FP8_DTYPES else ()))
+
+
+def _activation_backward(ctx, dy, *_):
+    (x,) = ctx.saved_tensors
+    return _ops.activation_bwd(dy.to(x.dtype), x, ctx.activation), None, None, None
+
+
+torch.library.register_autograd(
+    "te_lite::activation_fwd", _activation_backward, setup_context=_activation_setup
+)
+
+
+# ------------------------------------------------------------------------------------ GEMM
+def _gemm_dims(A, transa, B, transb):
+    a_rows, a_cols = _rows(A), A.shape[-1]
+    b_rows, b_cols = _rows(B), B.shape[-1]
+    m, k = (a_rows, a_cols) if transa else (a_cols, a_rows)
+    n, kb = (b_cols, b_rows) if transb else (b_rows, b_cols)
+    torch._check(kb == k, lambda: f"gemm: op(B) inner dim {kb} does not match op(A)'s {k}")
+    d_shape = (n, m) if transb else (*B.shape[:-1], m)
+    return m, n, d_shape
+
+
+@torch.library.register_fake("te_lite::gemm")
+def _(
+    A,
+    A_scale_inv,
+    transa,
+    B,
+    B_scale_inv,
+    transb,
+    out_dtype,
+    bias=None,
+    gelu=False,
+    grad=False,
+    gelu_input=None,
+    out_scale=None,
+):
+    _, _, d_shape = _gemm_dims(A, transa, B, transb)
+    fp8_out = out_dtype in FP8_DTYPES
+    if bias is not None:
+        pre_dtype = bias.dtype
+    elif not fp8_out:
+        pre_dtype = out_dtype
+    else:
+        pre_dtype = A.dtype if A.dtype not in FP8_DTYPES else torch.bfloat16
+    pre = A.new_empty(d_shape, dtype=pre_dtype) if gelu and not grad else _f32(A, 0)
+    bias_grad = bias.new_empty(bias.shape) if grad and bias is not None else _f32(A, 0)
+    return (A.new_empty(d_shape, dtype=out_dtype), pre, bias_grad, *_side(A, fp8_out))
+
+
+# gemm autograd: high-precision forward GEMMs (grad=False, no FP8 operand or output) differentiate
+# w.r.t. A, B and bias; pre_gelu_out, bias_grad, amax and scale_inv are not differentiable. With
+# P = op(A) [k, m], Q = op(B) [n, k], Y = Q P (+ bias), D = Y or gelu(Y), and dY from dD:
+#   dA = transa ? dY^T Q : Q^T dY        dB = transb ? P dY^T : dY P^T        dbias = sum_n dY
+# each one te_lite.gemm (transa's dA fuses dbias as its grad-mode bias gradient, as TE's wgrad does).
+# Positions in the gemm schema of the arguments that can get a gradient (of 12 arguments).
+_GEMM_NUM_ARGS, _GEMM_A, _GEMM_B, _GEMM_BIAS = 12, 0, 3, 7
+
+
+def _gemm_setup(ctx, inputs, output):
+    a, _, transa, b, _, transb, out_dtype, bias, gelu, grad = inputs[:10]
+    d, pre, bias_grad, amax, scale_inv = output
+    ctx.mark_non_differentiable(pre, bias_grad, amax, scale_inv)
+    fp8 = {a.dtype, b.dtype, out_dtype} & set(FP8_DTYPES)
+    if grad or fp8:
+        ctx.mark_non_differentiable(d)  # grad-mode GEMMs are backward ops; FP8 has no gradient
+    ctx.save_for_backward(a, b, pre if gelu and not grad else None)
+    ctx.gemm = (transa, transb, gelu, None if bias is None else bias.dtype)
+
+
+def _gemm_backward(ctx, d_grad, *_):
+    a, b, pre = ctx.saved_tensors
+    transa, transb, gelu, bias_dtype = ctx.gemm
+    needs = ctx.needs_input_grad  # may omit trailing arguments left at their defaults
+    need_a, need_b = needs[_GEMM_A], needs[_GEMM_B]
+    need_bias = bias_dtype is not None and len(needs) > _GEMM_BIAS and needs[_GEMM_BIAS]
+    m = d_grad.shape[-1]
+    if gelu:
+        d_grad = _ops.activation_bwd(d_grad.to(pre.dtype), pre, "gelu")
+    dy = d_grad.reshape(-1, m).to(a.dtype)  # the GEMMs take operands of one dtype
+    da = db = dbias = None
+    if need_a and transa:
+        # Grad mode: a given bias (only its shape and dtype matter) receives sum_n dY.
+        bias_like = dy.new_empty((m,), dtype=bias_dtype) if need_bias else None
+        da, _, bias_grad, _, _ = _ops.gemm(
+            b, None, transb, dy, None, True, a.dtype, bias_like, False, True
+        )
+        dbias = bias_grad if need_bias else None
+    elif need_a:
+        da = _ops.gemm(dy, None, False, b, None, not transb, a.dtype)[0]
+    if need_b:
+        if transb:
+            db = _ops.gemm(dy, None, True, a, None, transa, b.dtype)[0]
+        else:
+            db = _ops.gemm(a, None, not transa, dy, None, False, b.dtype)[0]
+    if need_bias and dbias is None:
+        dbias = dy.sum(0, dtype=torch.float32).to(bias_dtype)
+    grads = [None] * _GEMM_NUM_ARGS
+    grads[_GEMM_A] = None if da is None else da.reshape(a.shape)
+    grads[_GEMM_B] = None if db is None else db.reshape(b.shape)
+    grads[_GEMM_BIAS] = dbias
+    return tuple(grads)
+
+
+torch.library.register_autograd("te_lite::gemm", _gemm_backward, setup_context=_gemm_setup)
+
+
+@torch.library.register_fake("te_lite::gemm_accumulate_")
+def _(D, A, A_scale_inv, transa, B, B_scale_inv, transb):
+    _gemm_dims(A, transa, B, transb)
+
+
+# ------------------------------------------------------------------------------------ softmax
+def _register_softmax(variant: str) -> None:
+    fwd, bwd = f"te_lite::{variant}_softmax_fwd", f"te_lite::{variant}_softmax_bwd"
+    masked = variant == "scaled_masked"
+
+    def fake_fwd(x, *args):
+        return x.new_empty(x.shape)
+
+    def fake_bwd(dy, y, scale):
+        return y.new_empty(y.shape)
+
+    def setup(ctx, inputs, output):
+        ctx.save_for_backward(output)
+        ctx.scale = inputs[-1]
+
+    def backward(ctx, dy):
+        (y,) = ctx.saved_tensors
+        dx = getattr(_ops, f"{variant}_softmax_bwd")(dy, y, ctx.scale)
+        return (dx, None, None) if masked else (dx, None)
+
+    torch.library.register_fake(fwd, fake_fwd)
+    torch.library.register_fake(bwd, fake_bwd)
+    torch.library.register_autograd(fwd, backward, setup_context=setup)
+
+
+for _variant in SOFTMAX_VARIANTS:
+    _register_softmax(_variant)
