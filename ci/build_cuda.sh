@@ -7,7 +7,8 @@
 #   build.cuda.resources   per-kernel registers / spills / shared memory per arch, printed and
 #                          written to build/ci-cuda/kernel_resources.txt
 #   build.cuda.gpu_tests   tests/cpp/gpu built against it (-Werror) and run: they skip without a GPU
-#   build.cuda.driverless  no libcuda/libcudart dependency; imports, and GPU ops fail cleanly here
+#   build.cuda.driverless  no libcuda/libcudart/libcublas dependency; imports, and GPU ops fail
+#                          cleanly here
 # NVTE_CUDA_ARCHS (default 80;90) picks the archs.
 set -u
 source "$(dirname "${BASH_SOURCE[0]}")/_utils.sh"
@@ -22,7 +23,7 @@ configure_prereqs() {
   }
   # cuBLASLt comes from PyPI (headers + libraries), where the GEMM's CMake looks for it.
   if [ -e "$REPO_ROOT/transformer_engine_lite/common/gemm/cublaslt.cmake" ] &&
-      ! python -c 'import nvidia.cublas' 2>/dev/null; then
+      ! python -m pip show -q nvidia-cublas >/dev/null 2>&1; then
     python -m pip install -q --disable-pip-version-check nvidia-cublas 2>&1 \
       | grep -v "Running pip as the 'root'" || true
   fi
@@ -38,12 +39,13 @@ configure_library() {
     -DCMAKE_SHARED_LINKER_FLAGS=-Wl,--no-undefined
 }
 
-# The CUDA runtime is linked statically and finds the driver (libcuda) only when first used.
+# The CUDA runtime is linked statically and finds the driver (libcuda) only when first used;
+# cuBLASLt is opened at the first GEMM.
 no_runtime_dependency() {
   local needed
   needed=$(readelf -d "$LIB_DIR/libtransformer_engine_lite.so" | grep NEEDED) || return 1
-  if echo "$needed" | grep -Eq 'libcuda\.so|libcudart\.so'; then
-    echo "ci: expected no libcuda/libcudart dependency, got:" >&2
+  if echo "$needed" | grep -Eq 'libcuda\.so|libcudart\.so|libcublas'; then
+    echo "ci: expected no libcuda/libcudart/libcublas dependency, got:" >&2
     echo "$needed" >&2
     return 1
   fi

@@ -5,7 +5,7 @@
 # PyPI's wheels under the Python prefix: nvidia-cublas (CUDA 13: nvidia/cu13/{include,lib}) or
 # nvidia-cublas-cu12 (nvidia/cublas/{include,lib}). The library path found is compiled in as the
 # last dlopen candidate (after the loader's search and the wheel beside the installed package).
-option(NVTE_WITH_CUBLASLT "Build the cuBLASLt GEMM path of the CUDA backend (else: tiled kernel only)" ON)
+option(NVTE_WITH_CUBLASLT "Build the CUDA GEMM's cuBLASLt path (OFF: tiled kernel only)" ON)
 set(NVTE_CUBLASLT_ROOT "" CACHE PATH "Prefix holding include/cublasLt.h and lib/libcublasLt.so.*")
 
 if(NOT NVTE_WITH_CUBLASLT)
@@ -30,21 +30,22 @@ if(Python3_Interpreter_FOUND)
   endforeach()
 endif()
 
-find_path(NVTE_CUBLASLT_INCLUDE_DIR cublasLt.h
-  HINTS ${CUDAToolkit_INCLUDE_DIRS} PATHS ${_cublaslt_prefixes} PATH_SUFFIXES include NO_DEFAULT_PATH)
+find_path(NVTE_CUBLASLT_INCLUDE_DIR cublasLt.h HINTS ${CUDAToolkit_INCLUDE_DIRS}
+  PATHS ${_cublaslt_prefixes} PATH_SUFFIXES include NO_DEFAULT_PATH)
 # The versioned soname first: the wheels ship no unversioned libcublasLt.so.
 find_library(NVTE_CUBLASLT_LIBRARY
   NAMES libcublasLt.so.${_cublaslt_major} cublasLt
-  HINTS ${CUDAToolkit_LIBRARY_DIR} PATHS ${_cublaslt_prefixes} PATH_SUFFIXES lib lib64 NO_DEFAULT_PATH)
+  HINTS ${CUDAToolkit_LIBRARY_DIR} PATHS ${_cublaslt_prefixes} PATH_SUFFIXES lib lib64
+  NO_DEFAULT_PATH)
 if(NOT NVTE_CUBLASLT_INCLUDE_DIR OR NOT NVTE_CUBLASLT_LIBRARY)
   list(JOIN _cublaslt_prefixes ", " _searched)
   message(FATAL_ERROR
-    "NVTE_BACKEND=cuda: expected cuBLASLt (cublasLt.h and libcublasLt.so.${_cublaslt_major}) in the "
-    "CUDA toolkit or a PyPI wheel, got header '${NVTE_CUBLASLT_INCLUDE_DIR}', library "
+    "NVTE_BACKEND=cuda: expected cuBLASLt (cublasLt.h and libcublasLt.so.${_cublaslt_major}) in "
+    "the CUDA toolkit or a PyPI wheel, got header '${NVTE_CUBLASLT_INCLUDE_DIR}', library "
     "'${NVTE_CUBLASLT_LIBRARY}' (searched: ${_searched}). Install it with `pip install "
-    "nvidia-cublas` (CUDA 13; nvidia-cublas-cu12 for CUDA 12), point NVTE_CUBLASLT_ROOT at a prefix "
-    "holding include/cublasLt.h and lib/libcublasLt.so.*, or configure with -DNVTE_WITH_CUBLASLT=OFF "
-    "(GEMMs then run the tiled kernel).")
+    "nvidia-cublas` (CUDA 13; nvidia-cublas-cu12 for CUDA 12), point NVTE_CUBLASLT_ROOT at a "
+    "prefix holding include/cublasLt.h and lib/libcublasLt.so.*, or configure with "
+    "-DNVTE_WITH_CUBLASLT=OFF (GEMMs then run the tiled kernel).")
 endif()
 
 # A header of another major version than the toolkit's would name a soname this runtime cannot use.

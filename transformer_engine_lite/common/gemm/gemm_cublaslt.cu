@@ -1,17 +1,19 @@
 // cuBLASLt GEMM (CUDA builds with NVTE_HAVE_CUBLASLT, see gemm/cublaslt.cmake): TE's column-major
-// mapping of nvte_cublas_gemm onto one cublasLtMatmul with its epilogues. libcublasLt is opened with
-// dlopen at the first GEMM, so the library loads, and runs its tiled GEMM, on hosts without it.
+// mapping of nvte_cublas_gemm onto one cublasLtMatmul with its epilogues. libcublasLt is opened
+// with dlopen at the first GEMM, so the library loads, and runs its tiled GEMM, on hosts without
+// it.
 // Everything cuBLASLt cannot do exactly as gemm.h says returns false before anything is written,
 // and the tiled kernel (gemm_tiled.cu) runs instead.
 #include "gemm_gpu.h"
 
-#if defined(NVTE_HAVE_CUBLASLT)
+// Never on ROCm (NVTE_HAVE_CUBLASLT is CUDA-only; hipify renames the calls, so the guard also
+// keeps this text from meeting hipBLASLt, whose API differs in what this code relies on).
+#if defined(NVTE_HAVE_CUBLASLT) && !defined(__HIP_PLATFORM_AMD__)
 
 #include <cublasLt.h>
 #include <dlfcn.h>
 
 #include <cstdint>
-#include <mutex>
 #include <string>
 #include <vector>
 
@@ -226,7 +228,8 @@ bool cuda_type(DType t, cudaDataType_t *out) {
 // For dtypes eligible() has accepted.
 cudaDataType_t cuda_type(DType t) {
   cudaDataType_t r = CUDA_R_32F;
-  NVTE_CHECK(cuda_type(t, &r), "cuBLASLt GEMM: no CUDA data type for ", dtype_name(t), " (internal)");
+  NVTE_CHECK(cuda_type(t, &r), "cuBLASLt GEMM: no CUDA data type for ", dtype_name(t),
+             " (internal)");
   return r;
 }
 
@@ -313,8 +316,8 @@ bool launch_gemm_cublaslt(const GemmArgs &g, const OutputSpec &spec, void *strea
   const Layout c_layout(lt, c_type, g.m, g.n);
 
   // FP8: X = scale_inv_A * scale_inv_B * AB (device scalars), D = encode(scale_D * result), amax.
-  // Fast accumulation stays off (its default): accumulation is FP32 throughout (ARCHITECTURE.md §5),
-  // so use_split_accumulator changes nothing here.
+  // Fast accumulation stays off (its default): accumulation is FP32 throughout (ARCHITECTURE.md
+  // §5), so use_split_accumulator changes nothing here.
   if (fp8) {
     desc.set(CUBLASLT_MATMUL_DESC_A_SCALE_POINTER, A.scale_inv.dptr);
     desc.set(CUBLASLT_MATMUL_DESC_B_SCALE_POINTER, B.scale_inv.dptr);
@@ -391,7 +394,7 @@ bool launch_gemm_cublaslt(const GemmArgs &g, const OutputSpec &spec, void *strea
 }  // namespace gpu
 }  // namespace nvte
 
-#else  // no cuBLASLt in this build (ROCm, or CUDA configured without it)
+#else  // no cuBLASLt in this build (ROCm, or CUDA configured with NVTE_WITH_CUBLASLT=OFF)
 
 namespace nvte {
 namespace gpu {

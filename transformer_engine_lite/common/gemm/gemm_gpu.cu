@@ -1,4 +1,4 @@
-// GPU GEMM routing: cuBLASLt first where it can take the call, the tiled kernel for everything else.
+// GPU GEMM routing: cuBLASLt first where it can take the call, the tiled kernel for the rest.
 #include "gemm_gpu.h"
 
 namespace nvte {

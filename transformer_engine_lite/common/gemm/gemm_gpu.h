@@ -1,6 +1,6 @@
 // GPU launchers of nvte_cublas_gemm (gemm_gpu.cu routes, gemm_cublaslt.cu, gemm_tiled.cu). Plain
-// C++: no runtime headers, streams as void*. Arguments arrive validated by gemm.cpp, which has read no
-// tensor memory: scale_inv, scale and amax stay device pointers and are used as such.
+// C++: no runtime headers, streams as void*. Arguments arrive validated by gemm.cpp, which has read
+// no tensor memory: scale_inv, scale and amax stay device pointers and are used as such.
 #pragma once
 
 #include <cstddef>

@@ -1,9 +1,9 @@
-// The project's own GPU GEMM: 64x64 output tiles staged through shared memory, FP32 accumulation of
-// operands decoded on load (fp16, bf16, all four FP8 formats via util/fp8.h, scale_inv applied), and
-// every epilogue of gemm.h fused: bias, GELU with the pre-GELU output, dGELU, accumulate, output in
-// any dtype through cast/emit_gpu.cuh (per-tensor FP8 with amax, scale_inv and transposed copy). Bias
-// gradients are fixed-order reductions, so results repeat bit for bit. The ROCm GEMM (hipified) and
-// the CUDA fallback behind cuBLASLt (gemm_gpu.cu).
+// The project's own GPU GEMM: 64x64 output tiles staged through shared memory, FP32 accumulation
+// of operands decoded on load (fp16, bf16, all four FP8 formats via util/fp8.h, scale_inv applied),
+// and every epilogue of gemm.h fused: bias, GELU with the pre-GELU output, dGELU, accumulate, output
+// in any dtype through cast/emit_gpu.cuh (per-tensor FP8 with amax, scale_inv, transposed copy).
+// Bias gradients are fixed-order reductions, so results repeat bit for bit. The ROCm GEMM
+// (hipified) and the CUDA fallback behind cuBLASLt (gemm_gpu.cu).
 #include <algorithm>
 #include <climits>
 
@@ -217,15 +217,17 @@ __global__ void __launch_bounds__(kReduceThreads)
   store_hp(out, out_dtype, c, scale != nullptr ? s * *scale : s);
 }
 
-// Bias gradient of op(B) with B [n, k] (not transposed): out[i] = scale * sum_kk B[i, kk], one block
-// per row, strided partial sums combined by the fixed-order block_reduce.
+// Bias gradient of op(B) with B [n, k] (not transposed): out[i] = scale * sum_kk B[i, kk], one
+// block per row, strided partial sums combined by the fixed-order block_reduce.
 __global__ void __launch_bounds__(kReduceThreads)
     row_sums_kernel(const void *b, DType b_dtype, size_t n, size_t k, const float *scale,
                     void *out, DType out_dtype) {
   __shared__ float scratch[kReduceThreads / kWarpSize];
   for (size_t i = blockIdx.x; i < n; i += gridDim.x) {
     float s = 0.0f;
-    for (size_t kk = threadIdx.x; kk < k; kk += blockDim.x) s += load_operand(b, b_dtype, i * k + kk);
+    for (size_t kk = threadIdx.x; kk < k; kk += blockDim.x) {
+      s += load_operand(b, b_dtype, i * k + kk);
+    }
     s = block_reduce<false>(s, scratch);
     if (threadIdx.x == 0) store_hp(out, out_dtype, i, scale != nullptr ? s * *scale : s);
   }
@@ -250,7 +252,8 @@ class DeviceScratch {
  public:
   DeviceScratch(size_t count, cudaStream_t stream) : stream_(stream) {
     if (count > 0) {
-      NVTE_CHECK_CUDA(cudaMallocAsync(reinterpret_cast<void **>(&ptr_), count * sizeof(float), stream));
+      NVTE_CHECK_CUDA(
+          cudaMallocAsync(reinterpret_cast<void **>(&ptr_), count * sizeof(float), stream));
     }
   }
   ~DeviceScratch() {
