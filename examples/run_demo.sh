@@ -1,7 +1,14 @@
 #!/usr/bin/env bash
 # The README's first command: installs dependencies and the package (ci/install_deps.sh, idempotent),
-# then runs the CPU tour of the core library (examples/core_demo.py, well under a minute).
+# then trains a small GPT with the PyTorch modules in bf16 and under each FP8 recipe on the CPU
+# (examples/pytorch/train_gpt.py: ~3 minutes on 2 cores; loss table printed, plot written to
+# examples/pytorch/out/loss.png). Arguments go to train_gpt.py (e.g. --quick, --steps N).
+#   bash examples/run_demo.sh --core   # instead: the tour of the core C API (examples/core_demo.py)
 set -euo pipefail
 REPO_ROOT=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
 bash "$REPO_ROOT/ci/install_deps.sh"
-python "$REPO_ROOT/examples/core_demo.py" "$@"
+if [ "${1:-}" = "--core" ]; then
+  shift
+  exec python "$REPO_ROOT/examples/core_demo.py" "$@"
+fi
+exec python "$REPO_ROOT/examples/pytorch/train_gpt.py" "$@"

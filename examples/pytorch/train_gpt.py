@@ -229,30 +229,51 @@ def train_one(name: str, args, cfg: Config, train: torch.Tensor, val: torch.Tens
     }
 
 
+def _smooth(values: list[float], k: int) -> list[float]:
+    """Trailing moving average over k points (the first points average what exists so far)."""
+    cs = [0.0]
+    for v in values:
+        cs.append(cs[-1] + v)
+    return [(cs[i + 1] - cs[max(0, i + 1 - k)]) / min(k, i + 1) for i in range(len(values))]
+
+
 def plot(results: list[dict], path: Path, title: str, smooth: int) -> None:
+    """Loss curves (top) and, when a bf16 run exists, each run's loss minus bf16's (bottom)."""
     import matplotlib
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    fig, ax = plt.subplots(figsize=(8, 4.8), dpi=110)
+    base = next((r for r in results if r["name"] == "bf16"), None)
+    rows = 2 if base is not None and len(results) > 1 else 1
+    fig, axes = plt.subplots(
+        rows, 1, figsize=(8, 6.4 if rows == 2 else 4.6), dpi=110, sharex=True,
+        gridspec_kw={"height_ratios": [2, 1]} if rows == 2 else None, squeeze=False,
+    )
+    ax = axes[0][0]
+    sm = {r["name"]: _smooth(r["losses"], smooth) for r in results}
     for r in results:
-        ls = r["losses"]
-        k = max(1, min(smooth, len(ls)))
-        # trailing moving average (first points average what exists so far)
-        cs = [0.0]
-        for v in ls:
-            cs.append(cs[-1] + v)
-        sm = [(cs[i + 1] - cs[max(0, i + 1 - k)]) / (i + 1 - max(0, i + 1 - k)) for i in range(len(ls))]
-        ax.plot(range(1, len(ls) + 1), sm, label=f"{RECIPE_LABELS[r['name']]}: {r['final']:.3f}", lw=1.4)
-    ax.set_xlabel("step")
-    ax.set_ylabel(f"training loss (nats/byte, moving avg {smooth})")
+        ys = sm[r["name"]]
+        ax.plot(range(1, len(ys) + 1), ys, lw=1.4,
+                label=f"{RECIPE_LABELS[r['name']]}: train {r['final']:.3f}, val {r['val']:.3f}")
+    ax.set_ylabel(f"training loss\n(nats/byte, moving avg {smooth})")
     ax.set_title(title, fontsize=10)
     ax.grid(alpha=0.3)
     ax.legend(fontsize=8)
     lo = min(min(r["losses"]) for r in results)
     first = max(r["losses"][0] for r in results)
     ax.set_ylim(max(0.0, lo - 0.2), min(first, lo + 3.0) + 0.1)
+    if rows == 2:
+        ax2 = axes[1][0]
+        b = sm["bf16"]
+        for r in results:
+            ys = sm[r["name"]][: len(b)]
+            ax2.plot(range(1, len(ys) + 1), [y - y0 for y, y0 in zip(ys, b)], lw=1.2,
+                     label=RECIPE_LABELS[r["name"]])
+        ax2.axhline(0.0, color="k", lw=0.6)
+        ax2.set_ylabel("loss - bf16 loss")
+        ax2.grid(alpha=0.3)
+    axes[-1][0].set_xlabel("step")
     fig.tight_layout()
     path.parent.mkdir(parents=True, exist_ok=True)
     fig.savefig(path)
@@ -263,7 +284,7 @@ def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(
         description=__doc__.split("\n\n")[0], formatter_class=argparse.RawDescriptionHelpFormatter
     )
-    p.add_argument("--steps", type=int, default=None, help="training steps per run (default 150)")
+    p.add_argument("--steps", type=int, default=None, help="training steps per run (default 200)")
     p.add_argument("--quick", action="store_true", help="smoke test: 12 steps, smaller corpus")
     p.add_argument(
         "--recipes", default="bf16,delayed,current,mxfp8", help=f"comma-separated of {list(RECIPES)}"
@@ -273,11 +294,11 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--hidden", type=int, default=128)
     p.add_argument("--heads", type=int, default=4)
     p.add_argument("--layers", type=int, default=4)
-    p.add_argument("--lr", type=float, default=3e-3)
+    p.add_argument("--lr", type=float, default=1e-3)
     p.add_argument("--warmup", type=int, default=15)
     p.add_argument("--seed", type=int, default=1234)
     p.add_argument("--corpus-mb", type=float, default=4.0, help="MB of stdlib source to use")
-    p.add_argument("--eval-batches", type=int, default=8, help="held-out batches at the end")
+    p.add_argument("--eval-batches", type=int, default=16, help="held-out batches at the end")
     p.add_argument("--avg-last", type=int, default=20, help="final loss = mean of the last N steps")
     p.add_argument("--threads", type=int, default=None, help="torch threads (default: all cores)")
     p.add_argument(
@@ -294,7 +315,7 @@ def main(argv: list[str] | None = None) -> int:
     if bad or not names:
         p.error(f"--recipes: unknown {bad}; expected some of {list(RECIPES)}")
     if args.steps is None:
-        args.steps = 12 if args.quick else 150
+        args.steps = 12 if args.quick else 200
     if args.quick:
         args.corpus_mb = min(args.corpus_mb, 0.5)
         args.eval_batches = min(args.eval_batches, 2)

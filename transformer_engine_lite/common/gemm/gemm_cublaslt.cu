@@ -249,8 +249,9 @@ __global__ void scale_inv_kernel(const float *scale, float *scale_inv) {
 // is the tiled kernel's: empty products; FNUZ FP8; E5M2 x E5M2 (no cuBLASLt kernels); FP8 before
 // sm_89; the amax of a high-precision D (cuBLASLt records amax only for FP8 outputs); GELU or dGELU
 // with accumulate (cuBLASLt applies them to AB + C, gemm.h adds D's previous value afterwards);
-// bias gradients of FP8 operands (scale_inv would not reach them); non-FP8 bias or pre-GELU
-// buffers of a dtype other than D's (cuBLASLt ties them to D's type).
+// dGELU / bias gradients of FP8 operands (TE never asks for them; how cuBLASLt would scale them is
+// undocumented); non-FP8 bias or pre-GELU buffers of a dtype other than D's (cuBLASLt ties them to
+// D's type).
 bool eligible(const GemmArgs &g, const OutputSpec &spec, int device) {
   const DType at = g.A->data.dtype, bt = g.B->data.dtype;
   cudaDataType_t unused;
@@ -262,7 +263,7 @@ bool eligible(const GemmArgs &g, const OutputSpec &spec, int device) {
   if (fp8 && at == kNVTEFloat8E5M2 && bt == kNVTEFloat8E5M2) return false;
   if (!spec.fp8 && g.D->amax.has_data()) return false;
   if (g.pre_gelu_out != nullptr && g.accumulate) return false;
-  if (fp8 && g.grad && g.bias != nullptr) return false;
+  if (fp8 && g.grad && (g.bias != nullptr || g.pre_gelu_out != nullptr)) return false;
   if (!fp8 && g.bias != nullptr && g.bias->data.dtype != spec.dtype) return false;
   if (!fp8 && g.pre_gelu_out != nullptr && g.pre_gelu_out->data.dtype != spec.dtype) return false;
   if (fp8) {
