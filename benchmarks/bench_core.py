@@ -20,18 +20,16 @@ import os
 
 os.environ.setdefault("OMP_NUM_THREADS", str(os.cpu_count() or 1))
 
-import argparse
-import json
-import statistics
 import sys
-import time
 from collections.abc import Callable
-from dataclasses import dataclass, field
 
 import ml_dtypes
 import numpy as np
 import torch
 import torch.nn.functional as F
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from _common import Case, MissingOp, NotAvailable, bf16_close, cli, first_error
 
 from transformer_engine_lite.common import build_info, capi, get_lib
 
@@ -40,44 +38,11 @@ LN_EPS = 1e-5
 FP8 = torch.float8_e4m3fn
 
 
-class MissingOp(Exception):
-    """An nvte_* function this case needs is not in the loaded library (yet)."""
-
-
-class NotAvailable(Exception):
-    """The reference side does not exist in this PyTorch build."""
-
-
-@dataclass
-class Case:
-    ours: Callable[[], object]
-    ref: Callable[[], object]
-    check: Callable[[], str | None]  # None when ours agrees with the reference, else why not
-    notes: list[str] = field(default_factory=list)
-
-
 def require(*ops: str) -> None:
     lib = get_lib()
     missing = [op for op in ops if not hasattr(lib, op)]
     if missing:
         raise MissingOp(", ".join(missing))
-
-
-def time_pair_ms(
-    ours: Callable[[], object], ref: Callable[[], object], warmup: int, repeat: int
-) -> tuple[float, float]:
-    """Median ms of each side. The two alternate call by call, so a load change on a shared machine
-    hits both alike instead of skewing the ratio."""
-    for _ in range(warmup):
-        ours()
-        ref()
-    times: tuple[list[float], list[float]] = ([], [])
-    for _ in range(repeat):
-        for fn, acc in ((ours, times[0]), (ref, times[1])):
-            t0 = time.perf_counter()
-            fn()
-            acc.append(time.perf_counter() - t0)
-    return statistics.median(times[0]) * 1e3, statistics.median(times[1]) * 1e3
 
 
 # ------------------------------------------------------------------------------------- helpers
@@ -117,16 +82,6 @@ def ln_quantize_composite(x, gamma, beta):
     return quantize_composite(F.layer_norm(x, (x.shape[-1],), gamma, beta, LN_EPS))
 
 
-def bf16_close(out: torch.Tensor, base: torch.Tensor, ref: torch.Tensor, what: str) -> str | None:
-    """flash-attention's rule: |ours - ref| <= 2 |torch low precision - ref| (+ a float floor)."""
-    err = (out.double() - ref.double()).abs().max().item()
-    err_base = (base.double() - ref.double()).abs().max().item()
-    floor = 1e-6 * ref.double().abs().max().item()
-    if not err <= 2 * err_base + floor:
-        return f"{what}: max err {err:.3g} > 2 x torch's {err_base:.3g}"
-    return None
-
-
 def fp8_ordinal(q: torch.Tensor) -> torch.Tensor:
     """Sign-magnitude FP8 codes as ordered integers: neighbours differ by 1, and -0 == +0."""
     c = q.view(torch.uint8).to(torch.int16)
@@ -146,10 +101,6 @@ def fp8_codes_close(
     if far or n > max_frac * a.numel():
         return f"{what}: {n}/{a.numel()} FP8 bytes differ, {far} by more than one code"
     return None
-
-
-def first_error(*msgs: str | None) -> str | None:
-    return next((m for m in msgs if m), None)
 
 
 # --------------------------------------------------------------------------------------- cases
@@ -397,122 +348,24 @@ CASES: dict[str, tuple[Callable[[bool], Case], float | None]] = {
 }
 
 
-def run(names: list[str], quick: bool, warmup: int, repeat: int) -> tuple[list[dict], bool]:
-    rows, ok = [], True
-    for name in names:
-        builder, target = CASES[name]
-        row = {
-            "case": name,
-            "ours_ms": None,
-            "ref_ms": None,
-            "ratio": None,
-            "target": target,
-            "status": "",
-            "notes": [],
-        }
-        rows.append(row)
-        try:
-            case = builder(quick)
-            problem = case.check()
-            row["notes"] = case.notes
-            if problem:
-                row["status"] = f"NUMERICS MISMATCH: {problem}"
-                ok = False
-                continue
-            row["ours_ms"], row["ref_ms"] = time_pair_ms(case.ours, case.ref, warmup, repeat)
-            row["ratio"] = row["ref_ms"] / row["ours_ms"]
-            if target is None:
-                row["status"] = "report only"
-            else:
-                below = "below target (quick sizes)" if quick else "BELOW TARGET"
-                row["status"] = "ok" if row["ratio"] >= target else below
-        except MissingOp as e:
-            row["status"] = f"missing op: {e}"
-        except NotAvailable as e:
-            row["status"] = "n/a (reference unavailable)"
-            row["notes"].append(f"{e}; omitted from JSON")
-        except capi.NVTEError as e:
-            row["status"] = f"ERROR {e.status.name}: {e}"
-            ok = False
-        print(f"  {name}: {row['status']}", file=sys.stderr, flush=True)
-    return rows, ok
-
-
-def print_table(rows: list[dict]) -> None:
-    def f(v, fmt):
-        return format("-", ">10") if v is None else format(v, fmt)
-
-    head = f"{'case':34} {'ours ms':>10} {'ref ms':>10} {'ratio':>7} {'target':>7}  status"
-    print(head)
-    print("-" * len(head))
-    for r in rows:
-        tgt = "report" if r["target"] is None else f">={r['target']:g}x"
-        ratio = "-" if r["ratio"] is None else f"{r['ratio']:.2f}x"
-        print(
-            f"{r['case']:34} {f(r['ours_ms'], '10.3f')} {f(r['ref_ms'], '10.3f')} {ratio:>7} "
-            f"{tgt:>7}  {r['status']}"
-        )
-        for note in r["notes"]:
-            print(f"{'':34} note: {note}")
+def header() -> str:
+    info = build_info()
+    return (
+        f"transformer_engine_lite {info['version']} ({info['library_path']}), "
+        f"gemm: {info.get('gemm_cpu')}, library threads {info.get('max_threads')}; torch "
+        f"{torch.__version__} threads {torch.get_num_threads()}"
+    )
 
 
 def main(argv: list[str] | None = None) -> int:
-    p = argparse.ArgumentParser(
-        description=__doc__.split("\n\n")[0], formatter_class=argparse.RawDescriptionHelpFormatter
+    return cli(
+        __doc__,
+        CASES,
+        header,
+        argv,
+        fatal=(capi.NVTEError,),
+        describe=lambda e: f"ERROR {e.status.name}: {e}",
     )
-    p.add_argument(
-        "--cases",
-        default="all",
-        help="comma-separated case names, or 'all' (default); --list shows them",
-    )
-    p.add_argument("--list", action="store_true", help="list the cases and exit")
-    p.add_argument(
-        "--quick",
-        action="store_true",
-        help="small sizes, for a smoke test (targets are for full sizes)",
-    )
-    p.add_argument("--json", metavar="PATH", help='write {case: {"ours_ms", "ref_ms", "ratio"}}')
-    p.add_argument("--warmup", type=int, default=2)
-    p.add_argument("--repeat", type=int, default=None, help="timed runs (default 10, quick 5)")
-    p.add_argument("--strict", action="store_true", help="exit 1 when a case misses its target")
-    args = p.parse_args(argv)
-
-    if args.list:
-        for name, (_, target) in CASES.items():
-            print(f"{name:34} target {'report only' if target is None else f'>= {target:g}x'}")
-        return 0
-    names = list(CASES) if args.cases == "all" else [c.strip() for c in args.cases.split(",") if c]
-    unknown = [n for n in names if n not in CASES]
-    if unknown:
-        p.error(f"unknown case(s) {unknown}; expected some of {list(CASES)}")
-    repeat = args.repeat or (5 if args.quick else 10)
-
-    threads = os.cpu_count() or 1
-    torch.set_num_threads(threads)
-    info = build_info()
-    print(
-        f"transformer_engine_lite {info['version']} ({info['library_path']}), "
-        f"gemm: {info.get('gemm_cpu')}, library threads {info.get('max_threads')}; torch "
-        f"{torch.__version__} threads {torch.get_num_threads()}; {'quick' if args.quick else 'full'}"
-        f" sizes, median of {repeat} after {args.warmup} warmup"
-    )
-    rows, ok = run(names, args.quick, args.warmup, repeat)
-    print_table(rows)
-
-    if args.json:
-        out = {
-            r["case"]: {"ours_ms": r["ours_ms"], "ref_ms": r["ref_ms"], "ratio": r["ratio"]}
-            for r in rows
-            if r["ratio"] is not None
-        }
-        with open(args.json, "w") as fh:
-            json.dump(out, fh, indent=2)
-        print(f"wrote {args.json} ({len(out)} cases)")
-    if not ok:
-        return 1
-    if args.strict and any(r["status"] == "BELOW TARGET" for r in rows):
-        return 1
-    return 0
 
 
 if __name__ == "__main__":

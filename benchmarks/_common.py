@@ -1,0 +1,230 @@
+"""Shared by the benchmark scripts (bench_core.py, bench_pytorch.py): cases, interleaved timing,
+numerics checks, the results table, the JSON file and the command line.
+
+A script defines CASES = {name: (builder(quick) -> Case, target ratio or None)} and calls `cli`.
+ratio = ref_ms / ours_ms (> 1: ours is faster). A case's output is checked against its reference
+before it is timed; a mismatch is reported, left out of the JSON and makes the exit status 1.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import statistics
+import sys
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+
+import torch
+
+
+class MissingOp(Exception):
+    """Something the case needs on our side (an nvte_* function, an op) is not there (yet)."""
+
+
+class NotAvailable(Exception):
+    """The reference side does not exist in this PyTorch build."""
+
+
+@dataclass
+class Case:
+    ours: Callable[[], object]
+    ref: Callable[[], object]
+    check: Callable[[], str | None]  # None when ours agrees with the reference, else why not
+    notes: list[str] = field(default_factory=list)
+
+
+def time_pair_ms(
+    ours: Callable[[], object], ref: Callable[[], object], warmup: int, repeat: int
+) -> tuple[float, float]:
+    """Median ms of each side. The two alternate call by call, so a load change on a shared machine
+    hits both alike instead of skewing the ratio."""
+    for _ in range(warmup):
+        ours()
+        ref()
+    times: tuple[list[float], list[float]] = ([], [])
+    for _ in range(repeat):
+        for fn, acc in ((ours, times[0]), (ref, times[1])):
+            t0 = time.perf_counter()
+            fn()
+            acc.append(time.perf_counter() - t0)
+    return statistics.median(times[0]) * 1e3, statistics.median(times[1]) * 1e3
+
+
+# ------------------------------------------------------------------------------------- checks
+def bf16_close(out: torch.Tensor, base: torch.Tensor, ref: torch.Tensor, what: str) -> str | None:
+    """flash-attention's rule: |ours - ref| <= 2 |torch low precision - ref| (+ a float floor)."""
+    err = (out.double() - ref.double()).abs().max().item()
+    err_base = (base.double() - ref.double()).abs().max().item()
+    floor = 1e-6 * ref.double().abs().max().item()
+    if not err <= 2 * err_base + floor:
+        return f"{what}: max err {err:.3g} > 2 x torch's {err_base:.3g}"
+    return None
+
+
+def rel_err(out: torch.Tensor, ref: torch.Tensor) -> float:
+    """Relative error in the Frobenius norm: |out - ref| / |ref|."""
+    r = ref.double()
+    return ((out.double() - r).norm() / r.norm().clamp_min(1e-30)).item()
+
+
+def rel_close(
+    out: torch.Tensor, base: torch.Tensor, ref: torch.Tensor, what: str, factor: float = 1.5,
+    slack: float = 1e-3,
+) -> str | None:
+    """Norm-wise rule for chains of ops and FP8: rel_err(ours) <= factor * rel_err(base) + slack,
+    base being the reference implementation's own result at the same precision."""
+    err, err_base = rel_err(out, ref), rel_err(base, ref)
+    if not err <= factor * err_base + slack:
+        return f"{what}: relative error {err:.3g} > {factor:g} x reference's {err_base:.3g} + {slack:g}"
+    return None
+
+
+def first_error(*msgs: str | None) -> str | None:
+    return next((m for m in msgs if m), None)
+
+
+# ------------------------------------------------------------------------------------- running
+def run_cases(
+    cases: dict[str, tuple[Callable[[bool], Case], float | None]],
+    names: Sequence[str],
+    quick: bool,
+    warmup: int,
+    repeat: int,
+    fatal: tuple[type[BaseException], ...] = (),
+    describe: Callable[[BaseException], str] = lambda e: f"ERROR: {e}",
+) -> tuple[list[dict], bool]:
+    """Checks then times each case. Exceptions in `fatal` are reported with `describe` and fail the
+    run; MissingOp / NotAvailable are reported and do not."""
+    rows, ok = [], True
+    for name in names:
+        builder, target = cases[name]
+        row = {
+            "case": name,
+            "ours_ms": None,
+            "ref_ms": None,
+            "ratio": None,
+            "target": target,
+            "status": "",
+            "notes": [],
+        }
+        rows.append(row)
+        try:
+            case = builder(quick)
+            problem = case.check()
+            row["notes"] = case.notes
+            if problem:
+                row["status"] = f"NUMERICS MISMATCH: {problem}"
+                ok = False
+                continue
+            row["ours_ms"], row["ref_ms"] = time_pair_ms(case.ours, case.ref, warmup, repeat)
+            row["ratio"] = row["ref_ms"] / row["ours_ms"]
+            if target is None:
+                row["status"] = "report only"
+            else:
+                below = "below target (quick sizes)" if quick else "BELOW TARGET"
+                row["status"] = "ok" if row["ratio"] >= target else below
+        except MissingOp as e:
+            row["status"] = f"missing op: {e}"
+        except NotAvailable as e:
+            row["status"] = "n/a (reference unavailable)"
+            row["notes"].append(f"{e}; omitted from JSON")
+        except fatal as e:
+            row["status"] = describe(e)
+            ok = False
+        print(f"  {name}: {row['status']}", file=sys.stderr, flush=True)
+    return rows, ok
+
+
+def print_table(rows: list[dict]) -> None:
+    def f(v, fmt):
+        return format("-", ">10") if v is None else format(v, fmt)
+
+    head = f"{'case':34} {'ours ms':>10} {'ref ms':>10} {'ratio':>7} {'target':>7}  status"
+    print(head)
+    print("-" * len(head))
+    for r in rows:
+        tgt = "report" if r["target"] is None else f">={r['target']:g}x"
+        ratio = "-" if r["ratio"] is None else f"{r['ratio']:.2f}x"
+        print(
+            f"{r['case']:34} {f(r['ours_ms'], '10.3f')} {f(r['ref_ms'], '10.3f')} {ratio:>7} "
+            f"{tgt:>7}  {r['status']}"
+        )
+        for note in r["notes"]:
+            print(f"{'':34} note: {note}")
+
+
+def write_json(rows: list[dict], path: str) -> None:
+    """{case: {"ours_ms", "ref_ms", "ratio"}} for the cases that were timed."""
+    out = {
+        r["case"]: {"ours_ms": r["ours_ms"], "ref_ms": r["ref_ms"], "ratio": r["ratio"]}
+        for r in rows
+        if r["ratio"] is not None
+    }
+    with open(path, "w") as fh:
+        json.dump(out, fh, indent=2)
+    print(f"wrote {path} ({len(out)} cases)")
+
+
+def cli(
+    doc: str,
+    cases: dict[str, tuple[Callable[[bool], Case], float | None]],
+    header: Callable[[], str],
+    argv: list[str] | None = None,
+    default_repeat: tuple[int, int] = (10, 5),
+    fatal: tuple[type[BaseException], ...] = (),
+    describe: Callable[[BaseException], str] = lambda e: f"ERROR: {e}",
+) -> int:
+    """The shared command line: --cases, --list, --quick, --json, --warmup, --repeat, --strict.
+    default_repeat: (full, quick). header() is printed after the thread setup."""
+    p = argparse.ArgumentParser(
+        description=doc.split("\n\n")[0], formatter_class=argparse.RawDescriptionHelpFormatter
+    )
+    p.add_argument(
+        "--cases",
+        default="all",
+        help="comma-separated case names, or 'all' (default); --list shows them",
+    )
+    p.add_argument("--list", action="store_true", help="list the cases and exit")
+    p.add_argument(
+        "--quick",
+        action="store_true",
+        help="small sizes, for a smoke test (targets are for full sizes)",
+    )
+    p.add_argument("--json", metavar="PATH", help='write {case: {"ours_ms", "ref_ms", "ratio"}}')
+    p.add_argument("--warmup", type=int, default=2)
+    p.add_argument(
+        "--repeat",
+        type=int,
+        default=None,
+        help=f"timed runs (default {default_repeat[0]}, quick {default_repeat[1]})",
+    )
+    p.add_argument("--strict", action="store_true", help="exit 1 when a case misses its target")
+    args = p.parse_args(argv)
+
+    if args.list:
+        for name, (_, target) in cases.items():
+            print(f"{name:34} target {'report only' if target is None else f'>= {target:g}x'}")
+        return 0
+    names = list(cases) if args.cases == "all" else [c.strip() for c in args.cases.split(",") if c]
+    unknown = [n for n in names if n not in cases]
+    if unknown:
+        p.error(f"unknown case(s) {unknown}; expected some of {list(cases)}")
+    repeat = args.repeat or default_repeat[1 if args.quick else 0]
+
+    torch.set_num_threads(os.cpu_count() or 1)
+    print(
+        f"{header()}; {'quick' if args.quick else 'full'} sizes, median of {repeat} after "
+        f"{args.warmup} warmup"
+    )
+    rows, ok = run_cases(cases, names, args.quick, args.warmup, repeat, fatal, describe)
+    print_table(rows)
+    if args.json:
+        write_json(rows, args.json)
+    if not ok:
+        return 1
+    if args.strict and any(r["status"] == "BELOW TARGET" for r in rows):
+        return 1
+    return 0
