@@ -71,7 +71,11 @@ def rel_err(out: torch.Tensor, ref: torch.Tensor) -> float:
 
 
 def rel_close(
-    out: torch.Tensor, base: torch.Tensor, ref: torch.Tensor, what: str, factor: float = 1.5,
+    out: torch.Tensor,
+    base: torch.Tensor,
+    ref: torch.Tensor,
+    what: str,
+    factor: float = 1.5,
     slack: float = 1e-3,
 ) -> str | None:
     """Norm-wise rule for chains of ops and FP8: rel_err(ours) <= factor * rel_err(base) + slack,

@@ -99,7 +99,9 @@ class Batches:
         self.gen = torch.Generator().manual_seed(seed)
 
     def next(self) -> tuple[torch.Tensor, torch.Tensor]:
-        starts = torch.randint(0, len(self.data) - self.seq_len - 1, (self.batch,), generator=self.gen)
+        starts = torch.randint(
+            0, len(self.data) - self.seq_len - 1, (self.batch,), generator=self.gen
+        )
         idx = starts[:, None] + torch.arange(self.seq_len + 1)
         w = self.data[idx].long()
         return w[:, :-1], w[:, 1:]
@@ -196,8 +198,14 @@ def train_one(name: str, args, cfg: Config, train: torch.Tensor, val: torch.Tens
     batches = Batches(train, args.batch, args.seq_len, seed=args.seed)  # same batches
     losses: list[float] = []
     tokens = args.batch * args.seq_len
-    bar = tqdm(range(args.steps), desc=f"{name:>7}", unit="step", leave=True, dynamic_ncols=True,
-               disable=args.no_progress)
+    bar = tqdm(
+        range(args.steps),
+        desc=f"{name:>7}",
+        unit="step",
+        leave=True,
+        dynamic_ncols=True,
+        disable=args.no_progress,
+    )
     t0 = time.perf_counter()
     for step in bar:
         for g in opt.param_groups:
@@ -247,15 +255,24 @@ def plot(results: list[dict], path: Path, title: str, smooth: int) -> None:
     base = next((r for r in results if r["name"] == "bf16"), None)
     rows = 2 if base is not None and len(results) > 1 else 1
     fig, axes = plt.subplots(
-        rows, 1, figsize=(8, 6.4 if rows == 2 else 4.6), dpi=110, sharex=True,
-        gridspec_kw={"height_ratios": [2, 1]} if rows == 2 else None, squeeze=False,
+        rows,
+        1,
+        figsize=(8, 6.4 if rows == 2 else 4.6),
+        dpi=110,
+        sharex=True,
+        gridspec_kw={"height_ratios": [2, 1]} if rows == 2 else None,
+        squeeze=False,
     )
     ax = axes[0][0]
     sm = {r["name"]: _smooth(r["losses"], smooth) for r in results}
     for r in results:
         ys = sm[r["name"]]
-        ax.plot(range(1, len(ys) + 1), ys, lw=1.4,
-                label=f"{RECIPE_LABELS[r['name']]}: train {r['final']:.3f}, val {r['val']:.3f}")
+        ax.plot(
+            range(1, len(ys) + 1),
+            ys,
+            lw=1.4,
+            label=f"{RECIPE_LABELS[r['name']]}: train {r['final']:.3f}, val {r['val']:.3f}",
+        )
     ax.set_ylabel(f"training loss\n(nats/byte, moving avg {smooth})")
     ax.set_title(title, fontsize=10)
     ax.grid(alpha=0.3)
@@ -268,8 +285,12 @@ def plot(results: list[dict], path: Path, title: str, smooth: int) -> None:
         b = sm["bf16"]
         for r in results:
             ys = sm[r["name"]][: len(b)]
-            ax2.plot(range(1, len(ys) + 1), [y - y0 for y, y0 in zip(ys, b)], lw=1.2,
-                     label=RECIPE_LABELS[r["name"]])
+            ax2.plot(
+                range(1, len(ys) + 1),
+                [y - y0 for y, y0 in zip(ys, b)],
+                lw=1.2,
+                label=RECIPE_LABELS[r["name"]],
+            )
         ax2.axhline(0.0, color="k", lw=0.6)
         ax2.set_ylabel("loss - bf16 loss")
         ax2.grid(alpha=0.3)
@@ -287,7 +308,9 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--steps", type=int, default=None, help="training steps per run (default 200)")
     p.add_argument("--quick", action="store_true", help="smoke test: 12 steps, smaller corpus")
     p.add_argument(
-        "--recipes", default="bf16,delayed,current,mxfp8", help=f"comma-separated of {list(RECIPES)}"
+        "--recipes",
+        default="bf16,delayed,current,mxfp8",
+        help=f"comma-separated of {list(RECIPES)}",
     )
     p.add_argument("--batch", type=int, default=16)
     p.add_argument("--seq-len", type=int, default=128)
@@ -329,18 +352,36 @@ def main(argv: list[str] | None = None) -> int:
     data = torch.frombuffer(bytearray(raw), dtype=torch.uint8)
     split = int(len(data) * 0.95)
     train, val = data[:split], data[split:]
-    cfg = Config(seq_len=args.seq_len, hidden=args.hidden, heads=args.heads, layers=args.layers,
-                 ffn=4 * args.hidden)
+    cfg = Config(
+        seq_len=args.seq_len,
+        hidden=args.hidden,
+        heads=args.heads,
+        layers=args.layers,
+        ffn=4 * args.hidden,
+    )
     nparams = sum(p.numel() for p in GPT(cfg).parameters())
     log.info(
         "corpus: %d stdlib files, %.2f MB (train %.2f MB, val %.2f MB), byte vocabulary",
-        nfiles, len(data) / 1e6, len(train) / 1e6, len(val) / 1e6,
+        nfiles,
+        len(data) / 1e6,
+        len(train) / 1e6,
+        len(val) / 1e6,
     )
     log.info(
         "model: %d layers, hidden %d, %d heads, ffn %d, seq %d: %.2fM parameters; batch %d "
         "(%d tokens/step), %d steps, lr %g; torch %s, %d threads",
-        cfg.layers, cfg.hidden, cfg.heads, cfg.ffn, cfg.seq_len, nparams / 1e6, args.batch,
-        args.batch * args.seq_len, args.steps, args.lr, torch.__version__, torch.get_num_threads(),
+        cfg.layers,
+        cfg.hidden,
+        cfg.heads,
+        cfg.ffn,
+        cfg.seq_len,
+        nparams / 1e6,
+        args.batch,
+        args.batch * args.seq_len,
+        args.steps,
+        args.lr,
+        torch.__version__,
+        torch.get_num_threads(),
     )
     ok, why = te.is_fp8_available()
     if not ok and any(RECIPES[n] for n in names):
@@ -353,7 +394,11 @@ def main(argv: list[str] | None = None) -> int:
         r = train_one(name, args, cfg, train, val)
         log.info(
             "   %s: final train loss %.4f, val loss %.4f, %.1f s, %s tokens/s",
-            name, r["final"], r["val"], r["seconds"], f"{r['tok_s']:,.0f}",
+            name,
+            r["final"],
+            r["val"],
+            r["seconds"],
+            f"{r['tok_s']:,.0f}",
         )
         results.append(r)
 
@@ -365,11 +410,19 @@ def main(argv: list[str] | None = None) -> int:
     for r in results:
         d = f"{r['val'] - base['val']:+.3f}" if base else "-"
         log.info(
-            "%-42s %10.4f %9.4f %8s %9s %7.1f", RECIPE_LABELS[r["name"]], r["final"], r["val"], d,
-            f"{r['tok_s']:,.0f}", r["seconds"],
+            "%-42s %10.4f %9.4f %8s %9s %7.1f",
+            RECIPE_LABELS[r["name"]],
+            r["final"],
+            r["val"],
+            d,
+            f"{r['tok_s']:,.0f}",
+            r["seconds"],
         )
-    log.info("(train loss: mean of the last %d steps; val: %d held-out batches; nats/byte)",
-             min(args.avg_last, args.steps), args.eval_batches)
+    log.info(
+        "(train loss: mean of the last %d steps; val: %d held-out batches; nats/byte)",
+        min(args.avg_last, args.steps),
+        args.eval_batches,
+    )
 
     out = Path(args.out)
     title = (
