@@ -13,7 +13,7 @@ F.scaled_dot_product_attention -> te.Linear (output projection) -> residual; te.
 LM head (te.Linear) run outside fp8_autocast, in bf16, as is usual for FP8 training. Parameters are
 fp32 master weights; activations are bf16 (the modules cast weights to the input's dtype).
 
-    python examples/pytorch/train_gpt.py                  # default: 4 runs, ~2-3 min on 2 cores
+    python examples/pytorch/train_gpt.py                  # default: 4 runs, ~2.5 min on 2 cores
     python examples/pytorch/train_gpt.py --quick          # a few steps, smoke test
     python examples/pytorch/train_gpt.py --steps 300 --recipes bf16,current --out /tmp/loss.png
 """
@@ -277,9 +277,11 @@ def plot(results: list[dict], path: Path, title: str, smooth: int) -> None:
     ax.set_title(title, fontsize=10)
     ax.grid(alpha=0.3)
     ax.legend(fontsize=8)
-    lo = min(min(r["losses"]) for r in results)
-    first = max(r["losses"][0] for r in results)
-    ax.set_ylim(max(0.0, lo - 0.2), min(first, lo + 3.0) + 0.1)
+    finite = [v for r in results for v in r["losses"] if math.isfinite(v)]
+    if finite:
+        lo = min(finite)
+        first = max(v for r in results for v in r["losses"][:1] if math.isfinite(v))
+        ax.set_ylim(max(0.0, lo - 0.2), min(first, lo + 3.0) + 0.1)
     if rows == 2:
         ax2 = axes[1][0]
         b = sm["bf16"]

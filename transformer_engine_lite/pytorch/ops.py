@@ -417,7 +417,7 @@ def _gemm_backward(ctx, d_grad, *_):
         else:
             db = _ops.gemm(a, None, not transa, dy, None, False, b.dtype)[0]
     if need_bias and dbias is None:
-        dbias = dy.sum(0, dtype=torch.float32).to(bias_dtype)
+        dbias = dy.sum(0).to(bias_dtype)  # fp32 accumulation inside torch's reduction, no copy
     grads = [None] * _GEMM_NUM_ARGS
     grads[_GEMM_A] = None if da is None else da.reshape(a.shape)
     grads[_GEMM_B] = None if db is None else db.reshape(b.shape)
