@@ -223,6 +223,18 @@ class TransformerEngineBaseModule(torch.nn.Module):
                 f"{tuple(inp.shape)}"
             )
 
+    def _prepare_input(
+        self, owner: str, inp: torch.Tensor, expected: int, what: str
+    ) -> tuple[torch.Tensor, tuple[str, Recipe | None, int]]:
+        """Common forward prologue: validate `inp`, cast it to the activation dtype, and read the FP8
+        mode of this step (noting its recipe for checkpoints)."""
+        dtype = self._activation_dtype(owner, inp)
+        self._check_last_dim(owner, inp, expected, what)
+        x = inp if inp.dtype == dtype else inp.to(dtype)
+        fp8 = self._fp8_mode()
+        self._note_recipe(fp8[1])
+        return x, fp8
+
     def _run_linear(
         self,
         x: torch.Tensor,

@@ -173,11 +173,7 @@ class LayerNormLinear(TransformerEngineBaseModule):
     ) -> Any:
         owner = "LayerNormLinear"
         reject_unsupported(f"{owner}.forward", fp8_output=fp8_output, fp8_grad=fp8_grad)
-        dtype = self._activation_dtype(owner, inp)
-        self._check_last_dim(owner, inp, self.in_features, "in_features")
-        x = inp if inp.dtype == dtype else inp.to(dtype)
-        fp8 = self._fp8_mode()
-        self._note_recipe(fp8[1])
+        x, fp8 = self._prepare_input(owner, inp, self.in_features, "in_features")
         ln_out = apply_norm(
             x,
             self.layer_norm_weight,
@@ -212,7 +208,7 @@ class LayerNormLinear(TransformerEngineBaseModule):
         )
         outs: list[Any] = [y]
         if self.return_bias:
-            outs.append(bias.to(dtype) if bias is not None else None)
+            outs.append(bias.to(x.dtype) if bias is not None else None)
         if self.return_layernorm_output:
             outs.append(ln_out if self.return_layernorm_output_gathered else ln_local)
         return outs[0] if len(outs) == 1 else tuple(outs)

@@ -178,11 +178,7 @@ class LayerNormMLP(TransformerEngineBaseModule):
 
     def forward(self, inp: torch.Tensor, is_first_microbatch: bool | None = None) -> Any:
         owner = "LayerNormMLP"
-        dtype = self._activation_dtype(owner, inp)
-        self._check_last_dim(owner, inp, self.hidden_size, "hidden_size")
-        x = inp if inp.dtype == dtype else inp.to(dtype)
-        fp8 = self._fp8_mode()
-        self._note_recipe(fp8[1])
+        x, fp8 = self._prepare_input(owner, inp, self.hidden_size, "hidden_size")
         ln_out = apply_norm(
             x,
             self.layer_norm_weight,
@@ -226,7 +222,7 @@ class LayerNormMLP(TransformerEngineBaseModule):
         )
         outs: list[Any] = [y]
         if self.return_bias:
-            outs.append(self.fc2_bias.to(dtype) if self.fc2_bias is not None else None)
+            outs.append(self.fc2_bias.to(x.dtype) if self.fc2_bias is not None else None)
         if self.return_layernorm_output:
             outs.append(ln_out if self.return_layernorm_output_gathered else ln_local)
         return outs[0] if len(outs) == 1 else tuple(outs)

@@ -214,11 +214,9 @@ class Linear(TransformerEngineBaseModule):
         fp8_grad: bool = False,
     ) -> torch.Tensor | tuple[torch.Tensor, torch.Tensor | None]:
         reject_unsupported("Linear.forward", fp8_output=fp8_output, fp8_grad=fp8_grad)
-        dtype = self._activation_dtype("Linear", inp)
-        self._check_last_dim("Linear", inp, self.in_features_local, "in_features per TP rank")
-        x = inp if inp.dtype == dtype else inp.to(dtype)
-        fp8 = self._fp8_mode()
-        self._note_recipe(fp8[1])
+        x, fp8 = self._prepare_input(
+            "Linear", inp, self.in_features_local, "in_features per TP rank"
+        )
         weight, bias = self._weight_and_bias()
         main_grad = self._main_grad("Linear", self.fuse_wgrad_accumulation, weight)
         y = self._run_linear(
@@ -233,5 +231,5 @@ class Linear(TransformerEngineBaseModule):
             main_grad=main_grad,
         )
         if self.return_bias:
-            return y, (bias.to(dtype) if bias is not None else None)
+            return y, (bias.to(x.dtype) if bias is not None else None)
         return y
