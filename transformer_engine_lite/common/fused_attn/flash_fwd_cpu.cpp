@@ -1,0 +1,264 @@
+// CPU flash-attention forward (FlashAttention-2 schedule): K and V of every (sequence, kv head) are
+// packed once into GEMM panels, then each task (sequence, head, tile of 64 query rows) walks the key
+// blocks its rows may see, keeping a running max and sum per row (online softmax) and an fp32 output
+// accumulator. Extra memory: the packed K/V copy (the size of K and V) plus per-thread tile buffers;
+// no S x S matrix exists at any point.
+#include <algorithm>
+#include <cmath>
+#include <vector>
+
+#include "../util/dtype_dispatch.h"
+#include "../util/math.h"
+#include "../util/parallel.h"
+#include "flash_cpu_common.h"
+#include "fused_attn_cpu.h"
+
+namespace nvte {
+namespace flash_cpu {
+
+NVTE_CPU_CLONES void gemm_f32_cloned(int M, int N, int K, const float *A, int lda, const float *B,
+                                     size_t panel_stride, float *C, int ldc, bool acc) {
+  tile::gemm_f32(M, N, K, A, lda, B, panel_stride, C, ldc, acc);
+}
+
+namespace {
+
+// Online-softmax step of a tile. In: S [rows][64] raw q.k dots of keys j0..j0+63, bias [rows][64] or
+// nullptr, kept range [a[r], b[r]) relative to j0. Out: S = exp(x - m_new) (0 outside the range),
+// running max m and sum l updated, corr[r] = exp(m_old - m_new) to rescale the output accumulator.
+// Reductions use 16 fixed partial lanes, so the result does not depend on the ISA clone.
+NVTE_CPU_CLONES void softmax_update(int rows, float *S, const float *bias, const int *a,
+                                    const int *b, float scale, float *m, float *l, float *corr) {
+  for (int r = 0; r < rows; ++r) {
+    float *s = S + r * kBlockKV;
+    const float *bb = bias ? bias + r * kBlockKV : nullptr;
+    const int lo = a[r], hi = b[r];
+    float part[16];
+    for (int k = 0; k < 16; ++k) part[k] = kNegInf;
+    for (int c0 = 0; c0 < kBlockKV; c0 += 16) {
+      for (int k = 0; k < 16; ++k) {
+        const int c = c0 + k;
+        float x = s[c] * scale;
+        if (bb) x += bb[c];
+        x = (c >= lo && c < hi) ? x : kNegInf;
+        s[c] = x;
+        part[k] = x > part[k] ? x : part[k];
+      }
+    }
+    float mx = kNegInf;
+    for (int k = 0; k < 16; ++k) mx = part[k] > mx ? part[k] : mx;
+    if (lo >= hi || mx == kNegInf) {  // nothing kept in this block (or -inf bias everywhere)
+      for (int c = 0; c < kBlockKV; ++c) s[c] = 0.0f;
+      corr[r] = 1.0f;
+      continue;
+    }
+    const float m_new = m[r] > mx ? m[r] : mx;
+    corr[r] = m[r] == kNegInf ? 0.0f : exp_f32(m[r] - m_new);
+    for (int k = 0; k < 16; ++k) part[k] = 0.0f;
+    for (int c0 = 0; c0 < kBlockKV; c0 += 16) {
+      for (int k = 0; k < 16; ++k) {
+        const int c = c0 + k;
+        const float e = (c >= lo && c < hi) ? exp_f32(s[c] - m_new) : 0.0f;
+        s[c] = e;
+        part[k] += e;
+      }
+    }
+    float sum = 0.0f;
+    for (int k = 0; k < 16; ++k) sum += part[k];
+    l[r] = l[r] * corr[r] + sum;
+    m[r] = m_new;
+  }
+}
+
+// P (compute type) = S * keep (dropout keep-scales, or none), and the accumulator rows rescaled.
+template <typename E>
+void finish_block(int rows, const float *S, const float *keep, E *P, const float *corr, float *O,
+                  int ldo, int dv) {
+  for (int r = 0; r < rows; ++r) {
+    const float *s = S + r * kBlockKV;
+    E *pr = P + r * kBlockKV;
+    if (keep) {
+      const float *kr = keep + r * kBlockKV;
+      for (int c = 0; c < kBlockKV; ++c) pr[c] = Compute<E>::from_f32(s[c] * kr[c]);
+    } else {
+      for (int c = 0; c < kBlockKV; ++c) pr[c] = Compute<E>::from_f32(s[c]);
+    }
+    if (corr[r] != 1.0f) {
+      float *o = O + static_cast<size_t>(r) * ldo;
+      for (int d = 0; d < dv; ++d) o[d] *= corr[r];
+    }
+  }
+}
+
+// Packed K (B of S = Q.K^T: one panel of Dqk_pad x 64 per key block) and V (B of O = P.V: per key
+// block ceil(Dv/64) panels of 64 x 64) of every (sequence, kv head).
+template <typename E>
+struct PackedKV {
+  int64_t kpad = 0, k_block = 0, v_block = 0;
+  std::vector<int64_t> first_block;  // per sequence: index of its first block (x h_kv heads)
+  std::vector<int64_t> nblocks;      // per sequence
+  std::vector<E> k, v;
+
+  int64_t block_index(const AttnParams &p, int64_t bi, int64_t g) const {
+    return first_block[bi] * p.h_kv + g * nblocks[bi];
+  }
+  const E *k_at(const AttnParams &p, int64_t bi, int64_t g, int64_t blk) const {
+    return k.data() + (block_index(p, bi, g) + blk) * k_block;
+  }
+  const E *v_at(const AttnParams &p, int64_t bi, int64_t g, int64_t blk) const {
+    return v.data() + (block_index(p, bi, g) + blk) * v_block;
+  }
+};
+
+template <typename E, typename T>
+PackedKV<E> pack_kv(const AttnParams &p) {
+  PackedKV<E> kv;
+  kv.kpad = round_up(p.d_qk, Compute<E>::kKAlign);
+  kv.k_block = kv.kpad * tile::kPanel;
+  kv.v_block = ceil_div(p.d_v, tile::kPanel) * kBlockKV * tile::kPanel;
+  kv.first_block.resize(p.b);
+  kv.nblocks.resize(p.b);
+  int64_t total = 0;
+  for (int64_t bi = 0; bi < p.b; ++bi) {
+    kv.first_block[bi] = total;
+    kv.nblocks[bi] = ceil_div(p.len_kv(bi), kBlockKV);
+    total += kv.nblocks[bi];
+  }
+  kv.k.resize(static_cast<size_t>(total * p.h_kv * kv.k_block));
+  kv.v.resize(static_cast<size_t>(total * p.h_kv * kv.v_block));
+  const T *K = static_cast<const T *>(p.k);
+  const T *V = static_cast<const T *>(p.v);
+  parallel_for(static_cast<size_t>(p.b * p.h_kv), 1, [&](size_t begin, size_t end) {
+    int64_t koff[kBlockKV], voff[kBlockKV];
+    for (size_t task = begin; task < end; ++task) {
+      const int64_t bi = static_cast<int64_t>(task) / p.h_kv, g = static_cast<int64_t>(task) % p.h_kv;
+      const int64_t skv = p.len_kv(bi);
+      for (int64_t blk = 0; blk < kv.nblocks[bi]; ++blk) {
+        const int n = static_cast<int>(std::min<int64_t>(kBlockKV, skv - blk * kBlockKV));
+        token_offsets_kv(p, p.sk_, bi, g, blk * kBlockKV, n, koff);
+        token_offsets_kv(p, p.sv_, bi, g, blk * kBlockKV, n, voff);
+        const int64_t idx = kv.block_index(p, bi, g) + blk;
+        pack_b_rows_as_columns<E, T>(kv.k.data() + idx * kv.k_block, static_cast<int>(kv.kpad), K,
+                                     koff, n, static_cast<int>(p.d_qk));
+        pack_b_rows_as_k<E, T>(kv.v.data() + idx * kv.v_block, kBlockKV, V, voff, n,
+                               static_cast<int>(p.d_v));
+      }
+    }
+  });
+  return kv;
+}
+
+struct Task {
+  int64_t bi, hi, q0;
+};
+
+template <typename E, typename T>
+void fwd(const AttnParams &p) {
+  const PackedKV<E> kv = pack_kv<E, T>(p);
+  std::vector<Task> tasks;
+  for (int64_t bi = 0; bi < p.b; ++bi)
+    for (int64_t hi = 0; hi < p.h; ++hi)
+      for (int64_t q0 = 0; q0 < p.len_q(bi); q0 += kBlockQ) tasks.push_back({bi, hi, q0});
+  const int ldq = static_cast<int>(kv.kpad);
+  const int ldo = static_cast<int>(round_up(p.d_v, 16));
+  const int64_t group = p.h / p.h_kv;
+  const T *Q = static_cast<const T *>(p.q);
+  T *O = static_cast<T *>(p.o);
+  const bool has_bias = p.bias_type == NVTE_POST_SCALE_BIAS || p.bias_type == NVTE_ALIBI;
+
+#pragma omp parallel
+  {
+    std::vector<E> qa(static_cast<size_t>(kBlockQ) * ldq), pbuf(kBlockQ * kBlockKV);
+    std::vector<float> S(kBlockQ * kBlockKV), bias(has_bias ? kBlockQ * kBlockKV : 0),
+        keep(p.dropout > 0 ? kBlockQ * kBlockKV : 0), acc(static_cast<size_t>(kBlockQ) * ldo);
+    float m[kBlockQ], l[kBlockQ], corr[kBlockQ];
+    int64_t off[kBlockQ], lo[kBlockQ], hi[kBlockQ];
+    int a[kBlockQ], b[kBlockQ];
+#pragma omp for schedule(dynamic, 1)
+    for (int64_t t = 0; t < static_cast<int64_t>(tasks.size()); ++t) {
+      const Task &tk = tasks[t];
+      const int64_t sq = p.len_q(tk.bi), skv = p.len_kv(tk.bi), g = tk.hi / group;
+      const int rows = static_cast<int>(std::min<int64_t>(kBlockQ, sq - tk.q0));
+      token_offsets_q(p, p.sq_, tk.bi, tk.hi, tk.q0, rows, off);
+      pack_a<E, T>(qa.data(), ldq, Q, off, rows, rows, static_cast<int>(p.d_qk));
+      int64_t ulo, uhi;
+      tile_key_ranges(p, tk.q0, rows, sq, skv, lo, hi, &ulo, &uhi);
+      for (int r = 0; r < rows; ++r) {
+        m[r] = kNegInf;
+        l[r] = 0.0f;
+      }
+      std::fill(acc.begin(), acc.end(), 0.0f);
+      for (int64_t blk = ulo / kBlockKV; blk * kBlockKV < uhi; ++blk) {
+        const int64_t j0 = blk * kBlockKV;
+        for (int r = 0; r < rows; ++r) {
+          a[r] = static_cast<int>(std::clamp<int64_t>(lo[r] - j0, 0, kBlockKV));
+          b[r] = static_cast<int>(std::clamp<int64_t>(hi[r] - j0, 0, kBlockKV));
+        }
+        Compute<E>::gemm(rows, kBlockKV, ldq, qa.data(), ldq, kv.k_at(p, tk.bi, g, blk),
+                         static_cast<size_t>(kv.k_block), S.data(), kBlockKV, false);
+        const bool hb = has_bias && load_bias_tile<T>(p, tk.bi, tk.hi, tk.q0, rows, j0, sq, skv,
+                                                      bias.data());
+        softmax_update(rows, S.data(), hb ? bias.data() : nullptr, a, b, p.scale, m, l, corr);
+        if (p.dropout > 0) dropout_tile(p, tk.bi, tk.hi, tk.q0, rows, j0, keep.data());
+        finish_block<E>(rows, S.data(), p.dropout > 0 ? keep.data() : nullptr, pbuf.data(), corr,
+                        acc.data(), ldo, static_cast<int>(p.d_v));
+        Compute<E>::gemm(rows, static_cast<int>(p.d_v), kBlockKV, pbuf.data(), kBlockKV,
+                         kv.v_at(p, tk.bi, g, blk), static_cast<size_t>(kBlockKV * tile::kPanel),
+                         acc.data(), ldo, true);
+      }
+      // Normalize and store; a row with no kept key gets O = 0 and LSE = -inf.
+      token_offsets_q(p, p.so_, tk.bi, tk.hi, tk.q0, rows, off);
+      for (int r = 0; r < rows; ++r) {
+        const float inv = l[r] > 0.0f ? 1.0f / l[r] : 0.0f;
+        T *o = O + off[r];
+        const float *ar = acc.data() + static_cast<size_t>(r) * ldo;
+        for (int d = 0; d < p.d_v; ++d) o[d] = from_float<T>(ar[d] * inv);
+        if (p.lse)
+          p.lse[(tk.bi * p.h + tk.hi) * p.s_q + tk.q0 + r] =
+              l[r] > 0.0f ? m[r] + std::log(l[r]) : kNegInf;
+      }
+    }
+  }
+  // Rows past a sequence's length (padding): O = 0 (bshd/sbhd; thd has no such rows), LSE = -inf.
+  parallel_for(static_cast<size_t>(p.b * p.h), 1, [&](size_t begin, size_t end) {
+    for (size_t task = begin; task < end; ++task) {
+      const int64_t bi = static_cast<int64_t>(task) / p.h, hd = static_cast<int64_t>(task) % p.h;
+      for (int64_t i = p.len_q(bi); i < p.s_q; ++i) {
+        if (p.format != NVTE_THD) {
+          T *o = O + p.token_q(p.so_, bi, i) + hd * p.so_.head;
+          for (int64_t d = 0; d < p.d_v; ++d) o[d] = from_float<T>(0.0f);
+        }
+        if (p.lse) p.lse[(bi * p.h + hd) * p.s_q + i] = kNegInf;
+      }
+    }
+  });
+}
+
+}  // namespace
+
+bool use_bf16_compute(DType dtype) { return dtype == kNVTEBFloat16 && tile::has_bf16_dot(); }
+
+}  // namespace flash_cpu
+
+void flash_attn_fwd_cpu(const AttnParams &p) {
+  dispatch_dtype<TypeList<float, fp16, bf16>>(p.dtype, "Q", [&](auto tag) {
+    using T = typename decltype(tag)::type;
+    if constexpr (std::is_same<T, bf16>::value) {
+      if (flash_cpu::use_bf16_compute(p.dtype)) return flash_cpu::fwd<uint16_t, T>(p);
+    }
+    flash_cpu::fwd<float, T>(p);
+  });
+}
+
+void dropout_mask_cpu(const AttnParams &p, uint8_t *mask) {
+  const int64_t rows = p.b * p.h * p.s_q;
+  parallel_for(static_cast<size_t>(rows), 16, [&](size_t begin, size_t end) {
+    for (size_t row = begin; row < end; ++row) {
+      const uint64_t base = static_cast<uint64_t>(row) * p.s_kv;
+      for (int64_t j = 0; j < p.s_kv; ++j)
+        mask[base + j] = dropout_keep(p.seed, p.offset, base + j, p.dropout_thresh) ? 1 : 0;
+    }
+  });
+}
+
+}  // namespace nvte

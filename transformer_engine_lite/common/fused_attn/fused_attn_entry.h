@@ -1,0 +1,40 @@
+// Internals shared by the fused-attention entry points (fused_attn.cpp: separate Q, K, V;
+// fused_attn_packed.cpp: packed QKV / KV and the dropout mask): the arguments of a call, validated
+// and run by run_fwd / run_bwd.
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+
+#include "../util/tensor.h"
+#include "transformer_engine_lite/fused_attn.h"
+
+namespace nvte {
+
+struct CallArgs {
+  const Tensor *q, *k, *v, *bias, *cu_q, *cu_kv, *rng;
+  size_t max_q, max_kv;
+  float scale, dropout;
+  NVTE_QKV_Layout layout;
+  NVTE_Bias_Type bias_type;
+  NVTE_Mask_Type mask;
+  int64_t left, right;
+};
+
+struct BwdTensors {
+  const Tensor *o, *d_o, *lse;
+  Tensor *dq, *dk, *dv, *dbias;
+  bool packed_grads;  // dQ/dK/dV are views of one packed buffer (the *_packed entry points)
+};
+
+// Validates everything, then runs the flash kernel on the tensors' device.
+void run_fwd(const CallArgs &c, const Tensor *o, Tensor *lse, bool is_training, NVTEStream stream);
+void run_bwd(const CallArgs &c, const BwdTensors &t, bool deterministic, NVTETensor workspace,
+             NVTEStream stream);
+
+// Slice `which` (0 = Q or K, 1 = K or V, 2 = V) of a packed QKV ([.., 3, h, d] / [.., h, 3, d]) or KV
+// ([.., 2, h, d] / [.., h, 2, d]) tensor, as a view with that dim removed.
+Tensor packed_view(const Tensor &packed, const char *arg, NVTE_QKV_Layout_Group grp, int which,
+                   bool thd);
+
+}  // namespace nvte
