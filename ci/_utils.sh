@@ -6,6 +6,17 @@
 #                empty = run everything
 #   TEST_LIST_ONLY=1  print the tags that would run, run nothing
 #   CTEST_TIMEOUT / PYTEST_TIMEOUT  per-test timeouts in seconds (defaults 600 / 900)
+# configure_fused_attn_env MODE sets the attention backend switches of one CI configuration
+# (MODE = auto | ck | aotriton | flash | unfused; see reference table below) and exports
+# NVTE_ATTN_CI_MODE=MODE so tests know which configuration they run under. Call it in a subshell:
+# it changes the environment. Unknown modes are an error (return 2).
+#   mode      NVTE_FLASH_ATTN  NVTE_FUSED_ATTN  NVTE_FUSED_ATTN_CK  NVTE_FUSED_ATTN_AOTRITON
+#   auto      unset            unset            unset               unset
+#   aotriton  0                unset            0                   unset
+#   ck        0                unset            unset               0
+#   flash     unset            0                0                   0
+#   unfused   0                0                unset               unset
+# NVTE_UNFUSED_ATTN is unset (enabled) in every mode: the unfused path is the fallback and reference.
 # Failures are collected; call `finish_tests` last: it prints "N passed, N failed" and returns non-zero
 # if anything failed. A tag registered twice aborts (it would make TEST_FILTER ambiguous).
 
@@ -66,6 +77,23 @@ finish_tests() {
   for t in "${_TE_FAILED[@]}"; do echo "    FAILED: $t"; done
   echo "${#_TE_PASSED[@]} passed, ${#_TE_FAILED[@]} failed"
   [ "${#_TE_FAILED[@]}" -eq 0 ]
+}
+
+configure_fused_attn_env() {
+  local mode=${1:-}
+  unset NVTE_FLASH_ATTN NVTE_FUSED_ATTN NVTE_FUSED_ATTN_CK NVTE_FUSED_ATTN_AOTRITON NVTE_UNFUSED_ATTN
+  case "$mode" in
+    auto) ;;
+    aotriton) export NVTE_FLASH_ATTN=0 NVTE_FUSED_ATTN_CK=0 ;;
+    ck) export NVTE_FLASH_ATTN=0 NVTE_FUSED_ATTN_AOTRITON=0 ;;
+    flash) export NVTE_FUSED_ATTN=0 NVTE_FUSED_ATTN_CK=0 NVTE_FUSED_ATTN_AOTRITON=0 ;;
+    unfused) export NVTE_FLASH_ATTN=0 NVTE_FUSED_ATTN=0 ;;
+    *)
+      echo "configure_fused_attn_env: expected auto, ck, aotriton, flash or unfused, got '$mode'" >&2
+      return 2
+      ;;
+  esac
+  export NVTE_ATTN_CI_MODE=$mode
 }
 
 # pytest wrapper: exit code 5 (no test collected) counts as a failure of the tag, never a silent pass.

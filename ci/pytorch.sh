@@ -1,7 +1,10 @@
 #!/usr/bin/env bash
 # PyTorch front-end suites: each tests/pytorch/test_*.py as tag pytorch.<file> (single process,
 # TEST_SGPU), and test_distributed.py under `torchrun --nproc_per_node=2` (gloo) as
-# pytorch.test_distributed (TEST_MGPU). TEST_FILTER globs select tags (see ci/_utils.sh).
+# pytorch.test_distributed (TEST_MGPU). The attention suites (test_attention*.py) run once per
+# attention backend configuration (configure_fused_attn_env) as pytorch.<file>.<mode>: auto and
+# unfused from TEST_LEVEL 1, ck, aotriton and flash from TEST_LEVEL 3. TEST_FILTER globs select
+# tags (see ci/_utils.sh).
 set -u
 source "$(dirname "${BASH_SOURCE[0]}")/_utils.sh"
 
@@ -15,10 +18,26 @@ run_torchrun() {
     --nproc_per_node=2 -m pytest -q -p no:cacheprovider -o faulthandler_timeout="$PYTEST_TIMEOUT" "$@"
 }
 
+# Attention modes by TEST_LEVEL; each run in a subshell so the switches do not leak into later tags.
+attn_modes=()
+[ "$TEST_LEVEL" -ge 1 ] && attn_modes+=(auto unfused)
+[ "$TEST_LEVEL" -ge 3 ] && attn_modes+=(ck aotriton flash)
+run_attn_mode() {
+  local mode=$1
+  shift
+  (configure_fused_attn_env "$mode" && run_single "$@")
+}
+
 for f in "$REPO_ROOT"/tests/pytorch/test_*.py; do
   [ -e "$f" ] || continue
   name=$(basename "$f" .py)
-  if [ "$name" = test_distributed ]; then
+  if [[ $name == test_attention* ]]; then
+    if [ "$TEST_SGPU" = 1 ]; then
+      for mode in "${attn_modes[@]}"; do
+        run_tagged "pytorch.$name.$mode" run_attn_mode "$mode" "$f"
+      done
+    fi
+  elif [ "$name" = test_distributed ]; then
     [ "$TEST_MGPU" = 1 ] && run_tagged "pytorch.$name" run_torchrun "$f"
   else
     [ "$TEST_SGPU" = 1 ] && run_tagged "pytorch.$name" run_single "$f"

@@ -23,6 +23,8 @@ def test_every_environment_read_is_registered():
         re.compile(r"_flag\(\s*[\"']([A-Z0-9_]+)[\"']"),
         re.compile(r"environ(?:\.get)?[\[(]\s*[\"']([A-Z0-9_]+)[\"']"),
         re.compile(r"getenv\(\s*\"([A-Z0-9_]+)\""),
+        # C++ reads through common/util/env.h (env_value, env_is_zero, env_is_one, env_int).
+        re.compile(r"\benv_(?:value|is_zero|is_one|int)\(\s*\"([A-Z0-9_]+)\""),
     ]
     files = [ROOT / "setup.py"]
     for folder in ("transformer_engine_lite", "build_tools"):

@@ -107,6 +107,22 @@ for _sm in ("scaled", "scaled_upper_triang_masked", "scaled_aligned_causal_maske
     _SIGNATURES[f"nvte_{_sm}_softmax_forward"] = [_T, _T, _f, _S]
     _SIGNATURES[f"nvte_{_sm}_softmax_backward"] = [_T, _T, _T, _f, _S]
 _SIGNATURES["nvte_scaled_masked_softmax_forward"] = [_T, _T, _T, _f, _S]
+# Fused attention (fused_attn.h): sizes, 64-bit windows, enums as int.
+_z, _l = ctypes.c_size_t, ctypes.c_int64
+_SIGNATURES["nvte_fused_attn_fwd"] = [
+    _T, _T, _T, _T, _T, _T, _T, _T, _T, _z, _z, _b, _f, _f, _i, _i, _i, _l, _l, _T, _S]
+_SIGNATURES["nvte_fused_attn_bwd"] = [
+    _T, _T, _T, _T, _T, _T, _T, _T, _T, _T, _T, _T, _T, _T, _z, _z, _f, _f, _i, _i, _i, _l, _l,
+    _b, _T, _S]
+_SIGNATURES["nvte_fused_attn_fwd_qkvpacked"] = [
+    _T, _T, _T, _T, _T, _T, _z, _b, _f, _f, _i, _i, _i, _l, _l, _T, _S]
+_SIGNATURES["nvte_fused_attn_bwd_qkvpacked"] = [
+    _T, _T, _T, _T, _T, _T, _T, _T, _T, _z, _f, _f, _i, _i, _i, _l, _l, _b, _T, _S]
+_SIGNATURES["nvte_fused_attn_fwd_kvpacked"] = [
+    _T, _T, _T, _T, _T, _T, _T, _T, _z, _z, _b, _f, _f, _i, _i, _i, _l, _l, _T, _S]
+_SIGNATURES["nvte_fused_attn_bwd_kvpacked"] = [
+    _T, _T, _T, _T, _T, _T, _T, _T, _T, _T, _T, _T, _z, _z, _f, _f, _i, _i, _i, _l, _l, _b, _T, _S]
+_SIGNATURES["nvte_fused_attn_dropout_mask"] = [_T, _f, _T, _S]
 _SIGNATURES["nvte_scaled_masked_softmax_backward"] = [_T, _T, _T, _f, _S]
 
 
@@ -253,6 +269,89 @@ class Tensor:
         if getattr(self, "handle", None):
             self._lib.nvte_destroy_tensor(self.handle)
             self.handle = None
+
+
+# ---------------------------------------------------------------- attention backend selection
+class NVTEFusedAttnConfig(ctypes.Structure):
+    """fused_attn.h's NVTEFusedAttnConfig (enums as int)."""
+
+    _fields_ = [("device", ctypes.c_int), ("q_dtype", ctypes.c_int), ("kv_dtype", ctypes.c_int),
+                ("qkv_layout", ctypes.c_int), ("bias_type", ctypes.c_int),
+                ("attn_mask_type", ctypes.c_int), ("dropout", ctypes.c_float),
+                ("num_attn_heads", ctypes.c_size_t), ("num_gqa_groups", ctypes.c_size_t),
+                ("max_seqlen_q", ctypes.c_size_t), ("max_seqlen_kv", ctypes.c_size_t),
+                ("head_dim_qk", ctypes.c_size_t), ("head_dim_v", ctypes.c_size_t),
+                ("window_size_left", ctypes.c_int64), ("window_size_right", ctypes.c_int64)]
+
+
+class NVTEFusedAttnPlatform(ctypes.Structure):
+    """fused_attn.h's NVTEFusedAttnPlatform: the build / GPU a selection assumes."""
+
+    _fields_ = [("is_rocm", ctypes.c_bool), ("has_ck", ctypes.c_bool),
+                ("has_aotriton", ctypes.c_bool), ("has_flash", ctypes.c_bool),
+                ("gpu_arch", ctypes.c_char_p)]
+
+
+NUM_FUSED_ATTN_BACKENDS = 4  # NVTE_NUM_FUSED_ATTN_BACKENDS; the enum values index reasons
+
+
+def _attn_enum_names(fn_name: str, count: int) -> tuple[str, ...]:
+    fn = getattr(_lib(), fn_name)
+    fn.argtypes, fn.restype = [ctypes.c_int], ctypes.c_char_p
+    return tuple(fn(i).decode() for i in range(count))
+
+
+def qkv_layout_names() -> tuple[str, ...]:
+    """Layout names indexed by NVTE_QKV_Layout value ("sb3hd", ..., "thd_thd_thd")."""
+    return _attn_enum_names("nvte_qkv_layout_name", 15)
+
+
+def mask_type_names() -> tuple[str, ...]:
+    """Mask names indexed by NVTE_Mask_Type value ("no_mask", ..., "padding_causal_bottom_right")."""
+    return _attn_enum_names("nvte_mask_type_name", 6)
+
+
+def bias_type_names() -> tuple[str, ...]:
+    """Bias names indexed by NVTE_Bias_Type value ("no_bias", ..., "alibi")."""
+    return _attn_enum_names("nvte_bias_type_name", 4)
+
+
+def fused_attn_backend_names() -> tuple[str, ...]:
+    """Backend names indexed by NVTE_Fused_Attn_Backend value 0.. ("aotriton", "ck", ...)."""
+    return _attn_enum_names("nvte_fused_attn_backend_name", NUM_FUSED_ATTN_BACKENDS)
+
+
+def fused_attn_backend_reasons(config: NVTEFusedAttnConfig,
+                               platform: NVTEFusedAttnPlatform | None = None
+                               ) -> tuple[int, tuple[str, ...]]:
+    """nvte_fused_attn_backend_reasons: (selected backend value, -1 if none; per-backend reasons
+    indexed by value, "" = eligible)."""
+    fn = _lib().nvte_fused_attn_backend_reasons
+    fn.argtypes = [ctypes.POINTER(NVTEFusedAttnConfig), ctypes.POINTER(NVTEFusedAttnPlatform),
+                   ctypes.POINTER(ctypes.c_int), ctypes.POINTER(ctypes.c_char_p)]
+    fn.restype = ctypes.c_int
+    selected = ctypes.c_int(-1)
+    reasons = (ctypes.c_char_p * NUM_FUSED_ATTN_BACKENDS)()
+    check(fn(ctypes.byref(config), ctypes.byref(platform) if platform is not None else None,
+             ctypes.byref(selected), reasons))
+    return selected.value, tuple((r or b"").decode() for r in reasons)
+
+
+def get_fused_attn_backend(config: NVTEFusedAttnConfig) -> int:
+    """nvte_get_fused_attn_backend for this build on config.device: the selected backend value.
+    Raises NVTEInvalidArgument for a malformed config and NVTEUnsupported (its message lists every
+    backend and why) when nothing is eligible."""
+    lib = _lib()
+    fn = lib.nvte_get_fused_attn_backend
+    fn.argtypes = [_i, _i, _i, _i, _i, _f] + [ctypes.c_size_t] * 6 + [ctypes.c_int64] * 2 + [_i]
+    fn.restype = ctypes.c_int
+    c = config
+    backend = fn(c.q_dtype, c.kv_dtype, c.qkv_layout, c.bias_type, c.attn_mask_type, c.dropout,
+                 c.num_attn_heads, c.num_gqa_groups, c.max_seqlen_q, c.max_seqlen_kv,
+                 c.head_dim_qk, c.head_dim_v, c.window_size_left, c.window_size_right, c.device)
+    if backend < 0:
+        check(lib.nvte_get_last_status())
+    return backend
 
 
 class QuantizationConfig:

@@ -37,6 +37,34 @@ ENV_VARS: tuple[EnvVar, ...] = (
     EnvVar("NVTE_LIB_PATH", None, "runtime",
            "file or folder of libtransformer_engine_lite.so to load instead of the installed one"),
     EnvVar("OMP_NUM_THREADS", None, "runtime", "threads of the CPU kernels (OpenMP)"),
+    # Attention backend selection (common/fused_attn/backend_select.cpp). Switches: only the exact
+    # string 0 disables; logging: only the exact string 1 enables.
+    EnvVar("NVTE_FUSED_ATTN", "1", "runtime",
+           "0 disables the fused GPU attention backends ck and aotriton (master switch)"),
+    EnvVar("NVTE_FUSED_ATTN_CK", None, "runtime",
+           "0 disables the ck attention backend; unset: follows NVTE_FUSED_ATTN"),
+    EnvVar("NVTE_FUSED_ATTN_AOTRITON", None, "runtime",
+           "0 disables the aotriton attention backend; unset: follows NVTE_FUSED_ATTN"),
+    EnvVar("NVTE_FLASH_ATTN", "1", "runtime", "0 disables the flash attention backend"),
+    EnvVar("NVTE_UNFUSED_ATTN", "1", "runtime",
+           "0 disables the unfused attention backend (framework math)"),
+    EnvVar("NVTE_LOG_FUSED_ATTN_CONFIG", "0", "runtime",
+           "1 logs every attention backend selection to stderr: dtype, layout, bias, mask, "
+           "h/h_kv/s_q/s_kv/d_qk/d_v, window, dropout, device, the chosen backend and why the "
+           "others were rejected"),
+    EnvVar("NVTE_LOG_CK_CONFIG", "0", "runtime",
+           "1 logs whether ck is eligible for each selection, and why not, on a platform with ck"),
+    EnvVar("NVTE_LOG_AOTRITON_CONFIG", "0", "runtime",
+           "1 logs whether aotriton is eligible for each selection, and why not, on a platform "
+           "with aotriton"),
+    EnvVar("CK_FUSED_ATTN_LOG_CONFIG", "0", "runtime",
+           "1 logs the CK kernel arguments in builds with ck; no build of this project has ck "
+           "yet, so it has no effect (listed for TE users)"),
+    EnvVar("NVTE_DEBUG", "0", "runtime",
+           "1 enables the front ends' debug logging (attention backend selection)"),
+    EnvVar("NVTE_DEBUG_LEVEL", "0", "runtime",
+           "with NVTE_DEBUG=1: 0 warnings, 1 info (selected backend), 2 debug (every rejected "
+           "backend and why)"),
     EnvVar("TEST_LEVEL", "99", "ci", "how many configurations ci/*.sh run"),
     EnvVar("TEST_FILTER", None, "ci", "space-separated globs over test tags, e.g. 'core.test_gemm'"),
     EnvVar("TEST_SGPU", "1", "ci", "run single-process suites"),
@@ -44,6 +72,9 @@ ENV_VARS: tuple[EnvVar, ...] = (
     EnvVar("TEST_LIST_ONLY", "0", "ci", "1 prints the selected test tags instead of running them"),
     EnvVar("CTEST_TIMEOUT", "600", "ci", "per-test timeout of ctest, seconds"),
     EnvVar("PYTEST_TIMEOUT", "900", "ci", "faulthandler timeout of pytest, seconds"),
+    EnvVar("NVTE_ATTN_CI_MODE", None, "ci",
+           "attention backend configuration a ci/pytorch.sh run is under (auto, ck, aotriton, "
+           "flash, unfused; set by configure_fused_attn_env in ci/_utils.sh)"),
 )
 
 _BY_NAME = {v.name: v for v in ENV_VARS}

@@ -34,4 +34,12 @@ Selection select_backend(const NVTEFusedAttnConfig &cfg, const NVTEFusedAttnPlat
 // "ck: <reason>; aotriton: <reason>; flash: <reason>; unfused: <reason>" for error messages.
 std::string describe_reasons(const Selection &s);
 
+// rule_reason and select_backend raise NVTE_ERROR_INVALID_ARGUMENT for a malformed config (enum out
+// of range, zero heads, window < -1, NaN dropout) and env_reason / rule_reason for a backend out of
+// range.
+
+// Per-call log of an op (e.g. what = "nvte_fused_attn_fwd") with its batch size and config, one
+// stderr line when NVTE_LOG_FUSED_ATTN_CONFIG=1 (exactly "1"); nothing otherwise.
+void log_attn_call(const char *what, size_t batch, const NVTEFusedAttnConfig &cfg);
+
 }  // namespace nvte

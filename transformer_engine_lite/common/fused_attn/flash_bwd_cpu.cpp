@@ -4,7 +4,8 @@
 // tile and key block the probabilities are recomputed from the saved LSE:
 //   P = exp(scale q.k + bias - lse), dP = dO.V^T (dropped entries 0, kept ones x 1/(1-p)),
 //   dS = P (dP - delta) with delta = rowsum(dO * O),
-//   dQ += dS.K, dK += dS^T.Q (both x scale at the end), dV += P_dropped^T.dO.
+//   dQ += dS.K, dK^T += Q^T.dS (both x scale at the end), dV^T += dO^T.P_dropped
+// (the transposed forms take dS and P as B panels, which needs no transpose per block).
 // Extra memory: the packed K/V of one task and fp32 dK/dV accumulators (O(S) per head); a bias
 // gradient adds one fp32 [b, h, s_q, s_kv] buffer (the size of dS) reduced over broadcast dims.
 #include <algorithm>
@@ -29,7 +30,7 @@ NVTE_CPU_CLONES void recompute_probs(int rows, float *S, const float *bias, cons
                                      const int *b, float scale, const float *lse) {
   for (int r = 0; r < rows; ++r) {
     float *s = S + r * kBlockKV;
-    const float *bb = bias ? bias + r * kBlockKV : nullptr;
+    const float *bb = bias ? bias + r * kBlockKV : kZeroRow;
     const int lo = a[r], hi = b[r];
     const float m = lse[r];
     if (lo >= hi || m == kNegInf) {
@@ -37,8 +38,7 @@ NVTE_CPU_CLONES void recompute_probs(int rows, float *S, const float *bias, cons
       continue;
     }
     for (int c = 0; c < kBlockKV; ++c) {
-      float x = s[c] * scale;
-      if (bb) x += bb[c];
+      const float x = s[c] * scale + bb[c];
       s[c] = (c >= lo && c < hi) ? exp_f32(x - m) : 0.0f;
     }
   }
@@ -62,15 +62,46 @@ NVTE_CPU_CLONES void probs_grad(int rows, float *P, float *dP, const float *keep
   }
 }
 
-// X (fp32 [rows][64]) -> row-major E copy [64][64] and its transpose [64][64] (zeros past `rows`).
-template <typename E>
-void to_operands(int rows, const float *X, E *row_major, E *transposed) {
+// X (fp32 [rows][64], rows past `rows` read as 0) as GEMM operands: the row-major A copy (dQ = dS.K)
+// and the B panel with K index = row (dK^T = Q^T.dS, dV^T = dO^T.P): for bf16 the two rows of a pair
+// interleave, for fp32 the panel is the row-major copy. No transposes in the inner loop.
+NVTE_CPU_CLONES void to_operands_bf16(int rows, const float *X, uint16_t *a, uint16_t *bpanel) {
+  for (int r = 0; r < kBlockQ; r += 2) {
+    const float *x0 = X + r * kBlockKV, *x1 = X + (r + 1) * kBlockKV;
+    const bool l0 = r < rows, l1 = r + 1 < rows;
+    uint16_t *pr = bpanel + r * kBlockKV;  // pair r/2 occupies 2 * 64 entries
+    for (int c = 0; c < kBlockKV; ++c) {
+      const uint16_t v0 = l0 ? float_to_bf16(x0[c]).x : 0, v1 = l1 ? float_to_bf16(x1[c]).x : 0;
+      pr[2 * c] = v0;
+      pr[2 * c + 1] = v1;
+      if (a) {
+        a[r * kBlockKV + c] = v0;
+        a[(r + 1) * kBlockKV + c] = v1;
+      }
+    }
+  }
+}
+NVTE_CPU_CLONES void to_operands_f32(int rows, const float *X, float *a, float *bpanel) {
   for (int r = 0; r < kBlockQ; ++r)
     for (int c = 0; c < kBlockKV; ++c) {
-      const E v = r < rows ? Compute<E>::from_f32(X[r * kBlockKV + c]) : E{};
-      if (row_major) row_major[r * kBlockKV + c] = v;
-      transposed[c * kBlockQ + r] = v;
+      const float v = r < rows ? X[r * kBlockKV + c] : 0.0f;
+      bpanel[r * kBlockKV + c] = v;
+      if (a) a[r * kBlockKV + c] = v;
     }
+}
+inline void to_operands(int rows, const float *X, uint16_t *a, uint16_t *b) {
+  to_operands_bf16(rows, X, a, b);
+}
+inline void to_operands(int rows, const float *X, float *a, float *b) {
+  to_operands_f32(rows, X, a, b);
+}
+
+// A operand Q^T / dO^T of a query tile: [cols][64] with K index = query row (zero past `rows`).
+template <typename E, typename T>
+void pack_a_transposed(E *dst, const T *src, const int64_t *row_off, int rows, int cols) {
+  for (int c = 0; c < cols; ++c)
+    for (int r = 0; r < kBlockQ; ++r)
+      dst[c * kBlockQ + r] = r < rows ? Compute<E>::load(src[row_off[r] + c]) : E{};
 }
 
 template <typename E, typename T>
@@ -78,8 +109,8 @@ void bwd(const AttnParams &p) {
   const int64_t group = p.h / p.h_kv;
   const int kpad = static_cast<int>(round_up(p.d_qk, Compute<E>::kKAlign));
   const int vpad = static_cast<int>(round_up(p.d_v, Compute<E>::kKAlign));
-  const int ldk = static_cast<int>(round_up(p.d_qk, 16)), ldv = static_cast<int>(round_up(p.d_v, 16));
-  const int64_t kpanels = ceil_div(p.d_qk, tile::kPanel), vpanels = ceil_div(p.d_v, tile::kPanel);
+  const int ldk = static_cast<int>(round_up(p.d_qk, 16));
+  const int64_t kpanels = ceil_div(p.d_qk, tile::kPanel);
   const T *Q = static_cast<const T *>(p.q), *K = static_cast<const T *>(p.k);
   const T *V = static_cast<const T *>(p.v), *O = static_cast<const T *>(p.o);
   const T *dO = static_cast<const T *>(p.d_o);
@@ -91,14 +122,13 @@ void bwd(const AttnParams &p) {
 #pragma omp parallel
   {
     std::vector<E> qa(static_cast<size_t>(kBlockQ) * kpad), doa(static_cast<size_t>(kBlockQ) * vpad);
-    std::vector<E> qd(static_cast<size_t>(kBlockQ) * tile::kPanel * kpanels),
-        dod(static_cast<size_t>(kBlockQ) * tile::kPanel * vpanels);
-    std::vector<E> ds_rm(kBlockQ * kBlockKV), ds_t(kBlockQ * kBlockKV), pd_t(kBlockQ * kBlockKV);
+    std::vector<E> qt(static_cast<size_t>(p.d_qk) * kBlockQ), dot(static_cast<size_t>(p.d_v) * kBlockQ);
+    std::vector<E> ds_a(kBlockQ * kBlockKV), ds_b(kBlockQ * kBlockKV), pd_b(kBlockQ * kBlockKV);
     std::vector<float> S(kBlockQ * kBlockKV), dP(kBlockQ * kBlockKV),
         bias(has_bias ? kBlockQ * kBlockKV : 0), keep(p.dropout > 0 ? kBlockQ * kBlockKV : 0),
         dq_acc(static_cast<size_t>(kBlockQ) * ldk);
     std::vector<E> kt, kd, vt;
-    std::vector<float> dk_acc, dv_acc;
+    std::vector<float> dkt_acc, dvt_acc;  // per key block: [d][64], transposed once at the end
     float delta[kBlockQ], lse[kBlockQ];
     int64_t off[kBlockQ], lo[kBlockQ], hi[kBlockQ];
     int a[kBlockQ], b[kBlockQ];
@@ -121,18 +151,18 @@ void bwd(const AttnParams &p) {
         token_offsets_kv(p, p.sv_, bi, g, blk * kBlockKV, n, off);
         pack_b_rows_as_columns<E, T>(vt.data() + blk * vt_blk, vpad, V, off, n, static_cast<int>(p.d_v));
       }
-      dk_acc.assign(static_cast<size_t>(nblk * kBlockKV) * ldk, 0.0f);
-      dv_acc.assign(static_cast<size_t>(nblk * kBlockKV) * ldv, 0.0f);
+      dkt_acc.assign(static_cast<size_t>(nblk * kBlockKV * p.d_qk), 0.0f);
+      dvt_acc.assign(static_cast<size_t>(nblk * kBlockKV * p.d_v), 0.0f);
 
       for (int64_t hd = g * group; hd < (g + 1) * group; ++hd) {
         for (int64_t q0 = 0; q0 < sq; q0 += kBlockQ) {
           const int rows = static_cast<int>(std::min<int64_t>(kBlockQ, sq - q0));
           token_offsets_q(p, p.sq_, bi, hd, q0, rows, off);
           pack_a<E, T>(qa.data(), kpad, Q, off, rows, rows, static_cast<int>(p.d_qk));
-          pack_b_rows_as_k<E, T>(qd.data(), kBlockQ, Q, off, rows, static_cast<int>(p.d_qk));
+          pack_a_transposed<E, T>(qt.data(), Q, off, rows, static_cast<int>(p.d_qk));
           token_offsets_q(p, p.sdo_, bi, hd, q0, rows, off);
           pack_a<E, T>(doa.data(), vpad, dO, off, rows, rows, static_cast<int>(p.d_v));
-          pack_b_rows_as_k<E, T>(dod.data(), kBlockQ, dO, off, rows, static_cast<int>(p.d_v));
+          pack_a_transposed<E, T>(dot.data(), dO, off, rows, static_cast<int>(p.d_v));
           for (int r = 0; r < rows; ++r) {
             const T *o = O + p.token_q(p.so_, bi, q0 + r) + hd * p.so_.head;
             const T *g_o = dO + off[r];
@@ -165,17 +195,18 @@ void bwd(const AttnParams &p) {
                 for (int c = 0; c < kBlockKV && j0 + c < skv; ++c)
                   dst[r * p.s_kv + j0 + c] = dP[r * kBlockKV + c];
             }
-            to_operands<E>(rows, dP.data(), ds_rm.data(), ds_t.data());
-            to_operands<E>(rows, S.data(), nullptr, pd_t.data());
-            Compute<E>::gemm(rows, static_cast<int>(p.d_qk), kBlockKV, ds_rm.data(), kBlockKV,
+            to_operands(rows, dP.data(), ds_a.data(), ds_b.data());
+            to_operands(rows, S.data(), static_cast<E *>(nullptr), pd_b.data());
+            Compute<E>::gemm(rows, static_cast<int>(p.d_qk), kBlockKV, ds_a.data(), kBlockKV,
                              kd.data() + blk * kd_blk, static_cast<size_t>(kBlockKV) * tile::kPanel,
                              dq_acc.data(), ldk, true);
-            Compute<E>::gemm(kBlockKV, static_cast<int>(p.d_qk), kBlockQ, ds_t.data(), kBlockQ,
-                             qd.data(), static_cast<size_t>(kBlockQ) * tile::kPanel,
-                             dk_acc.data() + j0 * ldk, ldk, true);
-            Compute<E>::gemm(kBlockKV, static_cast<int>(p.d_v), kBlockQ, pd_t.data(), kBlockQ,
-                             dod.data(), static_cast<size_t>(kBlockQ) * tile::kPanel,
-                             dv_acc.data() + j0 * ldv, ldv, true);
+            // dK^T [d_qk][64 keys] += Q^T.dS and dV^T [d_v][64 keys] += dO^T.P_dropped.
+            Compute<E>::gemm(static_cast<int>(p.d_qk), kBlockKV, kBlockQ, qt.data(), kBlockQ,
+                             ds_b.data(), 0, dkt_acc.data() + blk * kBlockKV * p.d_qk, kBlockKV,
+                             true);
+            Compute<E>::gemm(static_cast<int>(p.d_v), kBlockKV, kBlockQ, dot.data(), kBlockQ,
+                             pd_b.data(), 0, dvt_acc.data() + blk * kBlockKV * p.d_v, kBlockKV,
+                             true);
           }
           token_offsets_q(p, p.sdq_, bi, hd, q0, rows, off);
           for (int r = 0; r < rows; ++r) {
@@ -196,10 +227,11 @@ void bwd(const AttnParams &p) {
         T *dk = dK + p.token_kv(p.sdk_, bi, j) + g * p.sdk_.head;
         T *dv = dV + p.token_kv(p.sdv_, bi, j) + g * p.sdv_.head;
         const bool live = j < skv;
+        const float *kt_j = dkt_acc.data() + (j / kBlockKV) * kBlockKV * p.d_qk + j % kBlockKV;
+        const float *vt_j = dvt_acc.data() + (j / kBlockKV) * kBlockKV * p.d_v + j % kBlockKV;
         for (int64_t d = 0; d < p.d_qk; ++d)
-          dk[d] = from_float<T>(live ? dk_acc[static_cast<size_t>(j) * ldk + d] * p.scale : 0.0f);
-        for (int64_t d = 0; d < p.d_v; ++d)
-          dv[d] = from_float<T>(live ? dv_acc[static_cast<size_t>(j) * ldv + d] : 0.0f);
+          dk[d] = from_float<T>(live ? kt_j[d * kBlockKV] * p.scale : 0.0f);
+        for (int64_t d = 0; d < p.d_v; ++d) dv[d] = from_float<T>(live ? vt_j[d * kBlockKV] : 0.0f);
       }
     }
   }

@@ -31,16 +31,15 @@ NVTE_CPU_CLONES void softmax_update(int rows, float *S, const float *bias, const
                                     const int *b, float scale, float *m, float *l, float *corr) {
   for (int r = 0; r < rows; ++r) {
     float *s = S + r * kBlockKV;
-    const float *bb = bias ? bias + r * kBlockKV : nullptr;
+    const float *bb = bias ? bias + r * kBlockKV : kZeroRow;
     const int lo = a[r], hi = b[r];
     float part[16];
     for (int k = 0; k < 16; ++k) part[k] = kNegInf;
     for (int c0 = 0; c0 < kBlockKV; c0 += 16) {
       for (int k = 0; k < 16; ++k) {
         const int c = c0 + k;
-        float x = s[c] * scale;
-        if (bb) x += bb[c];
-        x = (c >= lo && c < hi) ? x : kNegInf;
+        const float x0 = s[c] * scale + bb[c];
+        const float x = (c >= lo && c < hi) ? x0 : kNegInf;
         s[c] = x;
         part[k] = x > part[k] ? x : part[k];
       }

@@ -4,8 +4,6 @@
 #include "transformer_engine_lite/fused_attn.h"
 
 #include <cmath>
-#include <cstdio>
-#include <cstdlib>
 #include <string>
 
 #include "../util/api.h"
@@ -126,7 +124,7 @@ void check_cu_seqlens(const Tensor &cu, const char *arg, int64_t b, bool thd, in
 }
 
 // Validates a call and fills the problem description shared by forward and backward.
-AttnParams make_params(const CallArgs &c, NVTEDevice *device_out) {
+AttnParams make_params(const CallArgs &c, NVTEDevice *device_out, NVTEFusedAttnConfig *cfg_out) {
   check_enums(c);
   for (auto [t, n] : {std::pair{c.q, "Q"}, {c.k, "K"}, {c.v, "V"}}) {
     check_has_data(*t, n);
@@ -276,6 +274,7 @@ AttnParams make_params(const CallArgs &c, NVTEDevice *device_out) {
   const std::string why = rule_reason(NVTE_Flash, cfg, this_platform(device));
   NVTE_CHECK_SUPPORTED(why.empty(), "the flash backend cannot run this config: ", why);
   *device_out = device;
+  *cfg_out = cfg;
   return p;
 }
 
@@ -315,22 +314,6 @@ void check_lse(const Tensor *t, const AttnParams &p, NVTEDevice device) {
   NVTE_CHECK(t->device == device, "argument 'softmax_lse': expected the inputs' device");
 }
 
-// Per-call log line (NVTE_LOG_FUSED_ATTN_CONFIG=1, exactly "1"): the resolved problem.
-void log_call_config(const char *op, const AttnParams &p, NVTEDevice device) {
-  const char *env = std::getenv("NVTE_LOG_FUSED_ATTN_CONFIG");
-  if (env == nullptr || std::string(env) != "1") return;
-  std::fprintf(stderr,
-               "[NVTE] %s: backend=flash device=%s dtype=%s format=%s b=%lld h=%lld h_kv=%lld "
-               "s_q=%lld s_kv=%lld d_qk=%lld d_v=%lld bias=%s window=(%lld, %lld) "
-               "bottom_right=%d dropout=%g scale=%g varlen=%d\n",
-               op, device == kNVTEDeviceCPU ? "cpu" : "gpu", dtype_name(p.dtype),
-               p.format == NVTE_THD ? "thd" : (p.format == NVTE_BSHD ? "bshd" : "sbhd"),
-               (long long)p.b, (long long)p.h, (long long)p.h_kv, (long long)p.s_q,
-               (long long)p.s_kv, (long long)p.d_qk, (long long)p.d_v,
-               nvte_bias_type_name(p.bias_type), (long long)p.win_left, (long long)p.win_right,
-               p.bottom_right ? 1 : 0, p.dropout, p.scale, p.cu_q != nullptr ? 1 : 0);
-}
-
 }  // namespace
 
 // GPU backward workspace, TE's protocol: a handle without data is a size query (its shape becomes
@@ -355,7 +338,8 @@ bool gpu_workspace(NVTETensor workspace, size_t bytes, void **ptr) {
 
 void run_fwd(const CallArgs &c, const Tensor *o, Tensor *lse, bool is_training, NVTEStream stream) {
   NVTEDevice device;
-  AttnParams p = make_params(c, &device);
+  NVTEFusedAttnConfig cfg;
+  AttnParams p = make_params(c, &device, &cfg);
   check_output(o, "O", *c.q, static_cast<size_t>(p.d_v), p.dtype, device);
   for (auto [t, n] : {std::pair{c.q, "Q"}, {c.k, "K"}, {c.v, "V"}}) check_no_overlap(t->data, n, o->data, "O");
   if (is_training) {
@@ -368,7 +352,7 @@ void run_fwd(const CallArgs &c, const Tensor *o, Tensor *lse, bool is_training, 
   }
   p.o = o->data.dptr;
   p.so_ = dense_strides(p.format, p.b, p.s_q, p.h, p.d_v);
-  log_call_config("fused_attn_fwd", p, device);
+  log_attn_call("nvte_fused_attn_fwd", static_cast<size_t>(p.b), cfg);
   if (use_gpu(device, "nvte_fused_attn_fwd")) {
 #ifdef NVTE_WITH_GPU
     gpu::launch_flash_attn_fwd(p, stream);
@@ -383,7 +367,8 @@ void run_fwd(const CallArgs &c, const Tensor *o, Tensor *lse, bool is_training, 
 void run_bwd(const CallArgs &c, const BwdTensors &t, bool deterministic, NVTETensor workspace,
              NVTEStream stream) {
   NVTEDevice device;
-  AttnParams p = make_params(c, &device);
+  NVTEFusedAttnConfig cfg;
+  AttnParams p = make_params(c, &device, &cfg);
   check_output(t.o, "O", *c.q, static_cast<size_t>(p.d_v), p.dtype, device);
   check_output(t.d_o, "dO", *c.q, static_cast<size_t>(p.d_v), p.dtype, device);
   check_lse(t.lse, p, device);
@@ -430,7 +415,7 @@ void run_bwd(const CallArgs &c, const BwdTensors &t, bool deterministic, NVTETen
     p.sdv_ = dense_strides(p.format, p.b, p.s_kv, p.h_kv, p.d_v);
   }
   p.dbias = want_dbias ? t.dbias->data.dptr : nullptr;
-  log_call_config("fused_attn_bwd", p, device);
+  log_attn_call("nvte_fused_attn_bwd", static_cast<size_t>(p.b), cfg);
   if (use_gpu(device, "nvte_fused_attn_bwd")) {
 #ifdef NVTE_WITH_GPU
     void *ws = nullptr;
