@@ -66,19 +66,16 @@ NVTE_CPU_CLONES void probs_grad(int rows, float *P, float *dP, const float *keep
 // and the B panel with K index = row (dK^T = Q^T.dS, dV^T = dO^T.P): for bf16 the two rows of a pair
 // interleave, for fp32 the panel is the row-major copy. No transposes in the inner loop.
 NVTE_CPU_CLONES void to_operands_bf16(int rows, const float *X, uint16_t *a, uint16_t *bpanel) {
+  // Convert row by row (vectorizes), zero the rows past `rows`, then interleave row pairs as
+  // 32-bit words: low half from the even row, high half from the odd one.
+  for (int r = 0; r < rows; ++r)
+    for (int c = 0; c < kBlockKV; ++c) a[r * kBlockKV + c] = float_to_bf16(X[r * kBlockKV + c]).x;
+  std::memset(a + rows * kBlockKV, 0, sizeof(uint16_t) * (kBlockQ - rows) * kBlockKV);
   for (int r = 0; r < kBlockQ; r += 2) {
-    const float *x0 = X + r * kBlockKV, *x1 = X + (r + 1) * kBlockKV;
-    const bool l0 = r < rows, l1 = r + 1 < rows;
-    uint16_t *pr = bpanel + r * kBlockKV;  // pair r/2 occupies 2 * 64 entries
-    for (int c = 0; c < kBlockKV; ++c) {
-      const uint16_t v0 = l0 ? float_to_bf16(x0[c]).x : 0, v1 = l1 ? float_to_bf16(x1[c]).x : 0;
-      pr[2 * c] = v0;
-      pr[2 * c + 1] = v1;
-      if (a) {
-        a[r * kBlockKV + c] = v0;
-        a[(r + 1) * kBlockKV + c] = v1;
-      }
-    }
+    const uint16_t *a0 = a + r * kBlockKV, *a1 = a0 + kBlockKV;
+    uint32_t *dst = reinterpret_cast<uint32_t *>(bpanel + r * kBlockKV);
+    for (int c = 0; c < kBlockKV; ++c)
+      dst[c] = static_cast<uint32_t>(a0[c]) | (static_cast<uint32_t>(a1[c]) << 16);
   }
 }
 NVTE_CPU_CLONES void to_operands_f32(int rows, const float *X, float *a, float *bpanel) {
@@ -90,7 +87,8 @@ NVTE_CPU_CLONES void to_operands_f32(int rows, const float *X, float *a, float *
     }
 }
 inline void to_operands(int rows, const float *X, uint16_t *a, uint16_t *b) {
-  to_operands_bf16(rows, X, a, b);
+  thread_local std::vector<uint16_t> scratch(kBlockQ * kBlockKV);  // A copy nobody asked for
+  to_operands_bf16(rows, X, a ? a : scratch.data(), b);
 }
 inline void to_operands(int rows, const float *X, float *a, float *b) {
   to_operands_f32(rows, X, a, b);

@@ -31,6 +31,11 @@ constexpr float kNegInf = -std::numeric_limits<float>::infinity();
 // load takes a fault-suppression microcode assist: 3x slower than the GEMMs around it.)
 alignas(64) inline constexpr float kZeroRow[kBlockKV] = {};
 
+// 16-lane vectors (GCC vector extensions: portable, lowered per ISA clone).
+using tile::v16f;
+typedef int32_t v16i __attribute__((vector_size(64)));
+constexpr v16i kLane = {0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15};
+
 inline int64_t round_up(int64_t x, int64_t m) { return (x + m - 1) / m * m; }
 inline int64_t ceil_div(int64_t x, int64_t m) { return (x + m - 1) / m; }
 

@@ -33,37 +33,37 @@ NVTE_CPU_CLONES void softmax_update(int rows, float *S, const float *bias, const
     float *s = S + r * kBlockKV;
     const float *bb = bias ? bias + r * kBlockKV : kZeroRow;
     const int lo = a[r], hi = b[r];
-    float part[16];
-    for (int k = 0; k < 16; ++k) part[k] = kNegInf;
+    // Masked logits and their max, 16 lanes at a time (vector extensions: gcc does not vectorize
+    // a scalar max reduction, and it may not reorder one).
+    v16f mx16 = kNegInf - v16f{};
     for (int c0 = 0; c0 < kBlockKV; c0 += 16) {
-      for (int k = 0; k < 16; ++k) {
-        const int c = c0 + k;
-        const float x0 = s[c] * scale + bb[c];
-        const float x = (c >= lo && c < hi) ? x0 : kNegInf;
-        s[c] = x;
-        part[k] = x > part[k] ? x : part[k];
-      }
+      v16f x, bv;
+      std::memcpy(&x, s + c0, sizeof(x));
+      std::memcpy(&bv, bb + c0, sizeof(bv));
+      const v16i idx = kLane + c0;
+      x = x * scale + bv;
+      x = (idx >= lo) & (idx < hi) ? x : kNegInf - v16f{};
+      std::memcpy(s + c0, &x, sizeof(x));
+      mx16 = x > mx16 ? x : mx16;
     }
     float mx = kNegInf;
-    for (int k = 0; k < 16; ++k) mx = part[k] > mx ? part[k] : mx;
+    for (int k = 0; k < 16; ++k) mx = mx16[k] > mx ? mx16[k] : mx;
     if (lo >= hi || mx == kNegInf) {  // nothing kept in this block (or -inf bias everywhere)
-      for (int c = 0; c < kBlockKV; ++c) s[c] = 0.0f;
+      std::memset(s, 0, sizeof(float) * kBlockKV);
       corr[r] = 1.0f;
       continue;
     }
     const float m_new = m[r] > mx ? m[r] : mx;
     corr[r] = m[r] == kNegInf ? 0.0f : exp_f32(m[r] - m_new);
-    for (int k = 0; k < 16; ++k) part[k] = 0.0f;
+    for (int c = 0; c < kBlockKV; ++c) s[c] = exp_f32(s[c] - m_new);  // masked: exp(-inf) = 0
+    v16f sum16 = v16f{};
     for (int c0 = 0; c0 < kBlockKV; c0 += 16) {
-      for (int k = 0; k < 16; ++k) {
-        const int c = c0 + k;
-        const float e = (c >= lo && c < hi) ? exp_f32(s[c] - m_new) : 0.0f;
-        s[c] = e;
-        part[k] += e;
-      }
+      v16f e;
+      std::memcpy(&e, s + c0, sizeof(e));
+      sum16 += e;
     }
     float sum = 0.0f;
-    for (int k = 0; k < 16; ++k) sum += part[k];
+    for (int k = 0; k < 16; ++k) sum += sum16[k];
     l[r] = l[r] * corr[r] + sum;
     m[r] = m_new;
   }
