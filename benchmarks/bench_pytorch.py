@@ -13,6 +13,9 @@ fixed output gradient. References: torch.nn.Linear; torch.nn.LayerNorm + nn.Line
 as TE's) + nn.Linear; the FP8 emulation quantizes each GEMM operand to FP8 with a current
 (per-tensor, amax) scale, dequantizes it to bf16 and runs a bf16 matmul (TE's HYBRID format: E4M3
 forward, E5M2 gradients; the bias gradient from the unquantized gradient, as TE).
+Attention cases (attention_fwd_bf16, attention_fwd_bwd_bf16): te.DotProductAttention vs
+torch's scaled_dot_product_attention, bf16 causal B=2 H=16 S=2048 D=64; see _attention_cases.py
+(peak memory at S up to 8192: bench_attention_memory.py).
 Timing, ratio (= ref_ms / ours_ms), JSON and exit status: as bench_core.py (benchmarks/_common.py).
 """
 
@@ -30,6 +33,7 @@ import torch
 import torch.nn.functional as F
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from _attention_cases import CASES as ATTENTION_CASES
 from _common import Case, bf16_close, cli, first_error, rel_close, rel_err
 
 import transformer_engine_lite.pytorch as te
@@ -289,6 +293,7 @@ CASES: dict[str, tuple[Callable[[bool], Case], float | None]] = {
     "layernorm_mlp_bf16": (_case("mlp", False), 1.0),
     "layernorm_mlp_fp8": (_case("mlp", True), 0.8),
     "layernorm_mlp_fp8_vs_emulation": (_case("mlp", True, vs_emulation=True), None),
+    **ATTENTION_CASES,  # attention_fwd_bf16, attention_fwd_bwd_bf16 (_attention_cases.py)
 }
 
 
