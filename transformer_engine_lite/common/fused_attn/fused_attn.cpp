@@ -336,7 +336,18 @@ bool gpu_workspace(NVTETensor workspace, size_t bytes, void **ptr) {
   return true;
 }
 
-void run_fwd(const CallArgs &c, const Tensor *o, Tensor *lse, bool is_training, NVTEStream stream) {
+// The CPU kernels (and the GPU forward) need no workspace: a handle without data answers TE's size query with [0].
+void cpu_workspace(NVTETensor workspace) {
+  if (workspace == nullptr) return;
+  Tensor &w = as_tensor_mut(workspace, "workspace");
+  if (!w.data.has_data()) {
+    w.data.shape = {0};
+    w.data.dtype = kNVTEByte;
+  }
+}
+
+void run_fwd(const CallArgs &c, const Tensor *o, Tensor *lse, bool is_training,
+             NVTETensor workspace, NVTEStream stream) {
   NVTEDevice device;
   NVTEFusedAttnConfig cfg;
   AttnParams p = make_params(c, &device, &cfg);
@@ -353,6 +364,7 @@ void run_fwd(const CallArgs &c, const Tensor *o, Tensor *lse, bool is_training, 
   p.o = o->data.dptr;
   p.so_ = dense_strides(p.format, p.b, p.s_q, p.h, p.d_v);
   log_attn_call("nvte_fused_attn_fwd", static_cast<size_t>(p.b), cfg);
+  cpu_workspace(workspace);  // the forward needs no workspace on any device
   if (use_gpu(device, "nvte_fused_attn_fwd")) {
 #ifdef NVTE_WITH_GPU
     gpu::launch_flash_attn_fwd(p, stream);
@@ -424,7 +436,8 @@ void run_bwd(const CallArgs &c, const BwdTensors &t, bool deterministic, NVTETen
 #endif
     return;
   }
-  (void)workspace, (void)stream, (void)deterministic;  // the CPU backward is always deterministic
+  (void)stream, (void)deterministic;  // the CPU backward is always deterministic
+  cpu_workspace(workspace);
   flash_attn_bwd_cpu(p);
 }
 
@@ -460,13 +473,12 @@ NVTEStatus nvte_fused_attn_fwd(const NVTETensor Q, const NVTETensor K, const NVT
                                NVTE_Mask_Type attn_mask_type, int64_t window_size_left,
                                int64_t window_size_right, NVTETensor workspace, NVTEStream stream) {
   return guarded("nvte_fused_attn_fwd", [&] {
-    (void)workspace;
     const CallArgs c{&as_tensor(Q, "Q"), &as_tensor(K, "K"), &as_tensor(V, "V"),
                      as_tensor_opt(Bias), as_tensor_opt(cu_seqlens_q), as_tensor_opt(cu_seqlens_kv),
                      as_tensor_opt(rng_state), max_seqlen_q, max_seqlen_kv, attn_scale, dropout,
                      qkv_layout, bias_type, attn_mask_type, window_size_left, window_size_right};
     run_fwd(c, &as_tensor(O, "O"), softmax_lse ? &as_tensor_mut(softmax_lse, "softmax_lse") : nullptr,
-            is_training, stream);
+            is_training, workspace, stream);
   });
 }
 

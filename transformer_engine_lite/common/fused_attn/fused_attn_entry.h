@@ -28,7 +28,8 @@ struct BwdTensors {
 };
 
 // Validates everything, then runs the flash kernel on the tensors' device.
-void run_fwd(const CallArgs &c, const Tensor *o, Tensor *lse, bool is_training, NVTEStream stream);
+void run_fwd(const CallArgs &c, const Tensor *o, Tensor *lse, bool is_training,
+             NVTETensor workspace, NVTEStream stream);
 void run_bwd(const CallArgs &c, const BwdTensors &t, bool deterministic, NVTETensor workspace,
              NVTEStream stream);
 

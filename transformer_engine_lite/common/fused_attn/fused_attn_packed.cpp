@@ -64,14 +64,13 @@ NVTEStatus nvte_fused_attn_fwd_qkvpacked(
     NVTE_Mask_Type attn_mask_type, int64_t window_size_left, int64_t window_size_right,
     NVTETensor workspace, NVTEStream stream) {
   return guarded("nvte_fused_attn_fwd_qkvpacked", [&] {
-    (void)workspace;
     check_group(qkv_layout, true);
     const QKVViews v = split_qkv(as_tensor(QKV, "QKV"), qkv_layout);
     run_fwd(args(v, Bias, cu_seqlens, cu_seqlens, rng_state, max_seqlen, max_seqlen, attn_scale,
                  dropout, qkv_layout, bias_type, attn_mask_type, window_size_left,
                  window_size_right),
             &as_tensor(O, "O"), softmax_lse ? &as_tensor_mut(softmax_lse, "softmax_lse") : nullptr,
-            is_training, stream);
+            is_training, workspace, stream);
   });
 }
 
@@ -111,14 +110,13 @@ NVTEStatus nvte_fused_attn_fwd_kvpacked(
     NVTE_Mask_Type attn_mask_type, int64_t window_size_left, int64_t window_size_right,
     NVTETensor workspace, NVTEStream stream) {
   return guarded("nvte_fused_attn_fwd_kvpacked", [&] {
-    (void)workspace;
     check_group(qkv_layout, false);
     const QKVViews v = split_kv(as_tensor(Q, "Q"), as_tensor(KV, "KV"), qkv_layout);
     run_fwd(args(v, Bias, cu_seqlens_q, cu_seqlens_kv, rng_state, max_seqlen_q, max_seqlen_kv,
                  attn_scale, dropout, qkv_layout, bias_type, attn_mask_type, window_size_left,
                  window_size_right),
             &as_tensor(O, "O"), softmax_lse ? &as_tensor_mut(softmax_lse, "softmax_lse") : nullptr,
-            is_training, stream);
+            is_training, workspace, stream);
   });
 }
 
