@@ -1,10 +1,11 @@
 #!/usr/bin/env bash
 # PyTorch front-end suites: each tests/pytorch/test_*.py as tag pytorch.<file> (single process,
 # TEST_SGPU), and test_distributed.py under `torchrun --nproc_per_node=2` (gloo) as
-# pytorch.test_distributed (TEST_MGPU). The attention suites (test_attention*.py) run once per
-# attention backend configuration (configure_fused_attn_env) as pytorch.<file>.<mode>: auto and
-# unfused from TEST_LEVEL 1, ck, aotriton and flash from TEST_LEVEL 3. TEST_FILTER globs select
-# tags (see ci/_utils.sh).
+# pytorch.test_distributed (TEST_MGPU). The backend-numerics suite (test_attention.py) runs once per
+# attention backend configuration (configure_fused_attn_env) as pytorch.test_attention.<mode>: auto
+# and unfused from TEST_LEVEL 1, ck, aotriton and flash from TEST_LEVEL 3; the module and argument
+# suites (test_attention_modules.py, test_attention_args.py) do not depend on the mode and run once.
+# TEST_FILTER globs select tags (see ci/_utils.sh).
 set -u
 source "$(dirname "${BASH_SOURCE[0]}")/_utils.sh"
 
@@ -31,7 +32,7 @@ run_attn_mode() {
 for f in "$REPO_ROOT"/tests/pytorch/test_*.py; do
   [ -e "$f" ] || continue
   name=$(basename "$f" .py)
-  if [[ $name == test_attention* ]]; then
+  if [ "$name" = test_attention ]; then
     if [ "$TEST_SGPU" = 1 ]; then
       for mode in "${attn_modes[@]}"; do
         run_tagged "pytorch.$name.$mode" run_attn_mode "$mode" "$f"

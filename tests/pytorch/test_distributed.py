@@ -209,3 +209,36 @@ def test_bad_tp_arguments():
         te.Linear(H, 7, parallel_mode="column", tp_group=dist.group.WORLD)
     with pytest.raises(ValueError, match="tp_size=4"):
         te.Linear(H, OUT, parallel_mode="column", tp_size=4)
+
+
+@pytest.mark.parametrize("sp", [False, True], ids=["tp", "tp_sp"])
+@pytest.mark.parametrize("fused", [False, True], ids=["split", "fused"])
+def test_multihead_attention(sp, fused):
+    """Heads split over the ranks: QKV column-parallel, output projection row-parallel."""
+    torch.manual_seed(3)
+    kw = {
+        "attention_dropout": 0.0,
+        "input_layernorm": True,
+        "num_gqa_groups": 2,
+        "fuse_qkv_params": fused,
+    }
+    ref = te.MultiheadAttention(H, 4, **kw)
+    tp = te.MultiheadAttention(
+        H, 4, set_parallel_mode=True, tp_group=dist.group.WORLD, sequence_parallel=sp, **kw
+    )
+    with torch.no_grad():
+        for p in ref.parameters():
+            p.add_(torch.randn_like(p) * 0.1)
+    qkv = (
+        ("weight", "bias")
+        if fused
+        else tuple(f"{n}_{k}" for n in ("query", "key", "value") for k in ("weight", "bias"))
+    )
+    dims = {f"layernorm_qkv.{n}": 0 for n in qkv} | {"proj.weight": 1}
+    _load(tp, ref, dims)
+    x, dy = _inputs(sp, H, H)
+    y_ref, dx_ref = _run(ref, x, dy)
+    y, dx = _run(tp, _shard(x, 0) if sp else x, _shard(dy, 0) if sp else dy)
+    assert_close(y, _shard(y_ref, 0) if sp else y_ref, torch.float32, "output")
+    assert_close(dx, _shard(dx_ref, 0) if sp else dx_ref, torch.float32, "input grad")
+    _check_grads(tp, ref, dims)

@@ -3,8 +3,8 @@
 Loading this module loads the C++ extension (pytorch/_C*.so: schemas in csrc/registration.cpp, CPU
 and, in GPU builds, CUDA implementations) and registers in Python a fake kernel for every op (so
 torch.compile and FakeTensor tracing work) and autograd for the differentiable ones (norms,
-activations, softmax, transpose, high-precision gemm). Quantization, scale and statistics ops are
-registered as not differentiable (csrc/cast.cpp: their outputs never require grad). Ops are
+activations, softmax, RoPE, transpose, high-precision gemm). Quantization, scale and statistics
+ops are registered as not differentiable (csrc/cast.cpp: their outputs never require grad). Ops are
 functional (new outputs) unless their name ends in "_".
 
 Final op list (namespace te_lite). FP8 dtypes are torch.float8_e4m3fn / float8_e5m2 /
@@ -61,6 +61,17 @@ apply are float32 [0].
   scaled_upper_triang_masked_softmax_fwd(Tensor x, float scale) -> Tensor  x [b*h, sq, sq]
   scaled_aligned_causal_masked_softmax_fwd(Tensor x, float scale) -> Tensor
   <variant>_bwd(Tensor dy, Tensor y, float scale) -> Tensor               for each variant
+  fused_rope_fwd(Tensor t, Tensor freqs, str tensor_format, bool interleaved,
+      Tensor? cu_seqlens=None) -> Tensor
+      rotary position embedding: t [s, b, h, d] ("sbhd"), [b, s, h, d] ("bshd") or [t, h, d]
+      ("thd", cu_seqlens int32 [b + 1] required, positions restart per sequence, tokens past
+      cu_seqlens[-1] copied); freqs float32 [s_max, 1, 1, d2], d2 even <= d. The first d2 features
+      of each head become x * cos(f) + rotate_half(x) * sin(f) (interleaved: adjacent pairs), in
+      fp32; the rest is copied. Differentiable w.r.t. t (not freqs).
+  fused_rope_bwd(Tensor grad, Tensor freqs, str tensor_format, bool interleaved,
+      Tensor? cu_seqlens=None) -> Tensor                          the transpose of fused_rope_fwd
+  fused_attn_fwd / fused_attn_bwd / fused_attn_dropout_mask: the flash attention backend and its
+      dropout keep mask (schemas, fake kernels and autograd documented in attention_ops.py)
 
 Errors: invalid arguments raise RuntimeError "te_lite::<op>: argument '<name>': expected ..., got
 ..."; requests the build or device cannot do raise NotImplementedError.
@@ -460,3 +471,42 @@ def _register_softmax(variant: str) -> None:
 
 for _variant in SOFTMAX_VARIANTS:
     _register_softmax(_variant)
+
+
+# ------------------------------------------------------------------------------------ RoPE
+# The rotation is linear in t, so each op's backward is the other op with the same angles.
+def _register_rope(op: str, adjoint: str) -> None:
+    def fake(t, freqs, tensor_format, interleaved, cu_seqlens=None):
+        return t.new_empty(t.shape)
+
+    def setup(ctx, inputs, output):
+        _t, freqs, tensor_format, interleaved = inputs[:4]
+        cu_seqlens = inputs[4] if len(inputs) > 4 else None
+        ctx.save_for_backward(freqs, cu_seqlens)
+        ctx.rope = (tensor_format, interleaved)
+
+    def backward(ctx, grad):
+        freqs, cu_seqlens = ctx.saved_tensors
+        tensor_format, interleaved = ctx.rope
+        dt = getattr(_ops, adjoint)(grad, freqs, tensor_format, interleaved, cu_seqlens)
+        return dt, None, None, None, None
+
+    torch.library.register_fake(f"te_lite::{op}", fake)
+    torch.library.register_autograd(f"te_lite::{op}", backward, setup_context=setup)
+
+
+_register_rope("fused_rope_fwd", "fused_rope_bwd")
+_register_rope("fused_rope_bwd", "fused_rope_fwd")
+
+
+# ------------------------------------------------------------------------------------ attention
+# Defined in attention_ops.py (file size); registered from here, the schema's python module.
+from . import attention_ops
+
+for _name, _fake in attention_ops.FAKE_KERNELS.items():
+    torch.library.register_fake(f"te_lite::{_name}", _fake)
+torch.library.register_autograd(
+    "te_lite::fused_attn_fwd",
+    attention_ops.fused_attn_fwd_backward,
+    setup_context=attention_ops.fused_attn_fwd_setup,
+)

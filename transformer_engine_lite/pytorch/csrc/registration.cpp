@@ -1,6 +1,7 @@
 // Every te_lite op schema, declared once (TORCH_LIBRARY). Device implementations are registered by
-// the family files (cast.cpp, norm.cpp, activation.cpp, gemm.cpp, softmax.cpp); fake kernels and
-// autograd by transformer_engine_lite/pytorch/ops.py, whose docstring documents each op.
+// the family files (cast.cpp, norm.cpp, activation.cpp, gemm.cpp, softmax.cpp, rope.cpp,
+// attention.cpp); fake kernels and autograd by transformer_engine_lite/pytorch/ops.py, whose
+// docstring documents each op.
 #include <torch/library.h>
 
 TORCH_LIBRARY(te_lite, m) {
@@ -75,4 +76,28 @@ TORCH_LIBRARY(te_lite, m) {
   m.def("scaled_upper_triang_masked_softmax_bwd(Tensor dy, Tensor y, float scale) -> Tensor");
   m.def("scaled_aligned_causal_masked_softmax_fwd(Tensor x, float scale) -> Tensor");
   m.def("scaled_aligned_causal_masked_softmax_bwd(Tensor dy, Tensor y, float scale) -> Tensor");
+
+  // ---- fused rotary position embedding (rope.cpp)
+  m.def(
+      "fused_rope_fwd(Tensor t, Tensor freqs, str tensor_format, bool interleaved, "
+      "Tensor? cu_seqlens=None) -> Tensor");
+  m.def(
+      "fused_rope_bwd(Tensor grad, Tensor freqs, str tensor_format, bool interleaved, "
+      "Tensor? cu_seqlens=None) -> Tensor");
+
+  // ---- fused attention (flash backend; attention.cpp)
+  m.def(
+      "fused_attn_fwd(Tensor q, Tensor k, Tensor v, str qkv_layout, Tensor? bias, "
+      "Tensor? cu_seqlens_q, Tensor? cu_seqlens_kv, int max_seqlen_q, int max_seqlen_kv, "
+      "float attn_scale, float dropout, Tensor? rng_state, str bias_type, str mask_type, "
+      "int window_left, int window_right, bool is_training) -> (Tensor out, Tensor softmax_lse)");
+  m.def(
+      "fused_attn_bwd(Tensor q, Tensor k, Tensor v, Tensor out, Tensor d_out, Tensor softmax_lse, "
+      "str qkv_layout, Tensor? bias, Tensor? cu_seqlens_q, Tensor? cu_seqlens_kv, "
+      "int max_seqlen_q, int max_seqlen_kv, float attn_scale, float dropout, Tensor? rng_state, "
+      "str bias_type, str mask_type, int window_left, int window_right, bool deterministic) -> "
+      "(Tensor dq, Tensor dk, Tensor dv, Tensor dbias)");
+  m.def(
+      "fused_attn_dropout_mask(Tensor rng_state, int b, int h, int s_q, int s_kv, float dropout) "
+      "-> Tensor");
 }

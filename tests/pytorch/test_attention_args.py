@@ -1,0 +1,299 @@
+"""Argument handling of the attention API: every bad input or unsupported TE feature raises a clear
+error naming the argument (DotProductAttention, MultiheadAttention, TransformerLayer and the
+te_lite fused-attention ops). Independent of the backend mode."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from attention_ref import BF16, FP32, cu_seqlens
+
+import transformer_engine_lite.pytorch as te
+
+S, B, HIDDEN, HEADS = 11, 2, 64, 4
+
+
+def _qkv(fmt="bshd", dtype=FP32, h=4, h_kv=4, d=16, s=5):
+    shape = {"bshd": (2, s), "sbhd": (s, 2), "thd": (2 * s,)}[fmt]
+    return (torch.randn(*shape, n, d, dtype=dtype) for n in (h, h_kv, h_kv))
+
+
+def _dpa(**kw):
+    return te.DotProductAttention(4, 16, qkv_format=kw.pop("qkv_format", "bshd"), **kw)
+
+
+BAD_INPUTS = [
+    ("heads", lambda: _dpa()(*_qkv(h=3)), ValueError, "query_layer heads: expected 4"),
+    ("gqa heads", lambda: _dpa(num_gqa_groups=2)(*_qkv()), ValueError, "key_layer heads"),
+    ("head dim", lambda: _dpa()(*_qkv(d=8)), ValueError, "head dim: expected 16"),
+    ("ndim", lambda: _dpa()(*_qkv("thd")), ValueError, "needs a 4-D tensor"),
+    (
+        "dtypes",
+        lambda: _dpa()(next(_qkv(dtype=BF16)), *list(_qkv())[1:]),
+        TypeError,
+        "dtypes differ",
+    ),
+    ("int dtype", lambda: _dpa()(*(t.int() for t in _qkv())), TypeError, "float32, float16"),
+    ("mask name", lambda: _dpa()(*_qkv(), attn_mask_type="lower"), ValueError, "attn_mask_type"),
+    ("format name", lambda: _dpa()(*_qkv(), qkv_format="bhsd"), ValueError, "qkv_format"),
+    (
+        "bias name",
+        lambda: _dpa()(*_qkv(), core_attention_bias_type="pre"),
+        ValueError,
+        "core_attention_bias_type",
+    ),
+    (
+        "bias shape",
+        lambda: _dpa()(
+            *_qkv(),
+            core_attention_bias_type="post_scale_bias",
+            core_attention_bias=torch.zeros(1, 4, 5, 4),
+        ),
+        ValueError,
+        r"expected \[1 or 2, 1 or 4, 5, 5\]",
+    ),
+    (
+        "bias without type",
+        lambda: _dpa()(*_qkv(), core_attention_bias=torch.zeros(1, 4, 5, 5)),
+        ValueError,
+        "core_attention_bias is given",
+    ),
+    (
+        "alibi slopes",
+        lambda: _dpa()(*_qkv(), core_attention_bias_type="alibi", alibi_slopes=torch.ones(3)),
+        ValueError,
+        "alibi_slopes",
+    ),
+    (
+        "padding without lengths",
+        lambda: _dpa()(*_qkv(), attn_mask_type="padding"),
+        ValueError,
+        "needs attention_mask or cu_seqlens",
+    ),
+    (
+        "left padding",
+        lambda: _dpa()(
+            *_qkv(),
+            attn_mask_type="padding",
+            attention_mask=torch.tensor([True, False, False, False, False]).expand(2, 1, 1, 5),
+        ),
+        ValueError,
+        "padding must be at the end",
+    ),
+    (
+        "thd without cu_seqlens",
+        lambda: _dpa(qkv_format="thd")(*_qkv("thd")),
+        ValueError,
+        "needs cu_seqlens_q",
+    ),
+    (
+        "thd max_seqlen too small",
+        lambda: _dpa(qkv_format="thd")(
+            *_qkv("thd"),
+            cu_seqlens_q=cu_seqlens([5, 5]),
+            cu_seqlens_kv=cu_seqlens([5, 5]),
+            max_seqlen_q=4,
+        ),
+        ValueError,
+        "max_seqlen_q=4 is smaller",
+    ),
+    (
+        "cu_seqlens without padding",
+        lambda: _dpa()(*_qkv(), cu_seqlens_q=cu_seqlens([5, 5])),
+        ValueError,
+        "only used with",
+    ),
+    (
+        "mask with causal",
+        lambda: _dpa()(*_qkv(), attention_mask=torch.zeros(2, 1, 1, 5, dtype=torch.bool)),
+        ValueError,
+        "attention_mask is only used",
+    ),
+    ("causal window", lambda: _dpa()(*_qkv(), window_size=(2, 3)), ValueError, "right = 0"),
+    ("window type", lambda: _dpa()(*_qkv(), window_size=(2,)), ValueError, "window_size"),
+    (
+        "arbitrary without mask",
+        lambda: _dpa()(*_qkv(), attn_mask_type="arbitrary"),
+        ValueError,
+        "needs attention_mask",
+    ),
+    ("fp8_output", lambda: _dpa()(*_qkv(), fp8_output=True), NotImplementedError, "fp8_output"),
+    (
+        "inference_params",
+        lambda: _dpa()(*_qkv(), inference_params=object()),
+        NotImplementedError,
+        "inference_params",
+    ),
+    (
+        "padded cu_seqlens",
+        lambda: _dpa()(*_qkv(), cu_seqlens_q_padded=cu_seqlens([5, 5])),
+        NotImplementedError,
+        "cu_seqlens_q_padded",
+    ),
+    ("cp_group", lambda: _dpa(cp_group=object()), NotImplementedError, "cp_group"),
+    ("softmax_type", lambda: _dpa(softmax_type="off-by-one"), NotImplementedError, "softmax_type"),
+    ("gqa groups", lambda: _dpa(num_gqa_groups=3), ValueError, "num_gqa_groups"),
+    ("dropout", lambda: _dpa(attention_dropout=1.0), ValueError, "attention_dropout"),
+]
+
+
+@pytest.mark.parametrize(
+    "call,err,match", [c[1:] for c in BAD_INPUTS], ids=[c[0] for c in BAD_INPUTS]
+)
+def test_bad_inputs_raise_clear_errors(call, err, match):
+    with pytest.raises(err, match=match):
+        call()
+
+
+def _op(layout="bshd_bshd_bshd", mask="causal", q=None, k=None, v=None, bias_type="no_bias"):
+    q0, k0, v0 = _qkv()
+    return torch.ops.te_lite.fused_attn_fwd(
+        q0 if q is None else q,
+        k0 if k is None else k,
+        v0 if v is None else v,
+        layout,
+        None,
+        None,
+        None,
+        5,
+        5,
+        0.25,
+        0.0,
+        None,
+        bias_type,
+        mask,
+        -1,
+        0,
+        False,
+    )
+
+
+def _strided_bs3hd():
+    buf = torch.randn(2, 5, 3, 4, 16)
+    return {
+        "q": buf[:, :, 0],
+        "k": buf[:, :, 1],
+        "v": buf[:, :, 2].clone(),
+    }  # v is not a view of it
+
+
+OP_ERRORS = [
+    ("layout name", lambda: _op(layout="bshd"), "qkv_layout': expected one of"),
+    ("mask name", lambda: _op(mask="upper"), "mask_type': expected one of"),
+    ("bias name", lambda: _op(bias_type="alibis"), "bias_type': expected one of"),
+    ("packed strides", lambda: _op("bs3hd", **_strided_bs3hd()), "expects a view with strides"),
+    (
+        "packed pointers",
+        lambda: _op(
+            "bs3hd",
+            v=torch.randn(2, 5, 3, 4, 16)[:, :, 2],
+            **{k: v for k, v in _strided_bs3hd().items() if k != "v"},
+        ),
+        "packs it",
+    ),
+    ("ndim", lambda: _op("thd_thd_thd"), "expects a 3-D tensor"),
+    ("int dtype", lambda: _op(q=torch.ones(2, 5, 4, 16, dtype=torch.int32)), "argument 'q'"),
+]
+
+
+@pytest.mark.parametrize("call,match", [c[1:] for c in OP_ERRORS], ids=[c[0] for c in OP_ERRORS])
+def test_op_errors_name_the_argument(call, match):
+    with pytest.raises(RuntimeError, match=match):
+        call()
+
+
+MODULE_BAD = [
+    ("heads", lambda: te.MultiheadAttention(HIDDEN, 5), ValueError, "divisible"),
+    (
+        "tp without parallel mode",
+        lambda: te.MultiheadAttention(HIDDEN, HEADS, tp_size=2),
+        ValueError,
+        "set_parallel_mode",
+    ),
+    (
+        "qk_norm",
+        lambda: te.MultiheadAttention(HIDDEN, HEADS, qk_norm_type="L2Normalization"),
+        NotImplementedError,
+        "qk_norm_type",
+    ),
+    (
+        "ub",
+        lambda: te.MultiheadAttention(HIDDEN, HEADS, ub_overlap_ag=True),
+        NotImplementedError,
+        "ub_overlap_ag",
+    ),
+    (
+        "attention_type",
+        lambda: te.MultiheadAttention(HIDDEN, HEADS, attention_type="both"),
+        ValueError,
+        "attention_type",
+    ),
+    (
+        "ln output without ln",
+        lambda: te.MultiheadAttention(HIDDEN, HEADS, return_layernorm_output=True),
+        ValueError,
+        "input_layernorm",
+    ),
+    (
+        "cross without encoder",
+        lambda: te.MultiheadAttention(HIDDEN, HEADS, attention_type="cross")(
+            torch.randn(S, B, HIDDEN)
+        ),
+        ValueError,
+        "encoder_output",
+    ),
+    (
+        "layer_type",
+        lambda: te.TransformerLayer(HIDDEN, 96, HEADS, layer_type="moe"),
+        ValueError,
+        "layer_type",
+    ),
+    (
+        "parallel mlp",
+        lambda: te.TransformerLayer(HIDDEN, 96, HEADS, parallel_attention_mlp=True),
+        NotImplementedError,
+        "parallel_attention_mlp",
+    ),
+    (
+        "ub overlap",
+        lambda: te.TransformerLayer(HIDDEN, 96, HEADS, ub_tp_comm_overlap=True),
+        NotImplementedError,
+        "ub_tp_comm_overlap",
+    ),
+    (
+        "activation",
+        lambda: te.TransformerLayer(HIDDEN, 96, HEADS, activation="tanh"),
+        ValueError,
+        "activation",
+    ),
+    (
+        "decoder without encoder",
+        lambda: te.TransformerLayer(HIDDEN, 96, HEADS, layer_type="decoder")(
+            torch.randn(S, B, HIDDEN)
+        ),
+        ValueError,
+        "encoder_output",
+    ),
+    (
+        "inference",
+        lambda: te.TransformerLayer(HIDDEN, 96, HEADS)(
+            torch.randn(S, B, HIDDEN), inference_params=object()
+        ),
+        NotImplementedError,
+        "inference_params",
+    ),
+    (
+        "hidden size",
+        lambda: te.TransformerLayer(HIDDEN, 96, HEADS)(torch.randn(S, B, 32)),
+        ValueError,
+        "last dim 64",
+    ),
+]
+
+
+@pytest.mark.parametrize(
+    "call,err,match", [c[1:] for c in MODULE_BAD], ids=[c[0] for c in MODULE_BAD]
+)
+def test_bad_module_arguments(call, err, match):
+    with pytest.raises(err, match=match):
+        call()

@@ -1,0 +1,293 @@
+"""te.DotProductAttention: TE's core attention module (softmax(Q K^T * scale + bias) V) over the
+backends of backends.py, chosen per call by the C selection (ARCHITECTURE.md §7).
+
+forward normalizes TE's arguments into one canonical problem: the mask name (TE's comma forms
+"padding,causal" accepted), the window (TE's rules: causal masks end at the diagonal), padding
+given as attention_mask ([b, 1, 1, s] bool, True = padding, right padding) or cu_seqlens, the
+layout of q, k, v (packed layouts such as bs3hd are recognised from the tensors' memory, as TE
+does), then selects the backend and runs it. Unsupported TE features raise NotImplementedError.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable
+from typing import Any
+
+import torch
+from torch.utils.checkpoint import checkpoint
+
+from ..distributed import get_distributed_world_size
+from ..fp8 import FP8GlobalStateManager
+from ..module.base import reject_unsupported
+from .backends import FlashAttention, UnfusedDotProductAttention, draw_rng_state, select_backend
+from .inputs import (
+    QKV_FORMATS,
+    check_bias,
+    check_qkv,
+    check_window,
+    detect_qkv_layout,
+    normalize_mask_type,
+    resolve_sequences,
+)
+
+__all__ = ["DotProductAttention"]
+
+
+class DotProductAttention(torch.nn.Module):
+    """Scaled dot-product attention (TE's `transformer_engine.pytorch.DotProductAttention`).
+
+    num_attention_heads, kv_channels (head dim, or (d_qk, d_v)), num_gqa_groups (KV heads; None =
+    num_attention_heads), attention_dropout (applied in training mode), qkv_format ('sbhd',
+    'bshd', 'thd'), attn_mask_type and window_size (defaults for forward), tp_size / tp_group
+    (heads are split over the tensor-parallel ranks: each rank gets its share of heads),
+    get_rng_state_tracker (dropout seeds are drawn inside its fork()), layer_number,
+    attention_type ('self' or 'cross': how a padding attention_mask is given), softmax_scale
+    (default 1 / sqrt(d_qk)). sequence_parallel is accepted for TE compatibility: core attention
+    works on whole sequences either way. Context parallelism (cp_*), softmax_type other than
+    'vanilla' and return_max_logit are not supported.
+    """
+
+    def __init__(
+        self,
+        num_attention_heads: int,
+        kv_channels: int | tuple[int, int],
+        num_gqa_groups: int | None = None,
+        attention_dropout: float = 0.0,
+        qkv_format: str = "sbhd",
+        attn_mask_type: str = "causal",
+        window_size: tuple[int, int] | None = None,
+        sequence_parallel: bool = False,
+        tp_size: int = 1,
+        get_rng_state_tracker: Callable[[], Any] | None = None,
+        tp_group: Any = None,
+        layer_number: int | None = None,
+        attention_type: str = "self",
+        cp_group: Any = None,
+        cp_global_ranks: list[int] | None = None,
+        cp_stream: Any = None,
+        cp_comm_type: str = "p2p",
+        softmax_scale: float | None = None,
+        softmax_type: str = "vanilla",
+        return_max_logit: bool = False,
+    ) -> None:
+        super().__init__()
+        owner = "DotProductAttention"
+        reject_unsupported(
+            owner,
+            cp_group=cp_group,
+            cp_global_ranks=cp_global_ranks,
+            cp_stream=cp_stream,
+            return_max_logit=return_max_logit,
+        )
+        if cp_comm_type != "p2p":
+            raise NotImplementedError(
+                f"{owner}: cp_comm_type={cp_comm_type!r}: no context parallelism"
+            )
+        if softmax_type != "vanilla":
+            raise NotImplementedError(
+                f"{owner}: softmax_type={softmax_type!r} is not supported (only 'vanilla')"
+            )
+        if isinstance(kv_channels, int):
+            kv_channels = (kv_channels, kv_channels)
+        if (
+            not isinstance(kv_channels, (tuple, list))
+            or len(kv_channels) != 2
+            or not all(isinstance(c, int) and c >= 1 for c in kv_channels)
+        ):
+            raise ValueError(
+                f"{owner}: kv_channels: expected an int >= 1 or a pair, got {kv_channels!r}"
+            )
+        if not isinstance(num_attention_heads, int) or num_attention_heads < 1:
+            raise ValueError(
+                f"{owner}: num_attention_heads: expected an int >= 1, got {num_attention_heads!r}"
+            )
+        gqa = num_attention_heads if num_gqa_groups is None else num_gqa_groups
+        if not isinstance(gqa, int) or gqa < 1 or num_attention_heads % gqa:
+            raise ValueError(
+                f"{owner}: num_gqa_groups: expected a divisor of num_attention_heads "
+                f"({num_attention_heads}), got {num_gqa_groups!r}"
+            )
+        self.tp_size = get_distributed_world_size(tp_group) if tp_group is not None else tp_size
+        if not isinstance(self.tp_size, int) or self.tp_size < 1 or gqa % self.tp_size:
+            raise ValueError(
+                f"{owner}: tp_size {self.tp_size}: expected an int >= 1 dividing num_gqa_groups "
+                f"({gqa}) (each rank gets whole KV groups)"
+            )
+        if not 0.0 <= attention_dropout < 1.0:
+            raise ValueError(
+                f"{owner}: attention_dropout: expected [0, 1), got {attention_dropout!r}"
+            )
+        if qkv_format not in QKV_FORMATS:
+            raise ValueError(
+                f"{owner}: qkv_format: expected one of {QKV_FORMATS}, got {qkv_format!r}"
+            )
+        if attention_type not in ("self", "cross"):
+            raise ValueError(
+                f"{owner}: attention_type: expected 'self' or 'cross', got {attention_type!r}"
+            )
+        self.attn_mask_type = normalize_mask_type(owner, attn_mask_type)
+        self.window_size = check_window(owner, self.attn_mask_type, window_size)
+        self._window_arg = window_size
+        self.num_attention_heads = num_attention_heads
+        self.num_gqa_groups = gqa
+        self.num_attention_heads_per_partition = num_attention_heads // self.tp_size
+        self.num_gqa_groups_per_partition = gqa // self.tp_size
+        self.hidden_size_per_attention_head_k, self.hidden_size_per_attention_head_v = kv_channels
+        self.kv_channels = tuple(kv_channels)
+        self.attention_dropout = float(attention_dropout)
+        self.qkv_format = qkv_format
+        self.attention_type = attention_type
+        self.layer_number = layer_number
+        self.sequence_parallel = sequence_parallel
+        self.tp_group = tp_group
+        self.softmax_scale = (
+            1.0 / math.sqrt(kv_channels[0]) if softmax_scale is None else float(softmax_scale)
+        )
+        self.attention_dropout_ctx = get_rng_state_tracker().fork if get_rng_state_tracker else None
+        self.flash_attention = FlashAttention(self.softmax_scale, self.attention_dropout)
+        self.unfused_attention = UnfusedDotProductAttention(
+            self.softmax_scale, self.attention_dropout
+        )
+
+    # ------------------------------------------------------------------ forward
+    def forward(
+        self,
+        query_layer: torch.Tensor,
+        key_layer: torch.Tensor,
+        value_layer: torch.Tensor,
+        attention_mask: torch.Tensor | tuple[torch.Tensor, torch.Tensor] | None = None,
+        qkv_format: str | None = None,
+        cu_seqlens_q: torch.Tensor | None = None,
+        cu_seqlens_kv: torch.Tensor | None = None,
+        cu_seqlens_q_padded: torch.Tensor | None = None,
+        cu_seqlens_kv_padded: torch.Tensor | None = None,
+        max_seqlen_q: int | None = None,
+        max_seqlen_kv: int | None = None,
+        attn_mask_type: str | None = None,
+        window_size: tuple[int, int] | None = None,
+        checkpoint_core_attention: bool = False,
+        core_attention_bias_type: str = "no_bias",
+        core_attention_bias: torch.Tensor | None = None,
+        alibi_slopes: torch.Tensor | None = None,
+        inference_params: Any = None,
+        pad_between_seqs: bool | None = None,
+        fp8_output: bool = False,
+    ) -> torch.Tensor:
+        """Attention output [s_q, b, h * d_v] (sbhd), [b, s_q, h * d_v] (bshd) or
+        [t_q, h * d_v] (thd).
+
+        attention_mask: padding masks: [b, 1, 1, s] bool (True = padding), a (q, kv) pair for
+        cross attention, or give cu_seqlens_q / cu_seqlens_kv (int32 [b + 1]) instead;
+        'arbitrary': bool [b or 1, h or 1, s_q, s_kv], True = masked. thd needs cu_seqlens
+        (its masks are read as their padding variants: the sequences are the padding).
+        max_seqlen_*: thd only (default: computed from cu_seqlens, a host sync). Bias:
+        core_attention_bias [1 or b, 1 or h, s_q, s_kv] in q's dtype for pre/post_scale_bias;
+        alibi_slopes fp32 [h] or [b, h] for 'alibi' (None: TE's default slopes).
+        checkpoint_core_attention recomputes the attention in the backward.
+        """
+        owner = "DotProductAttention"
+        reject_unsupported(
+            f"{owner}.forward",
+            # tensors: reported as "given" (reject_unsupported compares values with None / False)
+            cu_seqlens_q_padded=cu_seqlens_q_padded is not None or None,
+            cu_seqlens_kv_padded=cu_seqlens_kv_padded is not None or None,
+            inference_params=inference_params is not None or None,
+            pad_between_seqs=pad_between_seqs,
+            fp8_output=fp8_output,
+        )
+        if FP8GlobalStateManager.is_fp8_enabled():
+            r = FP8GlobalStateManager.get_fp8_recipe()
+            if getattr(r, "fp8_dpa", False) or getattr(r, "fp8_mha", False):
+                raise NotImplementedError(
+                    f"{owner}: FP8 attention (recipe fp8_dpa / fp8_mha = True) is not supported: "
+                    "attention runs in the inputs' precision; set them to False"
+                )
+        q, k, v = query_layer, key_layer, value_layer
+        fmt = self.qkv_format if qkv_format is None else qkv_format
+        if fmt not in QKV_FORMATS:
+            raise ValueError(f"{owner}: qkv_format: expected one of {QKV_FORMATS}, got {fmt!r}")
+        sizes = (
+            self.num_attention_heads_per_partition,
+            self.num_gqa_groups_per_partition,
+            self.hidden_size_per_attention_head_k,
+            self.hidden_size_per_attention_head_v,
+        )
+        check_qkv(owner, q, k, v, fmt, sizes)
+        mask = self.attn_mask_type if attn_mask_type is None else attn_mask_type
+        mask = normalize_mask_type(owner, mask)
+        if window_size is None and attn_mask_type is None:
+            window_size = self._window_arg
+        window = check_window(owner, mask, window_size)
+
+        mask, cu_q, cu_kv, max_seqlen_q, max_seqlen_kv = resolve_sequences(
+            owner,
+            fmt,
+            mask,
+            q,
+            k,
+            attention_mask,
+            self.attention_type,
+            cu_seqlens_q,
+            cu_seqlens_kv,
+            max_seqlen_q,
+            max_seqlen_kv,
+        )
+        bias, slopes = check_bias(
+            owner,
+            core_attention_bias_type,
+            core_attention_bias,
+            alibi_slopes,
+            q,
+            fmt,
+            cu_q,
+            max_seqlen_q,
+            max_seqlen_kv,
+        )
+        p = self.attention_dropout if self.training else 0.0
+        layout = detect_qkv_layout(q, k, v, fmt)
+        backend = select_backend(
+            self,
+            q,
+            layout,
+            core_attention_bias_type,
+            mask,
+            p,
+            q.shape[-2],
+            k.shape[-2],
+            max_seqlen_q,
+            max_seqlen_kv,
+            q.shape[-1],
+            v.shape[-1],
+            window,
+        )
+        rng_state = draw_rng_state(q.device, self.attention_dropout_ctx) if p > 0 else None
+        if mask == "arbitrary":
+            mask_arg = {"attention_mask": attention_mask}
+            mask = "no_mask"  # the mask tensor carries it; the window (if any) still applies
+        else:
+            mask_arg = {}
+        run = self.flash_attention if backend == "flash" else self.unfused_attention
+
+        def core(q, k, v, bias, slopes):
+            return run(
+                q,
+                k,
+                v,
+                layout,
+                cu_q,
+                cu_kv,
+                max_seqlen_q,
+                max_seqlen_kv,
+                mask,
+                window,
+                core_attention_bias_type,
+                bias,
+                slopes,
+                rng_state,
+                **mask_arg,
+            )
+
+        if checkpoint_core_attention and torch.is_grad_enabled():
+            return checkpoint(core, q, k, v, bias, slopes, use_reentrant=False)
+        return core(q, k, v, bias, slopes)

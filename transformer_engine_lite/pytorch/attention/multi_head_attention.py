@@ -1,0 +1,323 @@
+"""te.MultiheadAttention: QKV projection (optionally with the input norm fused in front:
+LayerNormLinear), rotary embedding, DotProductAttention and the output projection (Linear), with
+TE's constructor, parameter names and outputs. The projections are the existing GEMM modules, so
+they run in FP8 under fp8_autocast; the attention itself stays in the activations' precision.
+
+QKV weight layouts (TE's): fuse_qkv_params=False keeps separate query/key/value parameters (the
+GEMM output is [q | k | v]); fuse_qkv_params=True has one `weight` whose output rows are, with
+qkv_weight_interleaved=True, grouped per KV head as [q_0 .. q_{h/g-1}, k, v] (g groups), else
+[q | k | v]. Either way q, k and v are views of the GEMM output (e.g. the bsh3d / bs3hd layouts
+without GQA), which DotProductAttention passes to the flash kernel without a copy.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any
+
+import torch
+
+from ..distributed import get_distributed_world_size
+from ..module.base import reject_unsupported
+from ..module.layernorm_linear import LayerNormLinear
+from ..module.linear import Linear
+from .dot_product_attention import DotProductAttention
+from .rope import apply_rotary_pos_emb
+
+__all__ = ["MultiheadAttention"]
+
+
+class MultiheadAttention(torch.nn.Module):
+    """Multi-head attention (TE's `transformer_engine.pytorch.MultiheadAttention`).
+
+    hidden_size, num_attention_heads, kv_channels (head dim; default hidden_size // heads),
+    num_gqa_groups (KV heads), attention_dropout, layernorm_epsilon, init_method /
+    output_layer_init_method (QKV / output projection), layer_number, attn_mask_type,
+    window_size, attention_type ('self': q, k, v from hidden_states; 'cross': q from
+    hidden_states, k and v from forward's encoder_output), input_layernorm (norm fused into the
+    query/QKV GEMM; normalization 'LayerNorm' or 'RMSNorm', zero_centered_gamma),
+    return_layernorm_output (also return that norm's output), return_bias (return the output
+    projection's bias instead of adding it), bias, params_dtype, device, qkv_format ('sbhd',
+    'bshd' or 'thd': the layout of hidden_states and of the attention), fuse_qkv_params,
+    qkv_weight_interleaved (see the module docstring), rotary_pos_interleaved (the rotary
+    embedding's pair layout). Tensor parallelism: set_parallel_mode=True with tp_group / tp_size
+    (QKV column-parallel, output row-parallel, heads split over ranks), sequence_parallel,
+    get_rng_state_tracker, fuse_wgrad_accumulation as in the GEMM modules.
+    Not supported (NotImplementedError): userbuffer overlap (ub_*), qk_norm_type,
+    softmax_type other than 'vanilla'. seq_length / micro_batch_size: TE's userbuffer shape
+    hints, unused here as in TE without userbuffers.
+    """
+
+    def __init__(
+        self,
+        hidden_size: int,
+        num_attention_heads: int,
+        kv_channels: int | None = None,
+        attention_dropout: float = 0.1,
+        layernorm_epsilon: float = 1e-5,
+        init_method: Callable[[torch.Tensor], Any] | None = None,
+        output_layer_init_method: Callable[[torch.Tensor], Any] | None = None,
+        layer_number: int | None = None,
+        attn_mask_type: str = "causal",
+        window_size: tuple[int, int] | None = None,
+        tp_group: Any = None,
+        tp_size: int = 1,
+        num_gqa_groups: int | None = None,
+        fuse_wgrad_accumulation: bool = False,
+        get_rng_state_tracker: Callable[[], Any] | None = None,
+        sequence_parallel: bool = False,
+        params_dtype: torch.dtype | None = None,
+        return_bias: bool = False,
+        return_layernorm_output: bool = False,
+        input_layernorm: bool = False,
+        attention_type: str = "self",
+        set_parallel_mode: bool = False,
+        fuse_qkv_params: bool = False,
+        zero_centered_gamma: bool = False,
+        qkv_weight_interleaved: bool = True,
+        ub_overlap_ag: bool = False,
+        ub_overlap_rs: bool = False,
+        ub_overlap_rs_dgrad: bool = False,
+        ub_bulk_dgrad: bool = False,
+        ub_bulk_wgrad: bool = False,
+        bias: bool = True,
+        normalization: str = "LayerNorm",
+        device: Any = None,
+        qkv_format: str = "sbhd",
+        name: str | None = None,
+        qk_norm_type: str | None = None,
+        rotary_pos_interleaved: bool = False,
+        seq_length: int | None = None,
+        micro_batch_size: int | None = None,
+        softmax_type: str = "vanilla",
+    ) -> None:
+        super().__init__()
+        owner = "MultiheadAttention"
+        reject_unsupported(
+            owner,
+            ub_overlap_ag=ub_overlap_ag,
+            ub_overlap_rs=ub_overlap_rs,
+            ub_overlap_rs_dgrad=ub_overlap_rs_dgrad,
+            ub_bulk_dgrad=ub_bulk_dgrad,
+            ub_bulk_wgrad=ub_bulk_wgrad,
+            qk_norm_type=qk_norm_type,
+        )
+        for arg, v in (("hidden_size", hidden_size), ("num_attention_heads", num_attention_heads)):
+            if not isinstance(v, int) or v < 1:
+                raise ValueError(f"{owner}: {arg}: expected an int >= 1, got {v!r}")
+        if attention_type not in ("self", "cross"):
+            raise ValueError(
+                f"{owner}: attention_type: expected 'self' or 'cross', got {attention_type!r}"
+            )
+        if kv_channels is None:
+            if hidden_size % num_attention_heads:
+                raise ValueError(
+                    f"{owner}: hidden_size ({hidden_size}) must be divisible by "
+                    f"num_attention_heads ({num_attention_heads}), or give kv_channels"
+                )
+            kv_channels = hidden_size // num_attention_heads
+        gqa = num_attention_heads if num_gqa_groups is None else num_gqa_groups
+        tp = get_distributed_world_size(tp_group) if tp_group is not None else tp_size
+        if tp > 1 and not set_parallel_mode:
+            raise ValueError(
+                f"{owner}: tp_size {tp} > 1 needs set_parallel_mode=True (QKV column-parallel, "
+                "output row-parallel: each rank computes its share of heads)"
+            )
+        if tp > 1 and fuse_qkv_params and not qkv_weight_interleaved:
+            raise NotImplementedError(
+                f"{owner}: fuse_qkv_params=True with qkv_weight_interleaved=False under tensor "
+                "parallelism (a column split of one [q | k | v] weight mixes q, k and v rows); use "
+                "qkv_weight_interleaved=True or fuse_qkv_params=False"
+            )
+        self.hidden_size = hidden_size
+        self.num_attention_heads = num_attention_heads
+        self.num_gqa_groups = gqa
+        self.hidden_size_per_attention_head = kv_channels
+        self.attention_type = attention_type
+        self.input_layernorm = input_layernorm
+        self.return_bias = return_bias
+        self.return_layernorm_output = return_layernorm_output
+        self.qkv_format = qkv_format
+        self.attn_mask_type = attn_mask_type
+        self.window_size = window_size
+        self.layer_number = layer_number
+        self.fuse_qkv_params = fuse_qkv_params
+        # TE: interleaving describes one fused weight; separate parameters are [q | k | v].
+        self.qkv_weight_interleaved = qkv_weight_interleaved and fuse_qkv_params
+        self.rotary_pos_interleaved = rotary_pos_interleaved
+        self.tp_size = tp
+        self.core_attention = DotProductAttention(
+            num_attention_heads,
+            kv_channels,
+            num_gqa_groups=gqa,
+            attention_dropout=attention_dropout,
+            qkv_format=qkv_format,
+            attn_mask_type=attn_mask_type,
+            window_size=window_size,
+            sequence_parallel=sequence_parallel,
+            tp_size=tp_size,
+            get_rng_state_tracker=get_rng_state_tracker,
+            tp_group=tp_group,
+            layer_number=layer_number,
+            attention_type=attention_type,
+            softmax_type=softmax_type,
+        )
+        self.num_attention_heads_per_partition = num_attention_heads // tp
+        self.num_gqa_groups_per_partition = gqa // tp
+        hq, hkv = kv_channels * num_attention_heads, kv_channels * gqa
+        common = {
+            "init_method": init_method,
+            "bias": bias,
+            "params_dtype": params_dtype,
+            "device": device,
+            "tp_group": tp_group,
+            "tp_size": tp_size,
+            "sequence_parallel": sequence_parallel,
+            "fuse_wgrad_accumulation": fuse_wgrad_accumulation,
+            "get_rng_state_tracker": get_rng_state_tracker,
+            "parallel_mode": "column" if set_parallel_mode else None,
+        }
+        norm = {
+            "eps": layernorm_epsilon,
+            "normalization": normalization,
+            "zero_centered_gamma": zero_centered_gamma,
+            "return_layernorm_output": return_layernorm_output,
+        }
+        if not input_layernorm and return_layernorm_output:
+            raise ValueError(f"{owner}: return_layernorm_output=True needs input_layernorm=True")
+        if attention_type == "self":
+            split = None if fuse_qkv_params else {"query": hq, "key": hkv, "value": hkv}
+            if input_layernorm:
+                self.layernorm_qkv = LayerNormLinear(
+                    hidden_size, hq + 2 * hkv, parameters_split=split, **common, **norm
+                )
+            else:
+                self.qkv = Linear(hidden_size, hq + 2 * hkv, parameters_split=split, **common)
+        else:
+            q_split = None if fuse_qkv_params else ("query",)
+            if input_layernorm:
+                self.layernorm_query = LayerNormLinear(
+                    hidden_size, hq, parameters_split=q_split, **common, **norm
+                )
+            else:
+                self.query_layer = Linear(hidden_size, hq, parameters_split=q_split, **common)
+            kv_split = None if fuse_qkv_params else ("key", "value")
+            self.key_value = Linear(hidden_size, 2 * hkv, parameters_split=kv_split, **common)
+        common.update(
+            init_method=output_layer_init_method or init_method,
+            parallel_mode="row" if set_parallel_mode else None,
+        )
+        self.proj = Linear(hq, hidden_size, return_bias=return_bias, **common)
+
+    def _heads(self, x: torch.Tensor, groups: list[int]) -> list[torch.Tensor]:
+        """Splits a projection output [..., n * d] into views [..., heads, d], one per entry of
+        `groups` (heads per KV group of each part), following the QKV weight layout."""
+        d = self.hidden_size_per_attention_head
+        g = self.num_gqa_groups_per_partition
+        lead = x.shape[:-1]
+        if self.qkv_weight_interleaved:  # [..., g, sum(groups), d]: per KV group q.., k, v
+            parts = x.view(*lead, g, sum(groups), d).split(groups, dim=-2)
+        else:  # [..., sum(groups), g, d]: all q heads, then all k heads, then all v heads
+            parts = x.view(*lead, sum(groups), g, d).split(groups, dim=-3)
+        return [p.reshape(*lead, n * g, d) for p, n in zip(parts, groups)]
+
+    def forward(
+        self,
+        hidden_states: torch.Tensor,
+        attention_mask: Any = None,
+        encoder_output: torch.Tensor | None = None,
+        attn_mask_type: str | None = None,
+        window_size: tuple[int, int] | None = None,
+        is_first_microbatch: bool | None = None,
+        checkpoint_core_attention: bool = False,
+        inference_params: Any = None,
+        rotary_pos_emb: torch.Tensor | tuple[torch.Tensor, torch.Tensor] | None = None,
+        core_attention_bias_type: str = "no_bias",
+        core_attention_bias: torch.Tensor | None = None,
+        alibi_slopes: torch.Tensor | None = None,
+        cu_seqlens_q: torch.Tensor | None = None,
+        cu_seqlens_kv: torch.Tensor | None = None,
+        cu_seqlens_q_padded: torch.Tensor | None = None,
+        cu_seqlens_kv_padded: torch.Tensor | None = None,
+        max_seqlen_q: int | None = None,
+        max_seqlen_kv: int | None = None,
+        pad_between_seqs: bool | None = None,
+    ) -> Any:
+        """hidden_states [s, b, hidden] (sbhd), [b, s, hidden] (bshd) or [t, hidden] (thd) ->
+        (out[, proj bias if return_bias][, norm output if return_layernorm_output]).
+        rotary_pos_emb: fp32 angles [s, 1, 1, d2] for q and k, or a (q, k) pair."""
+        owner = "MultiheadAttention"
+        reject_unsupported(f"{owner}.forward", inference_params=inference_params)
+        hpg = self.num_attention_heads_per_partition // self.num_gqa_groups_per_partition
+        ln_out = None
+        if self.attention_type == "self":
+            if encoder_output is not None:
+                raise ValueError(f"{owner}: encoder_output is only used by cross attention")
+            if self.input_layernorm:
+                mixed = self.layernorm_qkv(hidden_states, is_first_microbatch)
+                if self.return_layernorm_output:
+                    mixed, ln_out = mixed
+            else:
+                mixed = self.qkv(hidden_states, is_first_microbatch)
+            q, k, v = self._heads(mixed, [hpg, 1, 1])
+        else:
+            if encoder_output is None:
+                raise ValueError(f"{owner}: cross attention needs encoder_output")
+            if self.input_layernorm:
+                mixed = self.layernorm_query(hidden_states, is_first_microbatch)
+                if self.return_layernorm_output:
+                    mixed, ln_out = mixed
+            else:
+                mixed = self.query_layer(hidden_states, is_first_microbatch)
+            d = self.hidden_size_per_attention_head
+            q = mixed.view(*mixed.shape[:-1], self.num_attention_heads_per_partition, d)
+            k, v = self._heads(self.key_value(encoder_output, is_first_microbatch), [1, 1])
+        if rotary_pos_emb is not None:
+            if isinstance(rotary_pos_emb, (tuple, list)):
+                if len(rotary_pos_emb) != 2:
+                    raise ValueError(f"{owner}: rotary_pos_emb: expected a tensor or a (q, k) pair")
+                q_freqs, k_freqs = rotary_pos_emb
+            else:
+                q_freqs = k_freqs = rotary_pos_emb
+            thd = self.qkv_format == "thd"
+            q = apply_rotary_pos_emb(
+                q,
+                q_freqs,
+                self.qkv_format,
+                self.rotary_pos_interleaved,
+                fused=True,
+                cu_seqlens=cu_seqlens_q if thd else None,
+            )
+            k = apply_rotary_pos_emb(
+                k,
+                k_freqs,
+                self.qkv_format,
+                self.rotary_pos_interleaved,
+                fused=True,
+                cu_seqlens=cu_seqlens_kv if thd else None,
+            )
+        context = self.core_attention(
+            q,
+            k,
+            v,
+            attention_mask,
+            qkv_format=self.qkv_format,
+            cu_seqlens_q=cu_seqlens_q,
+            cu_seqlens_kv=cu_seqlens_kv,
+            cu_seqlens_q_padded=cu_seqlens_q_padded,
+            cu_seqlens_kv_padded=cu_seqlens_kv_padded,
+            max_seqlen_q=max_seqlen_q,
+            max_seqlen_kv=max_seqlen_kv,
+            attn_mask_type=attn_mask_type,
+            window_size=window_size,
+            checkpoint_core_attention=checkpoint_core_attention,
+            core_attention_bias_type=core_attention_bias_type,
+            core_attention_bias=core_attention_bias,
+            alibi_slopes=alibi_slopes,
+            pad_between_seqs=pad_between_seqs,
+        )
+        out = self.proj(context, is_first_microbatch)
+        outs = list(out) if self.return_bias else [out]
+        if self.return_layernorm_output:
+            outs.append(ln_out)
+        return outs[0] if len(outs) == 1 else tuple(outs)
