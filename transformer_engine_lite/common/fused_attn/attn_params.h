@@ -63,6 +63,9 @@ struct AttnParams {
   float dropout = 0.0f;
   uint32_t dropout_thresh = 0;
   uint64_t seed = 0, offset = 0;
+  // GPU tensors: rng_state's device pointer ({seed, offset}, int64). It stays in device memory (the
+  // host cannot read it); when set, the GPU kernels take seed and offset from it instead.
+  const int64_t *rng_state = nullptr;
 
   NVTE_HOST_DEVICE int64_t len_q(int64_t bi) const {
     return cu_q ? static_cast<int64_t>(cu_q[bi + 1] - cu_q[bi]) : s_q;

@@ -257,12 +257,12 @@ AttnParams make_params(const CallArgs &c, NVTEDevice *device_out, NVTEFusedAttnC
                "argument 'rng_state': required when dropout > 0");
     check_dtype(c.rng->data, "rng_state", {kNVTEInt64});
     check_shape(c.rng->data, "rng_state", {2});
-    const int64_t *r = c.rng->data.ptr<const int64_t>();
-    p.seed = static_cast<uint64_t>(r[0]);
-    p.offset = static_cast<uint64_t>(r[1]);
+    read_rng_state(*c.rng, &p);
     p.dropout_thresh = dropout_threshold(c.dropout);
   }
 
+  NVTE_CHECK(p.rng_state == nullptr || c.q->device == kNVTEDeviceGPU,
+             "argument 'rng_state': device memory, but the other tensors are on the CPU");
   const NVTEDevice device = check_same_device({{c.q, "Q"}, {c.k, "K"}, {c.v, "V"},
                                                {bias_data ? c.bias : nullptr, "Bias"},
                                                {p.cu_q ? c.cu_q : nullptr, "cu_seqlens_q"},

@@ -7,6 +7,7 @@
 #include <cstdint>
 
 #include "../util/tensor.h"
+#include "attn_params.h"
 #include "transformer_engine_lite/fused_attn.h"
 
 namespace nvte {
@@ -32,6 +33,18 @@ void run_fwd(const CallArgs &c, const Tensor *o, Tensor *lse, bool is_training,
              NVTETensor workspace, NVTEStream stream);
 void run_bwd(const CallArgs &c, const BwdTensors &t, bool deterministic, NVTETensor workspace,
              NVTEStream stream);
+
+// {seed, offset} of an int64 [2] rng_state: read on the host when it is in host memory; a
+// GPU-tagged one stays in device memory (p->rng_state) and the GPU kernels read it there.
+inline void read_rng_state(const Tensor &rng, AttnParams *p) {
+  const int64_t *r = rng.data.ptr<const int64_t>();
+  if (rng.device == kNVTEDeviceGPU) {
+    p->rng_state = r;
+    return;
+  }
+  p->seed = static_cast<uint64_t>(r[0]);
+  p->offset = static_cast<uint64_t>(r[1]);
+}
 
 // Slice `which` (0 = Q or K, 1 = K or V, 2 = V) of a packed QKV ([.., 3, h, d] / [.., h, 3, d]) or KV
 // ([.., 2, h, d] / [.., h, 2, d]) tensor, as a view with that dim removed.

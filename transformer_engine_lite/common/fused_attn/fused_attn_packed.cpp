@@ -171,9 +171,9 @@ NVTEStatus nvte_fused_attn_dropout_mask(const NVTETensor rng_state, float dropou
     p.h = static_cast<int64_t>(m.data.shape[1]);
     p.s_q = static_cast<int64_t>(m.data.shape[2]);
     p.s_kv = static_cast<int64_t>(m.data.shape[3]);
-    const int64_t *r = rng.data.ptr<const int64_t>();
-    p.seed = static_cast<uint64_t>(r[0]);
-    p.offset = static_cast<uint64_t>(r[1]);
+    read_rng_state(rng, &p);
+    NVTE_CHECK(p.rng_state == nullptr || m.device == kNVTEDeviceGPU,
+               "argument 'rng_state': device memory, but 'mask' is on the CPU");
     p.dropout = dropout;
     p.dropout_thresh = dropout_threshold(dropout);
     if (use_gpu(m.device, "nvte_fused_attn_dropout_mask")) {

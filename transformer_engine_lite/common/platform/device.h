@@ -18,6 +18,18 @@ constexpr int kWarpSize = 64;  // CDNA (gfx90a, gfx94x) wavefront
 constexpr int kWarpSize = 32;
 #endif
 
+// Launch bounds with a minimum number of resident blocks per SM, for register-heavy kernels. CUDA:
+// registers are capped at 64K / (threads * min_blocks), and ptxas stops choosing an occupancy of
+// its own (without the minimum it aims at what shared memory allows and spills to get there). HIP
+// reads the second argument as waves per execution unit, a different quantity: AMD gets the thread
+// bound only and sizes VGPRs from it (min_blocks is still evaluated, so it counts as used).
+#if defined(__HIP_PLATFORM_AMD__)
+#define NVTE_LAUNCH_BOUNDS(threads, min_blocks) \
+  __launch_bounds__((static_cast<void>(min_blocks), (threads)))
+#else
+#define NVTE_LAUNCH_BOUNDS(threads, min_blocks) __launch_bounds__(threads, min_blocks)
+#endif
+
 template <typename T>
 __device__ __forceinline__ T warp_shfl_xor(T v, int lane_mask, int width = kWarpSize) {
 #if defined(__HIP_PLATFORM_AMD__)
@@ -78,5 +90,9 @@ __device__ __forceinline__ void atomic_max_abs(float *addr, float v) {
   const unsigned int bits = __float_as_uint(v) & 0x7FFFFFFFu;
   atomicMax(reinterpret_cast<unsigned int *>(addr), bits);
 }
+
+// fp32 accumulation into global memory (attention dQ). The order of the additions is not fixed, so
+// the sum is not bitwise reproducible; callers that must be deterministic reduce another way.
+__device__ __forceinline__ void atomic_add(float *addr, float v) { atomicAdd(addr, v); }
 
 }  // namespace nvte

@@ -19,8 +19,8 @@
  *  - softmax_lse: fp32 [b, h, max_seqlen_q], log-sum-exp of the scaled, biased, masked logits per
  *    query row (natural log); -inf for a row with no key kept (its output and gradients are 0).
  *    Written by the forward when is_training, read by the backward.
- *  - rng_state: int64 [2] = {seed, offset} in host memory (whatever the device of the others), read
- *    when dropout > 0 (may be NULL otherwise). The keep
+ *  - rng_state: int64 [2] = {seed, offset}, read when dropout > 0 (may be NULL otherwise); in host
+ *    memory (any call) or, for GPU calls, in device memory (read by the kernels). The keep
  *    decision of logit (batch, head, i, j) is a pure function of (seed, offset, batch, head, i, j)
  *    (Philox4x32-10, util/philox.h), so the backward regenerates the forward's mask on any device.
  *    Kept probabilities are scaled by 1 / (1 - dropout).
