@@ -1,7 +1,8 @@
-// Shared support of the fused-attention tests (test_fused_attn.cpp, test_fused_attn_errors.cpp): a
-// problem description, its tensors in any format (bshd / sbhd / thd), the call with every argument
-// spelled out, and a double-precision reference that materialises the full [s_q, s_kv] score matrix
-// of every (sequence, head). Public C API only: the reference shares no code with the kernels.
+// Shared support of the fused-attention tests (test_fused_attn.cpp, test_fused_attn_properties.cpp,
+// test_fused_attn_errors.cpp): a problem description, its tensors in any format (bshd / sbhd /
+// thd), the call with every argument spelled out, and a double-precision reference that
+// materialises the full [s_q, s_kv] score matrix of every (sequence, head). Public C API only: the
+// reference shares no code with the kernels.
 #pragma once
 
 #include <algorithm>

@@ -12,7 +12,7 @@ compared with an fp64 reference and with the same math in plain torch in the low
 (error <= 2x torch's + a floor, utils.ATTENTION_FLOOR), forward and dq/dk/dv/dbias; the flash
 backend is also compared with UnfusedDotProductAttention called directly. Module tests:
 test_attention_modules.py; errors for bad arguments: test_attention_args.py; op schema checks
-(opcheck): test_ops.py.
+(opcheck): test_ops_attention.py.
 """
 
 from __future__ import annotations

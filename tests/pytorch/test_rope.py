@@ -2,7 +2,7 @@
 RotaryPositionEmbedding, apply_rotary_pos_emb fused (te_lite.fused_rope_fwd/bwd) and unfused
 against an fp64 reference for sbhd / bshd / thd, interleaved or not, partial rotary dims and every
 dtype, gradients against fp64 autograd, gradcheck of the ops, errors, torch.compile. opcheck of the
-two ops: test_ops.py (with every other op)."""
+two ops: test_ops_attention.py (with the attention ops)."""
 
 from __future__ import annotations
 
