@@ -20,9 +20,6 @@
 
 namespace nvte {
 namespace flash_cpu {
-
-bool use_bf16_compute(DType dtype);
-
 namespace {
 
 // P = exp(x - lse) over the kept range (0 elsewhere, and for rows without keys: lse = -inf).

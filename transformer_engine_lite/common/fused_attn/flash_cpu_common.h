@@ -13,6 +13,7 @@
 #include <cstdint>
 #include <cstring>
 #include <limits>
+#include <type_traits>
 #include <vector>
 
 #include "../platform/cpu_tile_gemm.h"
@@ -57,6 +58,9 @@ struct Compute<uint16_t> {
     tile::gemm_bf16(M, N, K, A, lda, B, panel_stride, C, ldc, acc);
   }
 };
+
+// Whether bf16 inputs take the bf16 dot-product path (this CPU has AVX-512 BF16); flash_fwd_cpu.cpp.
+bool use_bf16_compute(NVTEDType dtype);
 
 // fp32 GEMM compiled per ISA clone (flash_fwd_cpu.cpp).
 void gemm_f32_cloned(int M, int N, int K, const float *A, int lda, const float *B,

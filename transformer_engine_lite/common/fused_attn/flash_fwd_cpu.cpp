@@ -235,7 +235,7 @@ void fwd(const AttnParams &p) {
 
 }  // namespace
 
-bool use_bf16_compute(DType dtype) { return dtype == kNVTEBFloat16 && tile::has_bf16_dot(); }
+bool use_bf16_compute(NVTEDType dtype) { return dtype == kNVTEBFloat16 && tile::has_bf16_dot(); }
 
 }  // namespace flash_cpu
 
