@@ -317,8 +317,8 @@ void check_lse(const Tensor *t, const AttnParams &p, NVTEDevice device) {
 }  // namespace
 
 // GPU backward workspace, TE's protocol: a handle without data is a size query (its shape becomes
-// [bytes], dtype byte) and the call computes nothing. Returns false for a query. The CPU kernels
-// need no workspace and ignore it.
+// [bytes], dtype byte) and the call computes nothing. Returns false for a query. (The CPU kernels
+// need none: cpu_workspace below answers the query with [0] and the call computes.)
 bool gpu_workspace(NVTETensor workspace, size_t bytes, void **ptr) {
   *ptr = nullptr;
   if (bytes == 0) return true;
