@@ -142,6 +142,18 @@ def run_cases(
     return rows, ok
 
 
+def cpu_level_line() -> str:
+    """The CPU level the run used: our kernels' (NVTE_CPU_ISA caps it) and oneDNN's."""
+    from transformer_engine_lite.common import build_info
+
+    info = build_info()
+    isa = info.get("cpu_isa", {})
+    return (
+        f"CPU level: ours {isa.get('level')} (detected {isa.get('detected')}, clone "
+        f"{isa.get('clone')}), oneDNN {info.get('onednn_isa')}"
+    )
+
+
 def print_table(rows: list[dict]) -> None:
     def f(v, fmt):
         return format("-", ">10") if v is None else format(v, fmt)
@@ -223,6 +235,7 @@ def cli(
         f"{header()}; {'quick' if args.quick else 'full'} sizes, median of {repeat} after "
         f"{args.warmup} warmup"
     )
+    print(cpu_level_line())
     rows, ok = run_cases(cases, names, args.quick, args.warmup, repeat, fatal, describe)
     print_table(rows)
     if args.json:

@@ -6,6 +6,7 @@ Calls the C API through ctypes on torch tensors' memory; prints best-of-N millis
 """
 
 import ctypes
+import json
 import sys
 import time
 
@@ -87,6 +88,11 @@ def main():
     ws = torch.empty(1, dtype=torch.uint8)
     WS = tensor(ws)
     print(f"threads {torch.get_num_threads()}, x bf16 [{R}, {H}]")
+    lib.nvte_get_build_info.restype = ctypes.c_char_p
+    info = json.loads(lib.nvte_get_build_info().decode())
+    isa = info["cpu_isa"]
+    print(f"CPU level: ours {isa['level']} (detected {isa['detected']}, clone {isa['clone']}), "
+          f"oneDNN {info['onednn_isa']}")
 
     def ln(zt):
         check(lib.nvte_layernorm_fwd(X, G, B, 1e-5, zt, MU, RS, WS, 0, False, None))

@@ -8,6 +8,7 @@ Environment variables (all optional):
   NVTE_FRAMEWORK           "pytorch", "jax", "pytorch,jax", "all" or "none" (default: importable ones)
   NVTE_BUILD_DIR           CMake build folder (default build/cmake), reused across builds
   NVTE_WERROR=1            compile with warnings as errors
+  NVTE_WITH_CUBLASLT       CUDA builds: auto (default; tiled GEMM alone when cuBLASLt is missing), 1, 0
   DNNL_ROOT                prefix of oneDNN (default: the Python prefix, where PyPI's onednn-* install)
 """
 
@@ -122,6 +123,12 @@ def cmake_args(build_type: str = "Release") -> list[str]:
         args.append(f"-DNVTE_CUDA_ARCHS={cuda_archs()}")  # gpu.cmake derives the CUDA archs
     if choice.backend == "rocm":
         args.append(f"-DNVTE_ROCM_ARCH={rocm_archs()}")
+    if choice.backend == "cuda":
+        cublaslt = (_flag("NVTE_WITH_CUBLASLT") or "auto").strip().lower()
+        modes = {"auto": "AUTO", "1": "ON", "on": "ON", "0": "OFF", "off": "OFF"}
+        if cublaslt not in modes:
+            raise ValueError(f"NVTE_WITH_CUBLASLT: expected auto, 1 or 0, got {cublaslt!r}")
+        args.append(f"-DNVTE_WITH_CUBLASLT={modes[cublaslt]}")
     if _flag("NVTE_WERROR") == "1":
         args.append("-DNVTE_WERROR=ON")
     dnnl = _flag("DNNL_ROOT")

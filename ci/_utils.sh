@@ -20,6 +20,10 @@
 # Failures are collected; call `finish_tests` last: it prints "N passed, N failed" and returns non-zero
 # if anything failed. A tag registered twice aborts (it would make TEST_FILTER ambiguous).
 
+# Every suite runs in the README's virtual environment (ci/_venv.sh; made by ci/install_deps.sh).
+source "$(dirname "${BASH_SOURCE[0]}")/_venv.sh"
+te_venv_activate || exit 1
+
 TEST_LEVEL=${TEST_LEVEL:-99}
 if [ -z "${TEST_SGPU:-}" ] && [ -z "${TEST_MGPU:-}" ]; then TEST_SGPU=1; TEST_MGPU=1; fi
 TEST_SGPU=${TEST_SGPU:-0}

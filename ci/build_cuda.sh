@@ -9,6 +9,9 @@
 #   build.cuda.gpu_tests   tests/cpp/gpu built against it (-Werror) and run: they skip without a GPU
 #   build.cuda.driverless  no libcuda/libcudart/libcublas dependency; imports, and GPU ops fail
 #                          cleanly here
+#   build.cuda.cublaslt_optional  configure only, with cuBLASLt hidden: NVTE_WITH_CUBLASLT=AUTO (the
+#                          default) falls back to the tiled GEMM with one line; ON fails, naming it
+# This build asks for cuBLASLt explicitly (NVTE_WITH_CUBLASLT=ON): its path must compile here.
 # NVTE_CUDA_ARCHS (default 80;90) picks the archs.
 set -u
 source "$(dirname "${BASH_SOURCE[0]}")/_utils.sh"
@@ -35,6 +38,7 @@ configure_library() {
   local launcher="$(command -v python);$REPO_ROOT/build_tools/kernel_resources.py;capture"
   cmake -S "$REPO_ROOT" -B "$BUILD" "${GENERATOR[@]}" -DCMAKE_BUILD_TYPE=Release \
     -DNVTE_BACKEND=cuda "-DNVTE_CUDA_ARCHS=${NVTE_CUDA_ARCHS:-80;90}" -DNVTE_WERROR=ON \
+    -DNVTE_WITH_CUBLASLT=ON \
     -DNVTE_PTXAS_VERBOSE=ON "-DCMAKE_CUDA_COMPILER_LAUNCHER=$launcher" \
     -DCMAKE_SHARED_LINKER_FLAGS=-Wl,--no-undefined
 }
@@ -53,8 +57,35 @@ no_runtime_dependency() {
 
 cuda_driverless() { ensure_library && no_runtime_dependency && driverless; }
 
+# A machine without cuBLASLt: no Python to find PyPI's wheel, no root; the toolkit has no cuBLAS here
+# (if a toolkit does ship it, AUTO finds it and the check accepts that too).
+cublaslt_optional() {
+  local dir out
+  dir=$(mktemp -d)
+  out=$(cmake -S "$REPO_ROOT" -B "$dir/auto" "${GENERATOR[@]}" -DNVTE_BACKEND=cuda \
+    -DNVTE_WITH_ONEDNN=OFF -DPython3_EXECUTABLE=/nonexistent 2>&1) || {
+    echo "$out" | tail -20
+    echo "ci: NVTE_WITH_CUBLASLT=AUTO failed to configure without cuBLASLt" >&2
+    rm -rf "$dir"
+    return 1
+  }
+  echo "$out" | grep 'cuBLASLt:'
+  if echo "$out" | grep -q 'cuBLASLt: not found'; then
+    if cmake -S "$REPO_ROOT" -B "$dir/on" "${GENERATOR[@]}" -DNVTE_BACKEND=cuda \
+        -DNVTE_WITH_ONEDNN=OFF -DPython3_EXECUTABLE=/nonexistent -DNVTE_WITH_CUBLASLT=ON \
+        > "$dir/on.log" 2>&1; then
+      echo "ci: NVTE_WITH_CUBLASLT=ON configured without cuBLASLt (expected an error)" >&2
+      rm -rf "$dir"
+      return 1
+    fi
+    grep -m1 -A1 'NVTE_WITH_CUBLASLT=ON: expected cuBLASLt' "$dir/on.log"
+  fi
+  rm -rf "$dir"
+}
+
 run_tagged build.cuda.library ensure_library
 run_tagged build.cuda.resources kernel_table
 run_tagged build.cuda.gpu_tests gpu_tests
 run_tagged build.cuda.driverless cuda_driverless
+run_tagged build.cuda.cublaslt_optional cublaslt_optional
 finish_tests build.cuda

@@ -1,14 +1,22 @@
 #!/usr/bin/env bash
 # Installs what building and testing need on a fresh machine of this kind, then the package itself
 # (editable, so build/cmake is reused by later builds). Idempotent; quiet unless something fails.
+# Python packages go into the virtual environment of ci/_venv.sh (TE_LITE_VENV, default build/venv),
+# created here; Debian packages (gtest, ninja, qemu-user, the HIP toolchain) through apt-get.
 set -euo pipefail
 REPO_ROOT=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
+source "$REPO_ROOT/ci/_venv.sh"
+start=$SECONDS
 
-if ! [ -e /usr/include/gtest/gtest.h ] || ! command -v ninja >/dev/null; then
+# qemu-user: ci/isa_matrix.sh runs a subset as a Haswell CPU (no AVX-512, CPUID included).
+if ! [ -e /usr/include/gtest/gtest.h ] || ! command -v ninja >/dev/null ||
+    ! command -v qemu-x86_64 >/dev/null; then
   if command -v apt-get >/dev/null; then
     SUDO=""; [ "$(id -u)" -ne 0 ] && SUDO=sudo
     $SUDO apt-get update -qq
     DEBIAN_FRONTEND=noninteractive $SUDO apt-get install -y -qq libgtest-dev ninja-build >/dev/null
+    DEBIAN_FRONTEND=noninteractive $SUDO apt-get install -y -qq qemu-user >/dev/null ||
+      echo "ci/install_deps.sh: qemu-user not installed (the ISA matrix skips its qemu subset)" >&2
   fi
 fi
 # Debian's HIP 5.2 toolchain for ci/build_rocm.sh (hipcc pulls clang-15, llvm-15, clang-tools-15).
@@ -37,7 +45,17 @@ pip_quiet() {
   fi
   rm -f "$log"
 }
-pip_quiet install --disable-pip-version-check torch==2.13.0 onednn-cpu-gomp onednn-devel-cpu-gomp \
-  numpy ml_dtypes pytest matplotlib tqdm
+te_venv_create
+te_venv_activate
+pip_quiet install --disable-pip-version-check setuptools wheel torch==2.13.0 onednn-cpu-gomp \
+  onednn-devel-cpu-gomp numpy ml_dtypes pytest matplotlib tqdm
+# The build picks CUDA where nvcc is on PATH (build_tools/utils.py); its GEMM uses cuBLASLt, whose
+# headers come from PyPI. Best effort: without it the build uses the tiled GEMM and says so.
+backend=$(python -c "import sys; sys.path.insert(0, '$REPO_ROOT'); from build_tools import utils; print(utils.detect_backend().backend)")
+if [ "$backend" = cuda ] && ! python -m pip show -q nvidia-cublas >/dev/null 2>&1; then
+  pip_quiet install --disable-pip-version-check nvidia-cublas ||
+    echo "ci/install_deps.sh: nvidia-cublas not installed; CUDA GEMMs will use the tiled kernel" >&2
+fi
 pip_quiet install --disable-pip-version-check --no-build-isolation -e "$REPO_ROOT"
-python -c "import transformer_engine_lite as te; print('transformer_engine_lite', te.__version__, te.build_info()['device_backends'])"
+python -c "import transformer_engine_lite as te; i = te.build_info(); print('transformer_engine_lite', te.__version__, i['device_backends'], 'gpu_gemm', i['gpu_gemm'], 'cpu_isa', i['cpu_isa']['level'], 'onednn_isa', i['onednn_isa'], 'python', __import__('sys').prefix)"
+echo "ci/install_deps.sh: done in $((SECONDS - start)) s"

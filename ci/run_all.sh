@@ -1,15 +1,26 @@
 #!/usr/bin/env bash
-# The README's test command: installs everything, builds once, runs every suite, then compiles the CUDA
+# The README's test command: installs everything (into the virtual environment of ci/_venv.sh), builds
+# once, runs every suite and the CPU-level matrix (ci/isa_matrix.sh), then compiles the CUDA
 # and ROCm backends with warnings as errors (build.cuda.*, build.rocm.*: no GPU needed); exits non-zero
 # on any failure. TEST_FILTER / TEST_LEVEL (see ci/_utils.sh) narrow what runs.
 set -u
 REPO_ROOT=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
+start=$SECONDS
 bash "$REPO_ROOT/ci/install_deps.sh" || exit 1
 rc=0
-bash "$REPO_ROOT/ci/core.sh" || rc=1
-bash "$REPO_ROOT/ci/python.sh" || rc=1
-bash "$REPO_ROOT/ci/pytorch.sh" || rc=1
-bash "$REPO_ROOT/ci/build_cuda.sh" || rc=1
-bash "$REPO_ROOT/ci/build_rocm.sh" || rc=1
-echo "ci/run_all.sh: $([ $rc -eq 0 ] && echo all suites passed || echo some suites FAILED)"
+times=()
+suite() {  # suite NAME: runs ci/NAME.sh, records its time
+  local start=$SECONDS
+  bash "$REPO_ROOT/ci/$1.sh" || rc=1
+  times+=("$1 $((SECONDS - start)) s")
+}
+suite core
+suite python
+suite pytorch
+suite isa_matrix
+suite build_cuda
+suite build_rocm
+printf 'ci/run_all.sh: suite times: %s\n' "$(IFS=,; echo "${times[*]}")"
+echo "ci/run_all.sh: $([ $rc -eq 0 ] && echo all suites passed || echo some suites FAILED)" \
+  "in $((SECONDS - start)) s"
 exit $rc

@@ -7,6 +7,8 @@
 set -euo pipefail
 REPO_ROOT=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
 bash "$REPO_ROOT/ci/install_deps.sh"
+source "$REPO_ROOT/ci/_venv.sh"  # the environment install_deps.sh installed into
+te_venv_activate
 if [ "${1:-}" = "--core" ]; then
   shift
   exec python "$REPO_ROOT/examples/core_demo.py" "$@"

@@ -46,9 +46,21 @@ def _preload_onednn() -> None:
             return
 
 
+CPU_ISA_LEVELS = ("baseline", "sse41", "avx2", "avx512_core", "avx512_core_bf16", "avx512_core_fp16",
+                  "avx512_core_amx", "native", "all")
+
+
+def _check_cpu_isa() -> None:
+    # The C side reads NVTE_CPU_ISA inside kernels, where it cannot raise: a typo is caught here.
+    value = config.get("NVTE_CPU_ISA")
+    if value is not None and value.lower() not in CPU_ISA_LEVELS:
+        raise ValueError(f"NVTE_CPU_ISA: expected one of {', '.join(CPU_ISA_LEVELS)}, got {value!r}")
+
+
 @functools.lru_cache(maxsize=None)
 def get_lib() -> ctypes.CDLL:
     """The loaded core library (loaded once)."""
+    _check_cpu_isa()
     tried = []
     for path in _candidates():
         if path.is_file():

@@ -30,6 +30,10 @@ ENV_VARS: tuple[EnvVar, ...] = (
            "may be imported; unset: whatever is importable"),
     EnvVar("NVTE_BUILD_DIR", "build/cmake", "build", "CMake build folder, reused between builds"),
     EnvVar("NVTE_WERROR", "0", "build", "1 compiles the library with -Werror"),
+    EnvVar("NVTE_WITH_CUBLASLT", "auto", "build",
+           "CUDA builds: 1 requires cuBLASLt (headers from the toolkit or PyPI's nvidia-cublas; "
+           "the build fails without it), 0 leaves it out, auto uses it when found and otherwise "
+           "builds the tiled GEMM only (one line in the build log; build_info()['gpu_gemm'])"),
     EnvVar("DNNL_ROOT", None, "build",
            "prefix holding oneDNN's include/ and lib/ (default: the Python prefix, where PyPI's "
            "onednn-cpu-gomp and onednn-devel-cpu-gomp install)"),
@@ -37,6 +41,19 @@ ENV_VARS: tuple[EnvVar, ...] = (
     EnvVar("NVTE_LIB_PATH", None, "runtime",
            "file or folder of libtransformer_engine_lite.so to load instead of the installed one"),
     EnvVar("OMP_NUM_THREADS", None, "runtime", "threads of the CPU kernels (OpenMP)"),
+    EnvVar("NVTE_CPU_ISA", "native", "runtime",
+           "caps the CPU level of the library's own kernels: baseline, avx2, avx512_core, "
+           "avx512_core_bf16, avx512_core_fp16, avx512_core_amx or native (per-level loop clones "
+           "x86-64-v4/v3/baseline; the AVX-512 BF16 tile kernels); also caps oneDNN unless "
+           "ONEDNN_MAX_CPU_ISA is set. Read once per process; build_info()['cpu_isa'] reports it"),
+    EnvVar("ONEDNN_MAX_CPU_ISA", None, "runtime",
+           "oneDNN's own cap of its kernels' ISA (e.g. AVX2, AVX512_CORE_BF16); wins over "
+           "NVTE_CPU_ISA for oneDNN; build_info()['onednn_isa'] reports the level in use"),
+    EnvVar("NVTE_CPU_GEMM_COMPUTE", "auto", "runtime",
+           "operand precision of the CPU GEMM: auto (FP8 as bf16 and bf16/fp16 natively where "
+           "oneDNN has the kernel at this CPU level, else every operand widened exactly to fp32), "
+           "native (never widen to fp32: NotImplementedError where oneDNN lacks the kernel), "
+           "fp32 (always widen)"),
     # Attention backend selection (common/fused_attn/backend_select.cpp). Switches: only the exact
     # string 0 disables; logging: only the exact string 1 enables.
     EnvVar("NVTE_FUSED_ATTN", "1", "runtime",
@@ -66,6 +83,15 @@ ENV_VARS: tuple[EnvVar, ...] = (
            "with NVTE_DEBUG=1: 0 warnings, 1 info (selected backend), 2 debug (every rejected "
            "backend and why)"),
     EnvVar("TEST_LEVEL", "99", "ci", "how many configurations ci/*.sh run"),
+    EnvVar("TE_LITE_VENV", "build/venv", "ci",
+           "virtual environment the README commands create and use (python -m venv, no system "
+           "site-packages); 'none' installs into the current Python instead"),
+    EnvVar("NVTE_CI_ISA_LEVELS", "avx2 avx512_core avx512_core_bf16 avx512_core_fp16 native",
+           "ci", "CPU levels ci/isa_matrix.sh runs the suites at (levels above the CPU's are "
+           "reported as skipped)"),
+    EnvVar("NVTE_CI_QEMU", "1", "ci",
+           "1: ci/isa_matrix.sh also runs a subset under qemu-x86_64 -cpu Haswell (a CPU without "
+           "AVX-512, CPUID included); 0 skips it"),
     EnvVar("TEST_FILTER", None, "ci", "space-separated globs over test tags, e.g. 'core.test_gemm'"),
     EnvVar("TEST_SGPU", "1", "ci", "run single-process suites"),
     EnvVar("TEST_MGPU", "1", "ci", "run multi-process suites"),

@@ -11,11 +11,11 @@ namespace nvte {
 
 // ---------------------------------------------------------------- row conversion
 template <typename T>
-NVTE_CPU_CLONES void load_row_impl(const T *src, float *dst, size_t n) {
+NVTE_CPU_KERNEL void load_row_impl(const T *src, float *dst, size_t n) {
   for (size_t i = 0; i < n; ++i) dst[i] = to_float(src[i]);
 }
 template <typename T>
-NVTE_CPU_CLONES void store_row_impl(const float *src, T *dst, size_t n) {
+NVTE_CPU_KERNEL void store_row_impl(const float *src, T *dst, size_t n) {
   for (size_t i = 0; i < n; ++i) dst[i] = from_float<T>(src[i]);
 }
 
@@ -24,7 +24,7 @@ void load_row(const T *src, float *dst, size_t n) {
   if constexpr (std::is_same_v<T, float>) {
     std::memcpy(dst, src, n * sizeof(float));
   } else {
-    load_row_impl(src, dst, n);
+    NVTE_CPU_DISPATCH(load_row_impl(src, dst, n));
   }
 }
 template <typename T>
@@ -32,7 +32,7 @@ void store_row(const float *src, T *dst, size_t n) {
   if constexpr (std::is_same_v<T, float>) {
     std::memcpy(dst, src, n * sizeof(float));
   } else {
-    store_row_impl(src, dst, n);
+    NVTE_CPU_DISPATCH(store_row_impl(src, dst, n));
   }
 }
 
@@ -70,14 +70,14 @@ inline AbsMax absmax_from_bits(uint32_t m) {
   return r;
 }
 
-NVTE_CPU_CLONES AbsMax absmax_row(const float *v, size_t n) {
+NVTE_CPU_KERNEL AbsMax absmax_row(const float *v, size_t n) {
   return absmax_from_bits(amax_bits(v, n));
 }
 
 // q[i] = encode(v[i] * scale), returning max |v| (taken before scaling) from the same pass: one
 // read of the block instead of two.
 template <typename OType>
-NVTE_CPU_CLONES AbsMax scale_encode_row(const float *v, OType *q, size_t n, float scale) {
+NVTE_CPU_KERNEL AbsMax scale_encode_row(const float *v, OType *q, size_t n, float scale) {
   uint32_t m = 0;
   for (size_t i = 0; i < n; ++i) {
     const uint32_t a = float_bits(v[i]) & 0x7FFFFFFFu;
@@ -89,14 +89,14 @@ NVTE_CPU_CLONES AbsMax scale_encode_row(const float *v, OType *q, size_t n, floa
 
 // q[i] = encode(v[i] * mult[i])
 template <typename OType>
-NVTE_CPU_CLONES void mul_encode_row(const float *v, const float *mult, OType *q, size_t n) {
+NVTE_CPU_KERNEL void mul_encode_row(const float *v, const float *mult, OType *q, size_t n) {
   for (size_t i = 0; i < n; ++i) q[i] = from_float<OType>(v[i] * mult[i]);
 }
 
 // Scales of the row-wise blocks of one row, and each element's multiplier 1 / scale (exact: a power
 // of two) expanded into mult[0, cols).
 template <typename OType>
-NVTE_CPU_CLONES void mx_row_scales(const float *v, size_t cols, uint8_t *scales, float *mult) {
+NVTE_CPU_KERNEL void mx_row_scales(const float *v, size_t cols, uint8_t *scales, float *mult) {
   constexpr size_t kB = OutputEmitter::kBlock;
   size_t c0 = 0;
   for (; c0 + kB <= cols; c0 += kB) {  // fixed trip counts vectorize without remainder code
@@ -122,15 +122,16 @@ void mx_rowwise(const float *vals, size_t nrows, size_t cols, OType *q, uint8_t 
   thread_local std::vector<float> mult;
   mult.resize(cols);
   for (size_t r = 0; r < nrows; ++r) {
-    mx_row_scales<OType>(vals + r * cols, cols, scales + r * scale_cols, mult.data());
-    mul_encode_row(vals + r * cols, mult.data(), q + r * cols, cols);
+    NVTE_CPU_DISPATCH(
+        mx_row_scales<OType>(vals + r * cols, cols, scales + r * scale_cols, mult.data()));
+    NVTE_CPU_DISPATCH(mul_encode_row(vals + r * cols, mult.data(), q + r * cols, cols));
   }
 }
 
 // MXFP8 column-wise: one E8M0 scale per 32 consecutive rows of each column (a whole block of rows).
 // Column amaxes are running integer maxima of the magnitude bits (NaN patterns sort above Inf).
 template <typename OType>
-NVTE_CPU_CLONES void mx_colwise(const float *vals, size_t nrows, size_t cols, OType *q,
+NVTE_CPU_KERNEL void mx_colwise(const float *vals, size_t nrows, size_t cols, OType *q,
                                 uint8_t *scales) {
   thread_local std::vector<uint32_t> amax;
   thread_local std::vector<float> mult;
@@ -159,7 +160,7 @@ NVTE_CPU_CLONES void mx_colwise(const float *vals, size_t nrows, size_t cols, OT
 
 // dst[c * ld + r] = src[r * cols + c] for a block of nrows (<= 32) encoded rows. Bytes, not values:
 // the transposed copy is the row-wise encoding moved, so both copies agree by construction.
-NVTE_CPU_CLONES void transpose_bytes(const uint8_t *src, size_t nrows, size_t cols, uint8_t *dst,
+NVTE_CPU_KERNEL void transpose_bytes(const uint8_t *src, size_t nrows, size_t cols, uint8_t *dst,
                                      size_t ld) {
   transpose_rect<uint8_t, OutputEmitter::kBlock, 64>(src, cols, nrows, 0, cols, dst, ld);
 }
@@ -189,7 +190,8 @@ AbsMax OutputEmitter::emit(const float *vals, size_t row0, size_t nrows) const {
   AbsMax amax;
   // amax is recorded whenever the output has an amax buffer (FP8 or not, so a bf16 producer can feed
   // current scaling); per-tensor FP8 takes it in the encoding pass below.
-  if (out_.amax.has_data() && !(fp8_ && !mx_)) amax = absmax_row(vals, nrows * cols_);
+  if (out_.amax.has_data() && !(fp8_ && !mx_)) amax = NVTE_CPU_DISPATCH(
+      absmax_row(vals, nrows * cols_));
   const DType t = rowwise_ ? out_.data.dtype : out_.columnwise_data.dtype;
   dispatch_dtype<OutputTypes>(t, "output", [&](auto tag) {
     using OType = typename decltype(tag)::type;
@@ -203,8 +205,9 @@ AbsMax OutputEmitter::emit(const float *vals, size_t row0, size_t nrows) const {
                    out_.scale_inv.ptr<uint8_t>() + row0 * sc, sc);
       }
       if (colwise_) {
-        mx_colwise(vals, nrows, cols_, out_.columnwise_data.ptr<OType>() + row0 * cols_,
-                   out_.columnwise_scale_inv.ptr<uint8_t>() + (row0 / kBlock) * cols_);
+        NVTE_CPU_DISPATCH(
+            mx_colwise(vals, nrows, cols_, out_.columnwise_data.ptr<OType>() + row0 * cols_,
+                       out_.columnwise_scale_inv.ptr<uint8_t>() + (row0 / kBlock) * cols_));
       }
     } else {
       // Encode the block row-major once (into the output, or into scratch when only the transposed
@@ -215,12 +218,13 @@ AbsMax OutputEmitter::emit(const float *vals, size_t row0, size_t nrows) const {
         scratch.resize(nrows * cols_);
         q = scratch.data();
       }
-      amax = scale_encode_row(vals, q, nrows * cols_, scale_);
+      amax = NVTE_CPU_DISPATCH(scale_encode_row(vals, q, nrows * cols_, scale_));
       if (colwise_) {
         // Column c of this row block becomes a contiguous run of row c of the transposed copy.
-        transpose_bytes(reinterpret_cast<const uint8_t *>(q), nrows, cols_,
-                        reinterpret_cast<uint8_t *>(out_.columnwise_data.ptr<OType>()) + row0,
-                        rows_);
+        NVTE_CPU_DISPATCH(
+            transpose_bytes(reinterpret_cast<const uint8_t *>(q), nrows, cols_,
+                            reinterpret_cast<uint8_t *>(out_.columnwise_data.ptr<OType>()) + row0,
+                            rows_));
       }
     }
   });

@@ -19,7 +19,7 @@ constexpr size_t kGrainElems = size_t{1} << 15;
 // patterns, and every NaN pattern is above +Inf's, so one integer max gives both the amax and the
 // NaN flag — no conversion to fp32, 32 bf16 lanes per AVX-512 instruction.
 template <typename UInt>
-NVTE_CPU_CLONES UInt amax_bits_kernel(const UInt *x, size_t n, UInt mask) {
+NVTE_CPU_KERNEL UInt amax_bits_kernel(const UInt *x, size_t n, UInt mask) {
   UInt m = 0;
   for (size_t i = 0; i < n; ++i) {
     const UInt a = x[i] & mask;
@@ -40,7 +40,7 @@ UInt parallel_amax_bits(const void *data, size_t n, UInt mask) {
   parallel_for(std::min(threads, nchunks), 1, [&](size_t, size_t) {
     for (size_t c = next++; c < nchunks; c = next++) {
       const size_t b = n * c / nchunks, e = n * (c + 1) / nchunks;
-      part[c] = amax_bits_kernel<UInt>(x + b, e - b, mask);
+      part[c] = NVTE_CPU_DISPATCH(amax_bits_kernel<UInt>(x + b, e - b, mask));
     }
   });
   UInt m = 0;
@@ -53,12 +53,12 @@ UInt parallel_amax_bits(const void *data, size_t n, UInt mask) {
 // special-value selects did not (GCC 12 keeps them as branches): MXFP8 8192x4096 -> bf16 on one
 // core in 19 ms instead of 62 ms.
 // Per-tensor: buf[c] = decode(q[c]) * scale_inv.
-NVTE_CPU_CLONES void dequantize_row_kernel(const uint8_t *q, const float *lut, float *buf, size_t n,
+NVTE_CPU_KERNEL void dequantize_row_kernel(const uint8_t *q, const float *lut, float *buf, size_t n,
                                            float scale_inv) {
   for (size_t c = 0; c < n; ++c) buf[c] = lut[q[c]] * scale_inv;
 }
 // MXFP8 row-wise: element c uses the E8M0 scale of its block of 32 along the row.
-NVTE_CPU_CLONES void dequantize_mx_row_kernel(const uint8_t *q, const float *lut, float *buf,
+NVTE_CPU_KERNEL void dequantize_mx_row_kernel(const uint8_t *q, const float *lut, float *buf,
                                               size_t n, const uint8_t *scales) {
   size_t c0 = 0;
   for (; c0 + 32 <= n; c0 += 32) {  // fixed trip count: fully vectorized
@@ -71,7 +71,7 @@ NVTE_CPU_CLONES void dequantize_mx_row_kernel(const uint8_t *q, const float *lut
   }
 }
 // MXFP8 column-wise: element c uses mult[c], the scale of its column in this block of 32 rows.
-NVTE_CPU_CLONES void dequantize_mx_col_kernel(const uint8_t *q, const float *lut, float *buf,
+NVTE_CPU_KERNEL void dequantize_mx_col_kernel(const uint8_t *q, const float *lut, float *buf,
                                               size_t n, const float *mult) {
   for (size_t c = 0; c < n; ++c) buf[c] = lut[q[c]] * mult[c];
 }
@@ -111,15 +111,16 @@ void launch_dequantize(const Tensor &in, const SimpleTensor &out) {
       for (size_t r = r0; r < r1; ++r) {
         const uint8_t *qr = qb + r * cols;
         if (!mx) {
-          dequantize_row_kernel(qr, lut, buf.data(), cols, scale_inv);
+          NVTE_CPU_DISPATCH(dequantize_row_kernel(qr, lut, buf.data(), cols, scale_inv));
         } else if (row) {
-          dequantize_mx_row_kernel(qr, lut, buf.data(), cols, sb + r * scale_cols);
+          NVTE_CPU_DISPATCH(
+              dequantize_mx_row_kernel(qr, lut, buf.data(), cols, sb + r * scale_cols));
         } else {
           if (r % 32 == 0 || r == r0) {  // a new block of 32 rows: its column scales
             const uint8_t *s = sb + (r / 32) * scale_cols;
             for (size_t c = 0; c < cols; ++c) mult[c] = e8m0_to_float(s[c]);
           }
-          dequantize_mx_col_kernel(qr, lut, buf.data(), cols, mult.data());
+          NVTE_CPU_DISPATCH(dequantize_mx_col_kernel(qr, lut, buf.data(), cols, mult.data()));
         }
         store_row(buf.data(), dst + r * cols, cols);
       }

@@ -17,7 +17,7 @@ template <typename T>
 constexpr size_t kTileEdge = sizeof(T) <= 2 ? 64 : (sizeof(T) == 4 ? 32 : 16);
 
 template <typename T>
-NVTE_CPU_CLONES void transpose_kernel(const T *in, T *out, size_t rows, size_t cols, size_t c_begin,
+NVTE_CPU_KERNEL void transpose_kernel(const T *in, T *out, size_t rows, size_t cols, size_t c_begin,
                                       size_t c_end) {
   transpose_rect<T, kTileEdge<T>, kTileEdge<T>>(in, cols, rows, c_begin, c_end, out, rows);
 }
@@ -29,7 +29,8 @@ void launch(const T *in, T *out, size_t rows, size_t cols) {
   // Threads split the columns: each writes whole output rows of its own, never a shared line.
   parallel_for(col_tiles, std::max<size_t>(1, 16384 / std::max<size_t>(rows * kT, 1)),
                [&](size_t t0, size_t t1) {
-                 transpose_kernel(in, out, rows, cols, t0 * kT, std::min(cols, t1 * kT));
+                 NVTE_CPU_DISPATCH(
+                     transpose_kernel(in, out, rows, cols, t0 * kT, std::min(cols, t1 * kT)));
                });
 }
 

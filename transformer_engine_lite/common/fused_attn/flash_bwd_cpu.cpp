@@ -23,7 +23,7 @@ namespace flash_cpu {
 namespace {
 
 // P = exp(x - lse) over the kept range (0 elsewhere, and for rows without keys: lse = -inf).
-NVTE_CPU_CLONES void recompute_probs(int rows, float *S, const float *bias, const int *a,
+NVTE_CPU_KERNEL void recompute_probs(int rows, float *S, const float *bias, const int *a,
                                      const int *b, float scale, const float *lse) {
   for (int r = 0; r < rows; ++r) {
     float *s = S + r * kBlockKV;
@@ -42,7 +42,7 @@ NVTE_CPU_CLONES void recompute_probs(int rows, float *S, const float *bias, cons
 }
 
 // dS = P (dP keep - delta) in place of dP; P becomes P keep. keep == nullptr: no dropout.
-NVTE_CPU_CLONES void probs_grad(int rows, float *P, float *dP, const float *keep,
+NVTE_CPU_KERNEL void probs_grad(int rows, float *P, float *dP, const float *keep,
                                 const float *delta) {
   for (int r = 0; r < rows; ++r) {
     float *pr = P + r * kBlockKV, *dr = dP + r * kBlockKV;
@@ -62,7 +62,7 @@ NVTE_CPU_CLONES void probs_grad(int rows, float *P, float *dP, const float *keep
 // X (fp32 [rows][64], rows past `rows` read as 0) as GEMM operands: the row-major A copy (dQ = dS.K)
 // and the B panel with K index = row (dK^T = Q^T.dS, dV^T = dO^T.P): for bf16 the two rows of a pair
 // interleave, for fp32 the panel is the row-major copy. No transposes in the inner loop.
-NVTE_CPU_CLONES void to_operands_bf16(int rows, const float *X, uint16_t *a, uint16_t *bpanel) {
+NVTE_CPU_KERNEL void to_operands_bf16(int rows, const float *X, uint16_t *a, uint16_t *bpanel) {
   // Convert row by row (vectorizes), zero the rows past `rows`, then interleave row pairs as
   // 32-bit words: low half from the even row, high half from the odd one.
   for (int r = 0; r < rows; ++r)
@@ -75,7 +75,7 @@ NVTE_CPU_CLONES void to_operands_bf16(int rows, const float *X, uint16_t *a, uin
       dst[c] = static_cast<uint32_t>(a0[c]) | (static_cast<uint32_t>(a1[c]) << 16);
   }
 }
-NVTE_CPU_CLONES void to_operands_f32(int rows, const float *X, float *a, float *bpanel) {
+NVTE_CPU_KERNEL void to_operands_f32(int rows, const float *X, float *a, float *bpanel) {
   for (int r = 0; r < kBlockQ; ++r)
     for (int c = 0; c < kBlockKV; ++c) {
       const float v = r < rows ? X[r * kBlockKV + c] : 0.0f;
@@ -85,10 +85,10 @@ NVTE_CPU_CLONES void to_operands_f32(int rows, const float *X, float *a, float *
 }
 inline void to_operands(int rows, const float *X, uint16_t *a, uint16_t *b) {
   thread_local std::vector<uint16_t> scratch(kBlockQ * kBlockKV);  // A copy nobody asked for
-  to_operands_bf16(rows, X, a ? a : scratch.data(), b);
+  NVTE_CPU_DISPATCH(to_operands_bf16(rows, X, a ? a : scratch.data(), b));
 }
 inline void to_operands(int rows, const float *X, float *a, float *b) {
-  to_operands_f32(rows, X, a, b);
+  NVTE_CPU_DISPATCH(to_operands_f32(rows, X, a, b));
 }
 
 // A operand Q^T / dO^T of a query tile: [cols][64] with K index = query row (zero past `rows`).
@@ -179,11 +179,14 @@ void bwd(const AttnParams &p) {
                              kt_blk, S.data(), kBlockKV, false);
             const bool hb =
                 has_bias && load_bias_tile<T>(p, bi, hd, q0, rows, j0, sq, skv, bias.data());
-            recompute_probs(rows, S.data(), hb ? bias.data() : nullptr, a, b, p.scale, lse);
+            NVTE_CPU_DISPATCH(
+                recompute_probs(rows, S.data(), hb ? bias.data() : nullptr, a, b, p.scale, lse));
             Compute<E>::gemm(rows, kBlockKV, vpad, doa.data(), vpad, vt.data() + blk * vt_blk,
                              vt_blk, dP.data(), kBlockKV, false);
             if (p.dropout > 0) dropout_tile(p, bi, hd, q0, rows, j0, keep.data());
-            probs_grad(rows, S.data(), dP.data(), p.dropout > 0 ? keep.data() : nullptr, delta);
+            NVTE_CPU_DISPATCH(
+                probs_grad(rows, S.data(), dP.data(), p.dropout > 0 ? keep.data() : nullptr,
+                           delta));
             if (p.dbias) {
               float *dst = dbias_full.data() + ((bi * p.h + hd) * p.s_q + q0) * p.s_kv;
               for (int r = 0; r < rows; ++r)

@@ -16,9 +16,9 @@
 namespace nvte {
 namespace flash_cpu {
 
-NVTE_CPU_CLONES void gemm_f32_cloned(int M, int N, int K, const float *A, int lda, const float *B,
-                                     size_t panel_stride, float *C, int ldc, bool acc) {
-  tile::gemm_f32(M, N, K, A, lda, B, panel_stride, C, ldc, acc);
+void gemm_f32_cloned(int M, int N, int K, const float *A, int lda, const float *B,
+                     size_t panel_stride, float *C, int ldc, bool acc) {
+  NVTE_CPU_DISPATCH(tile::gemm_f32(M, N, K, A, lda, B, panel_stride, C, ldc, acc));
 }
 
 namespace {
@@ -27,7 +27,7 @@ namespace {
 // nullptr, kept range [a[r], b[r]) relative to j0. Out: S = exp(x - m_new) (0 outside the range),
 // running max m and sum l updated, corr[r] = exp(m_old - m_new) to rescale the output accumulator.
 // Reductions use 16 fixed partial lanes, so the result does not depend on the ISA clone.
-NVTE_CPU_CLONES void softmax_update(int rows, float *S, const float *bias, const int *a,
+NVTE_CPU_KERNEL void softmax_update(int rows, float *S, const float *bias, const int *a,
                                     const int *b, float scale, float *m, float *l, float *corr) {
   for (int r = 0; r < rows; ++r) {
     float *s = S + r * kBlockKV;
@@ -197,7 +197,8 @@ void fwd(const AttnParams &p) {
                          static_cast<size_t>(kv.k_block), S.data(), kBlockKV, false);
         const bool hb = has_bias && load_bias_tile<T>(p, tk.bi, tk.hi, tk.q0, rows, j0, sq, skv,
                                                       bias.data());
-        softmax_update(rows, S.data(), hb ? bias.data() : nullptr, a, b, p.scale, m, l, corr);
+        NVTE_CPU_DISPATCH(
+            softmax_update(rows, S.data(), hb ? bias.data() : nullptr, a, b, p.scale, m, l, corr));
         if (p.dropout > 0) dropout_tile(p, tk.bi, tk.hi, tk.q0, rows, j0, keep.data());
         finish_block<E>(rows, S.data(), p.dropout > 0 ? keep.data() : nullptr, pbuf.data(), corr,
                         acc.data(), ldo, static_cast<int>(p.d_v));

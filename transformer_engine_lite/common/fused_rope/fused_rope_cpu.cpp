@@ -30,7 +30,7 @@ NVTE_HOST_DEVICE void rotate_pair(const float *x, float *y, const float *c, cons
 // Rotated features of one head in fp32 (x -> y, distinct buffers). Split by layout so each loop has
 // unit stride (halves) or a fixed stride of 2 (pairs) and vectorizes.
 template <bool kBackward>
-NVTE_CPU_CLONES void rotate_head(const float *x, float *y, const float *c, const float *s,
+NVTE_CPU_KERNEL void rotate_head(const float *x, float *y, const float *c, const float *s,
                                  size_t d2, bool interleaved) {
   const size_t half = d2 / 2;
   if (interleaved) {
@@ -54,7 +54,9 @@ void rotate_token(const RopeParams &p, const T *in, T *out, Scratch &w) {
     const T *src = in + head * p.d;
     T *dst = out + head * p.d;
     load_row(src, w.x.data(), p.d2);
-    rotate_head<kBackward>(w.x.data(), w.y.data(), w.c.data(), w.s.data(), p.d2, p.interleaved);
+    NVTE_CPU_DISPATCH(
+        rotate_head<kBackward>(w.x.data(), w.y.data(), w.c.data(), w.s.data(), p.d2,
+                               p.interleaved));
     store_row(w.y.data(), dst, p.d2);
     if (src != dst && p.d > p.d2) std::memcpy(dst + p.d2, src + p.d2, (p.d - p.d2) * sizeof(T));
   }

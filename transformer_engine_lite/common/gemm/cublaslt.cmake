@@ -5,10 +5,23 @@
 # PyPI's wheels under the Python prefix: nvidia-cublas (CUDA 13: nvidia/cu13/{include,lib}) or
 # nvidia-cublas-cu12 (nvidia/cublas/{include,lib}). The library path found is compiled in as the
 # last dlopen candidate (after the loader's search and the wheel beside the installed package).
-option(NVTE_WITH_CUBLASLT "Build the CUDA GEMM's cuBLASLt path (OFF: tiled kernel only)" ON)
+# NVTE_WITH_CUBLASLT: AUTO (default) uses cuBLASLt when found and otherwise builds the tiled GEMM
+# alone, saying so in one line (an automatic build never fails for a missing optional GPU piece); ON
+# requires it (a missing cuBLASLt is an error); OFF leaves it out.
+set(NVTE_WITH_CUBLASLT "AUTO" CACHE STRING "cuBLASLt for the CUDA GEMM: AUTO, ON or OFF")
+set_property(CACHE NVTE_WITH_CUBLASLT PROPERTY STRINGS AUTO ON OFF)
 set(NVTE_CUBLASLT_ROOT "" CACHE PATH "Prefix holding include/cublasLt.h and lib/libcublasLt.so.*")
+string(TOUPPER "${NVTE_WITH_CUBLASLT}" _cublaslt_mode)
+if(_cublaslt_mode STREQUAL "1" OR _cublaslt_mode STREQUAL "TRUE")
+  set(_cublaslt_mode ON)
+elseif(_cublaslt_mode STREQUAL "0" OR _cublaslt_mode STREQUAL "FALSE")
+  set(_cublaslt_mode OFF)
+endif()
+if(NOT _cublaslt_mode MATCHES "^(AUTO|ON|OFF)$")
+  message(FATAL_ERROR "NVTE_WITH_CUBLASLT: expected AUTO, ON or OFF, got '${NVTE_WITH_CUBLASLT}'")
+endif()
 
-if(NOT NVTE_WITH_CUBLASLT)
+if(_cublaslt_mode STREQUAL "OFF")
   message(STATUS "cuBLASLt: off (NVTE_WITH_CUBLASLT=OFF); CUDA GEMMs use the tiled kernel")
   return()
 endif()
@@ -39,13 +52,21 @@ find_library(NVTE_CUBLASLT_LIBRARY
   NO_DEFAULT_PATH)
 if(NOT NVTE_CUBLASLT_INCLUDE_DIR OR NOT NVTE_CUBLASLT_LIBRARY)
   list(JOIN _cublaslt_prefixes ", " _searched)
+  if(_cublaslt_mode STREQUAL "AUTO")
+    # Cleared so a later configure (after `pip install nvidia-cublas`) searches again.
+    unset(NVTE_CUBLASLT_INCLUDE_DIR CACHE)
+    unset(NVTE_CUBLASLT_LIBRARY CACHE)
+    message(STATUS "cuBLASLt: not found (pip install nvidia-cublas to add it); CUDA GEMMs use the "
+                   "tiled kernel (NVTE_WITH_CUBLASLT=AUTO)")
+    return()
+  endif()
   message(FATAL_ERROR
-    "NVTE_BACKEND=cuda: expected cuBLASLt (cublasLt.h and libcublasLt.so.${_cublaslt_major}) in "
+    "NVTE_BACKEND=cuda, NVTE_WITH_CUBLASLT=ON: expected cuBLASLt (cublasLt.h and libcublasLt.so.${_cublaslt_major}) in "
     "the CUDA toolkit or a PyPI wheel, got header '${NVTE_CUBLASLT_INCLUDE_DIR}', library "
     "'${NVTE_CUBLASLT_LIBRARY}' (searched: ${_searched}). Install it with `pip install "
     "nvidia-cublas` (CUDA 13; nvidia-cublas-cu12 for CUDA 12), point NVTE_CUBLASLT_ROOT at a "
     "prefix holding include/cublasLt.h and lib/libcublasLt.so.*, or configure with "
-    "-DNVTE_WITH_CUBLASLT=OFF (GEMMs then run the tiled kernel).")
+    "-DNVTE_WITH_CUBLASLT=OFF or AUTO (GEMMs then run the tiled kernel).")
 endif()
 
 # A header of another major version than the toolkit's would name a soname this runtime cannot use.
@@ -53,6 +74,12 @@ file(STRINGS ${NVTE_CUBLASLT_INCLUDE_DIR}/cublas_api.h _cublas_major_line
      REGEX "^#define CUBLAS_VER_MAJOR [0-9]+")
 string(REGEX REPLACE "^#define CUBLAS_VER_MAJOR ([0-9]+).*" "\\1" _cublas_header_major
        "${_cublas_major_line}")
+if(NOT _cublas_header_major STREQUAL _cublaslt_major AND _cublaslt_mode STREQUAL "AUTO")
+  message(STATUS "cuBLASLt: headers of major version ${_cublas_header_major} in "
+                 "${NVTE_CUBLASLT_INCLUDE_DIR}, expected ${_cublaslt_major} (the CUDA toolkit's); CUDA "
+                 "GEMMs use the tiled kernel (NVTE_WITH_CUBLASLT=AUTO)")
+  return()
+endif()
 if(NOT _cublas_header_major STREQUAL _cublaslt_major)
   message(FATAL_ERROR "cuBLASLt: expected headers of major version ${_cublaslt_major} (the CUDA "
                       "toolkit's), got ${_cublas_header_major} in ${NVTE_CUBLASLT_INCLUDE_DIR}")

@@ -1,16 +1,24 @@
-// CPU GEMM: operands fed to one oneDNN matmul (FP8 widened to bf16, exactly), FP32 accumulation;
-// bias/accumulate as oneDNN post-ops when the output is plain, else an fp32 result + our epilogue
-// (GELU/dGELU from util/math.h, bias gradients, FP8 output through the OutputEmitter).
+// CPU GEMM: operands fed to one oneDNN matmul, FP32 accumulation; bias/accumulate as oneDNN post-ops
+// when the output is plain, else an fp32 result + our epilogue (GELU/dGELU from util/math.h, bias
+// gradients, FP8 output through the OutputEmitter).
+// Operand precision (Compute below): FP8 widens to bf16 and fp16 stays fp16 where oneDNN has such a
+// kernel on this CPU level; otherwise (AVX2 and plain AVX-512 CPUs have no bf16/fp16 matmul in
+// oneDNN 3.2) every operand widens to fp32. Both are exact: FP8, bf16 and fp16 values are fp32 values,
+// and their pairwise products are exact in fp32 (at most 11 + 11 significant bits), so only the
+// fp32 summation order differs between the paths.
 #include "gemm_cpu.h"
 
 #include <algorithm>
 #include <array>
 #include <memory>
+#include <string>
 #include <type_traits>
 #include <vector>
 
 #include "../cast/emit_cpu.h"
+#include "../platform/cpu_isa.h"
 #include "../util/dtype_dispatch.h"
+#include "../util/env.h"
 #include "../util/math.h"
 #include "../util/parallel.h"
 #include "gemm_onednn_cpu.h"
@@ -48,22 +56,22 @@ P *offset(P *base, size_t elems, DType t) {
   return reinterpret_cast<P *>(reinterpret_cast<Byte *>(base) + elems * dtype_size(t));
 }
 
-NVTE_CPU_CLONES void add_row(float *acc, const float *v, size_t n) {
+NVTE_CPU_KERNEL void add_row(float *acc, const float *v, size_t n) {
   for (size_t i = 0; i < n; ++i) acc[i] += v[i];
 }
-NVTE_CPU_CLONES void scale_row(float *v, float s, size_t n) {
+NVTE_CPU_KERNEL void scale_row(float *v, float s, size_t n) {
   for (size_t i = 0; i < n; ++i) v[i] *= s;
 }
-NVTE_CPU_CLONES void gelu_row(float *v, size_t n) {
+NVTE_CPU_KERNEL void gelu_row(float *v, size_t n) {
   for (size_t i = 0; i < n; ++i) v[i] = Gelu::fwd(v[i]);
 }
 // v holds pre-GELU values on entry and x * gelu'(pre) on exit.
-NVTE_CPU_CLONES void dgelu_row(const float *x, float *v, size_t n) {
+NVTE_CPU_KERNEL void dgelu_row(const float *x, float *v, size_t n) {
   for (size_t i = 0; i < n; ++i) v[i] = x[i] * Gelu::bwd(v[i]);
 }
 // Sum in fp32 with 16 partial sums: vectorizes without -ffast-math, and the fixed order makes the
 // result independent of the thread count.
-NVTE_CPU_CLONES float sum_row(const float *v, size_t n) {
+NVTE_CPU_KERNEL float sum_row(const float *v, size_t n) {
   constexpr size_t kLanes = 16;
   float part[kLanes] = {};
   size_t i = 0;
@@ -86,7 +94,7 @@ void sum_columns(const void *src, DType t, size_t rows, size_t cols, float *out)
     for (size_t c = 0; c < w; ++c) acc[c] = 0.0f;
     for (size_t r = 0; r < rows; ++r) {
       load(offset(src, r * cols + c0, t), tmp.data(), w);
-      add_row(acc, tmp.data(), w);
+      NVTE_CPU_DISPATCH(add_row(acc, tmp.data(), w));
     }
   });
 }
@@ -98,7 +106,7 @@ void sum_rows(const void *src, DType t, size_t rows, size_t cols, float *out) {
     std::vector<float> tmp(cols);
     for (size_t r = r0; r < r1; ++r) {
       load(offset(src, r * cols, t), tmp.data(), cols);
-      out[r] = sum_row(tmp.data(), cols);
+      out[r] = NVTE_CPU_DISPATCH(sum_row(tmp.data(), cols));
     }
   });
 }
@@ -108,6 +116,7 @@ void sum_rows(const void *src, DType t, size_t rows, size_t cols, float *out) {
 // bits, subnormals included, fit bf16's 8 and 7), so a code's bf16 bits are the top half of its fp32
 // decoding. The 256 codes are decoded once by util/fp8.h into a table: the lookup loop runs at ~3.5
 // G codes/s per core here, 8x the per-element decode (whose selects GCC does not vectorize).
+// The fp32 path looks codes up in a table of their fp32 values the same way.
 template <typename T>
 const uint16_t *fp8_to_bf16_table() {
   static const std::array<uint16_t, 256> table = [] {
@@ -118,8 +127,17 @@ const uint16_t *fp8_to_bf16_table() {
   }();
   return table.data();
 }
-NVTE_CPU_CLONES void widen_fp8_row(const uint8_t *src, uint16_t *dst, size_t n,
-                                   const uint16_t *table) {
+template <typename T>
+const float *fp8_to_f32_table() {
+  static const std::array<float, 256> table = [] {
+    std::array<float, 256> t{};
+    for (int c = 0; c < 256; ++c) t[c] = to_float(T{static_cast<uint8_t>(c)});
+    return t;
+  }();
+  return table.data();
+}
+template <typename E>
+NVTE_CPU_KERNEL void widen_fp8_row(const uint8_t *src, E *dst, size_t n, const E *table) {
   for (size_t i = 0; i < n; ++i) dst[i] = table[src[i]];
 }
 
@@ -164,29 +182,38 @@ struct Operand {
   DType dtype = kNVTEFloat32;
 };
 
-// dtype oneDNN computes an operand in: FP8 widens to bf16; fp16 runs natively where oneDNN has an
-// f16 kernel (AVX512-FP16/AMX-FP16 CPUs) and is otherwise widened to fp32 (exact; fp16 products are
-// exact in fp32 too, so accuracy equals an fp16 kernel with fp32 accumulation).
-DType compute_dtype(DType t, bool widen_fp16) {
+// How the operands enter oneDNN, cheapest first. kNative: FP8 as bf16, bf16/fp16/fp32 as they are;
+// kFp16AsF32: the same with fp16 widened to fp32 (CPUs with bf16 but no fp16 matmul); kF32: every
+// operand widened to fp32 (CPUs with no bf16 matmul at all).
+enum class Compute { kNative, kFp16AsF32, kF32 };
+
+DType compute_dtype(DType t, Compute c) {
+  if (c == Compute::kF32) return kNVTEFloat32;
   if (is_fp8(t)) return kNVTEBFloat16;
-  if (t == kNVTEFloat16 && widen_fp16) return kNVTEFloat32;
+  if (t == kNVTEFloat16 && c == Compute::kFp16AsF32) return kNVTEFloat32;
   return t;
 }
 
-// The widening of one operand: FP8 codes -> bf16 through a table, or fp16 -> fp32.
+// The widening of one operand into its compute dtype: FP8 codes through a table (to bf16 or fp32),
+// or fp16/bf16 -> fp32.
 struct Widen {
   const void *src = nullptr;
   void *dst = nullptr;
   size_t n = 0;
-  const uint16_t *fp8_table = nullptr;  // nullptr: fp16 -> fp32
+  const uint16_t *fp8_bf16 = nullptr;  // FP8 -> bf16 table
+  const float *fp8_f32 = nullptr;      // FP8 -> fp32 table
+  LoadFn load = nullptr;               // fp16/bf16 -> fp32
   void run(size_t b, size_t e) const {
-    if (fp8_table) {
-      widen_fp8_row(static_cast<const uint8_t *>(src) + b, static_cast<uint16_t *>(dst) + b, e - b,
-                    fp8_table);
+    const uint8_t *codes = static_cast<const uint8_t *>(src) + b;
+    if (fp8_bf16) {
+      NVTE_CPU_DISPATCH(widen_fp8_row(codes, static_cast<uint16_t *>(dst) + b, e - b, fp8_bf16));
+    } else if (fp8_f32) {
+      NVTE_CPU_DISPATCH(widen_fp8_row(codes, static_cast<float *>(dst) + b, e - b, fp8_f32));
     } else {
-      load_row(static_cast<const fp16 *>(src) + b, static_cast<float *>(dst) + b, e - b);
+      load(offset(src, b, dtype), static_cast<float *>(dst) + b, e - b);
     }
   }
+  DType dtype = kNVTEFloat32;  // of src
 };
 
 // Points `op` at the operand as oneDNN reads it; returns the widening it needs (n = 0: none).
@@ -197,11 +224,16 @@ Widen plan_operand(const Tensor &t, DType target, ScratchSlot slot, Operand *op)
   if (t.data.dtype == target) return w;
   w.src = t.data.dptr;
   w.n = t.data.numel();
+  w.dtype = t.data.dtype;
   w.dst = scratch(slot).get(w.n * dtype_size(target));  // fully written by the widening
   if (is_fp8(t.data.dtype)) {
     dispatch_dtype<Fp8Types>(t.data.dtype, "operand", [&](auto tag) {
-      w.fp8_table = fp8_to_bf16_table<typename decltype(tag)::type>();
+      using T = typename decltype(tag)::type;
+      if (target == kNVTEFloat32) w.fp8_f32 = fp8_to_f32_table<T>();
+      else w.fp8_bf16 = fp8_to_bf16_table<T>();
     });
+  } else {
+    w.load = loader(t.data.dtype, "operand");
   }
   op->ptr = w.dst;
   return w;
@@ -223,12 +255,12 @@ void prepare_operands(const GemmParams &p, DType a_target, DType b_target, Opera
 // ---------------------------------------------------------------- plan
 struct Plan {
   std::shared_ptr<const MatmulPrimitive> prim;  // nullptr when the product is empty (m, n or k = 0)
-  bool direct = false;      // oneDNN writes D itself (bias / accumulate as post-ops)
-  bool widen_fp16 = false;  // fp16 operands are widened to fp32
+  bool direct = false;  // oneDNN writes D itself (bias / accumulate as post-ops)
+  Compute compute = Compute::kNative;
   bool bias_post_op = false;
 };
 
-MatmulDesc make_desc(const GemmParams &p, bool widen_fp16) {
+MatmulDesc make_desc(const GemmParams &p, Compute compute) {
   MatmulDesc d;
   d.M = static_cast<int64_t>(p.n);
   d.K = static_cast<int64_t>(p.k);
@@ -239,58 +271,85 @@ MatmulDesc make_desc(const GemmParams &p, bool widen_fp16) {
   // wei = opA(A) [k, m]: A is [k, m], or [m, k] read transposed.
   d.wei_stride[0] = p.transa ? 1 : d.N;
   d.wei_stride[1] = p.transa ? d.K : 1;
-  d.src_dtype = compute_dtype(p.B->data.dtype, widen_fp16);
-  d.wei_dtype = compute_dtype(p.A->data.dtype, widen_fp16);
+  d.src_dtype = compute_dtype(p.B->data.dtype, compute);
+  d.wei_dtype = compute_dtype(p.A->data.dtype, compute);
   d.src_scale = is_fp8(p.B->data.dtype);
   d.wei_scale = is_fp8(p.A->data.dtype);
   return d;
 }
 
-// Picks the cheapest formulation oneDNN implements: D written directly with post-ops, else an fp32
-// result for our epilogue; native fp16 first, then fp16 widened to fp32. Creates (or finds) the
+// The operand precisions to try, in order. NVTE_CPU_GEMM_COMPUTE (read at every call): auto (native,
+// then widened), native (never widen everything to fp32: the GEMM fails where oneDNN lacks the
+// kernel), fp32 (always widen to fp32: tests the fallback on any CPU).
+std::vector<Compute> compute_candidates(const GemmParams &p) {
+  const char *v = env_value("NVTE_CPU_GEMM_COMPUTE");
+  const std::string mode = v ? v : "auto";
+  NVTE_CHECK(mode == "auto" || mode == "native" || mode == "fp32",
+             "environment variable NVTE_CPU_GEMM_COMPUTE: expected auto, native or fp32, got '",
+             mode, "'");
+  if (mode == "fp32") return {Compute::kF32};
+  std::vector<Compute> c{Compute::kNative};
+  if (p.A->data.dtype == kNVTEFloat16 || p.B->data.dtype == kNVTEFloat16) {
+    c.push_back(Compute::kFp16AsF32);
+  }
+  const bool all_f32 = p.A->data.dtype == kNVTEFloat32 && p.B->data.dtype == kNVTEFloat32;
+  if (mode == "auto" && !all_f32) c.push_back(Compute::kF32);
+  return c;
+}
+
+// Picks the cheapest formulation oneDNN implements: per operand precision (compute_candidates), D
+// written directly with post-ops, else an fp32 result for our epilogue. Creates (or finds) the
 // primitive now, before anything is written, so a failure leaves every output untouched.
 Plan make_plan(const GemmParams &p, bool grad) {
   Plan plan;
+  const std::vector<Compute> candidates = compute_candidates(p);
   if (p.m == 0 || p.n == 0 || p.k == 0) return plan;  // no product to compute
   const Tensor &D = *p.D;
   // The epilogue is needed for GELU/dGELU, FP8 output (scale, amax, transposed copy) and amax.
   const bool can_direct = p.pre_gelu_out == nullptr && !is_fp8(D.data.dtype) && !D.amax.has_data();
-  const bool has_fp16 = p.A->data.dtype == kNVTEFloat16 || p.B->data.dtype == kNVTEFloat16;
-  for (bool widen : {false, true}) {
-    if (widen && !has_fp16) break;
-    MatmulDesc d = make_desc(p, widen);
+  for (Compute compute : candidates) {
+    MatmulDesc d = make_desc(p, compute);
     if (can_direct) {
       MatmulDesc dd = d;
       dd.dst_dtype = D.data.dtype;
+      // The bias enters as fp32 whatever its dtype (launch converts it): oneDNN 3.2's brgemm matmul
+      // on avx512_core_fp16 CPUs (bf16 x bf16 -> f32/bf16 with an f16 binary-add post-op) returns
+      // wrong values for every output, silently; an fp32 bias avoids that kernel path everywhere
+      // (regression test: GemmOneDnnWorkarounds.Fp16BiasOnBf16Operands in tests/cpp/test_gemm.cpp).
       dd.bias = !grad && p.bias != nullptr;
-      dd.bias_dtype = dd.bias ? p.bias->data.dtype : kNVTEFloat32;
+      dd.bias_dtype = kNVTEFloat32;
       dd.accumulate = p.accumulate;
       if ((plan.prim = get_matmul(dd))) {
         plan.direct = true;
-        plan.widen_fp16 = widen;
+        plan.compute = compute;
         plan.bias_post_op = dd.bias;
         return plan;
       }
     }
     d.dst_dtype = kNVTEFloat32;
     if ((plan.prim = get_matmul(d))) {
-      plan.widen_fp16 = widen;
+      plan.compute = compute;
       return plan;
     }
   }
-  NVTE_CHECK_SUPPORTED(false, "gemm: oneDNN has no matmul for A ", dtype_name(p.A->data.dtype),
-                       " x B ", dtype_name(p.B->data.dtype), " on this CPU");
+  NVTE_CHECK_SUPPORTED(false, "gemm: oneDNN has no matmul for A ",
+                       dtype_name(p.A->data.dtype), " x B ", dtype_name(p.B->data.dtype),
+                       " on this CPU (CPU level ", cpu_isa_name(cpu_isa_level()), ", oneDNN ISA ",
+                       onednn_isa_name(), ", NVTE_CPU_GEMM_COMPUTE=",
+                       env_value("NVTE_CPU_GEMM_COMPUTE") ? env_value("NVTE_CPU_GEMM_COMPUTE")
+                                                          : "auto",
+                       "; auto widens the operands to fp32 where no such kernel exists)");
   return plan;
 }
 
 // Runs the product into dst (D itself for a direct plan, else an fp32 [n, m] buffer).
 void run_product(const GemmParams &p, const Plan &plan, const Operand &a, const Operand &b,
-                 void *dst) {
+                 const float *bias_f, void *dst) {
   MatmulArgs args;
   args.src = b.ptr;
   args.wei = a.ptr;
   args.dst = dst;
-  args.bias = plan.bias_post_op ? p.bias->data.dptr : nullptr;
+  args.bias = plan.bias_post_op ? bias_f : nullptr;
   args.src_scale = p.scale_inv_b;
   args.wei_scale = p.scale_inv_a;
   run_matmul(*plan.prim, args);
@@ -323,19 +382,19 @@ void run_epilogue(const GemmParams &p, Epilogue mode, float *X, const float *bia
       if (mode == Epilogue::kDgelu) {
         load_pre(offset<const void>(p.pre_gelu_out->data.dptr, row * m, p.pre_gelu_out->data.dtype),
                  v, m);
-        dgelu_row(x, v, m);
+        NVTE_CPU_DISPATCH(dgelu_row(x, v, m));
         if (p.bias) std::copy(v, v + m, x);  // kept for the bias gradient
       } else {
         for (size_t j = 0; j < m; ++j) v[j] = x[j];
-        if (bias_f) add_row(v, bias_f, m);
+        if (bias_f) NVTE_CPU_DISPATCH(add_row(v, bias_f, m));
         if (store_pre) {
           store_pre(v, offset(p.pre_gelu_out->data.dptr, row * m, p.pre_gelu_out->data.dtype), m);
-          gelu_row(v, m);
+          NVTE_CPU_DISPATCH(gelu_row(v, m));
         }
       }
       if (load_d) {  // D's previous row, read before emit overwrites this row block
         load_d(offset<const void>(p.D->data.dptr, row * m, p.D->data.dtype), prev.data(), m);
-        add_row(v, prev.data(), m);
+        NVTE_CPU_DISPATCH(add_row(v, prev.data(), m));
       }
     }
   });
@@ -357,15 +416,15 @@ void launch(const GemmParams &p, const OutputEmitter &em, bool grad) {
   const Plan plan = make_plan(p, grad);
   Operand a, b;
   if (plan.prim) {
-    const MatmulDesc d = make_desc(p, plan.widen_fp16);
+    const MatmulDesc d = make_desc(p, plan.compute);
     prepare_operands(p, d.wei_dtype, d.src_dtype, &a, &b);
   }
   const bool dgelu = grad && p.pre_gelu_out != nullptr;
   const Epilogue mode = dgelu ? Epilogue::kDgelu
                         : (!grad && p.pre_gelu_out) ? Epilogue::kBiasGelu
                                                     : Epilogue::kPlain;
-  std::vector<float> bias_f;  // forward bias in fp32 for the epilogue
-  if (!grad && p.bias && !plan.direct && p.m > 0) {
+  std::vector<float> bias_f;  // forward bias in fp32, for the post-op or the epilogue
+  if (!grad && p.bias && p.m > 0) {
     bias_f.resize(p.m);
     loader(p.bias->data.dtype, "bias")(p.bias->data.dptr, bias_f.data(), p.m);
   }
@@ -376,16 +435,17 @@ void launch(const GemmParams &p, const OutputEmitter &em, bool grad) {
     // B is only read, so it is computed before any output is touched.
     if (p.transb) sum_columns(p.B->data.dptr, p.B->data.dtype, p.k, p.n, bias_grad.data());
     else sum_rows(p.B->data.dptr, p.B->data.dtype, p.n, p.k, bias_grad.data());
-    if (p.scale_inv_b != 1.0f) scale_row(bias_grad.data(), p.scale_inv_b, bias_grad.size());
+    if (p.scale_inv_b != 1.0f) NVTE_CPU_DISPATCH(
+        scale_row(bias_grad.data(), p.scale_inv_b, bias_grad.size()));
   }
 
   if (plan.direct) {
-    run_product(p, plan, a, b, p.D->data.dptr);
+    run_product(p, plan, a, b, bias_f.data(), p.D->data.dptr);
   } else {
     // The product in fp32; for k = 0 it is all zeros (an empty sum), and oneDNN is not called.
     float *X = static_cast<float *>(scratch(kScratchX).get(p.n * p.m * sizeof(float)));
     if (plan.prim) {
-      run_product(p, plan, a, b, X);
+      run_product(p, plan, a, b, nullptr, X);
     } else {
       std::fill(X, X + p.n * p.m, 0.0f);
     }

@@ -5,7 +5,10 @@
 
 #include <dnnl.hpp>
 
+#include "../platform/cpu_isa.h"
+
 #include <array>
+#include <cstdlib>
 #include <list>
 #include <mutex>
 #include <unordered_map>
@@ -35,7 +38,37 @@ dt to_dnnl(DType t) {
   }
 }
 
+// NVTE_CPU_ISA caps oneDNN too, unless ONEDNN_MAX_CPU_ISA (oneDNN's own cap) is set: one variable
+// moves the whole library to a lower CPU level. oneDNN accepts the cap only before its first
+// ISA-dependent call, so every entry here goes through this once.
+void apply_isa_cap() {
+  static const bool done = [] {
+    const char *own = std::getenv("ONEDNN_MAX_CPU_ISA");
+    const char *ours = std::getenv("NVTE_CPU_ISA");
+    if ((own != nullptr && *own != '\0') || ours == nullptr || *ours == '\0') return true;
+    if (cpu_isa_level() == cpu_isa_detected()) return true;  // no cap below this CPU
+    dnnl::cpu_isa isa = dnnl::cpu_isa::isa_default;
+    switch (cpu_isa_level()) {
+      case CpuIsa::kBaseline: isa = dnnl::cpu_isa::sse41; break;
+      case CpuIsa::kAvx2: isa = dnnl::cpu_isa::avx2; break;
+      case CpuIsa::kAvx512Core: isa = dnnl::cpu_isa::avx512_core; break;
+      case CpuIsa::kAvx512CoreBf16: isa = dnnl::cpu_isa::avx512_core_bf16; break;
+      case CpuIsa::kAvx512CoreFp16: isa = dnnl::cpu_isa::avx512_core_fp16; break;
+      case CpuIsa::kAvx512CoreAmx: return true;
+    }
+    try {
+      dnnl::set_max_cpu_isa(isa);
+    } catch (const dnnl::error &) {
+      // Too late (another oneDNN user in the process went first): oneDNN keeps its own level,
+      // which onednn_isa_name() reports.
+    }
+    return true;
+  }();
+  (void)done;
+}
+
 const dnnl::engine &cpu_engine() {
+  apply_isa_cap();
   static const dnnl::engine eng(dnnl::engine::kind::cpu, 0);
   return eng;
 }
@@ -146,6 +179,24 @@ std::shared_ptr<const MatmulPrimitive> get_matmul(const MatmulDesc &desc) {
 
 const char *matmul_impl_name(const MatmulPrimitive &prim) { return prim.impl.c_str(); }
 
+const char *onednn_isa_name() {
+  apply_isa_cap();
+  switch (dnnl::get_effective_cpu_isa()) {
+    case dnnl::cpu_isa::sse41: return "sse41";
+    case dnnl::cpu_isa::avx: return "avx";
+    case dnnl::cpu_isa::avx2: return "avx2";
+    case dnnl::cpu_isa::avx2_vnni: return "avx2_vnni";
+    case dnnl::cpu_isa::avx2_vnni_2: return "avx2_vnni_2";
+    case dnnl::cpu_isa::avx512_core: return "avx512_core";
+    case dnnl::cpu_isa::avx512_core_vnni: return "avx512_core_vnni";
+    case dnnl::cpu_isa::avx512_core_bf16: return "avx512_core_bf16";
+    case dnnl::cpu_isa::avx512_core_fp16: return "avx512_core_fp16";
+    case dnnl::cpu_isa::avx512_core_amx: return "avx512_core_amx";
+    case dnnl::cpu_isa::avx512_core_amx_fp16: return "avx512_core_amx_fp16";
+    default: return "other";
+  }
+}
+
 void run_matmul(const MatmulPrimitive &p, const MatmulArgs &a) {
   const dnnl::engine &eng = cpu_engine();
   // dnnl::memory wraps our pointers (no copies); it wants non-const handles even for inputs.
@@ -182,6 +233,7 @@ std::shared_ptr<const MatmulPrimitive> get_matmul(const MatmulDesc &) {
   return nullptr;
 }
 const char *matmul_impl_name(const MatmulPrimitive &) { return "none"; }
+const char *onednn_isa_name() { return "none"; }
 void run_matmul(const MatmulPrimitive &, const MatmulArgs &) {
   NVTE_CHECK_SUPPORTED(false, "gemm: this build has no oneDNN (configure with NVTE_WITH_ONEDNN=ON)");
 }

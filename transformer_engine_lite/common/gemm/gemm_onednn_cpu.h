@@ -44,6 +44,10 @@ std::shared_ptr<const MatmulPrimitive> get_matmul(const MatmulDesc &desc);
 // Name of the oneDNN implementation (e.g. "brg:avx512_core_bf16"), for benchmarks and logs.
 const char *matmul_impl_name(const MatmulPrimitive &prim);
 
+// The ISA oneDNN dispatches to ("avx2", "avx512_core_amx", ...) after NVTE_CPU_ISA's cap (applied
+// when ONEDNN_MAX_CPU_ISA is unset); "none" without oneDNN.
+const char *onednn_isa_name();
+
 // Runs a primitive on the calling thread's stream and waits for it.
 void run_matmul(const MatmulPrimitive &prim, const MatmulArgs &args);
 

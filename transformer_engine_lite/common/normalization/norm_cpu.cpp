@@ -81,12 +81,12 @@ NVTE_ALWAYS_INLINE void norm_fwd_row(float *v, size_t n, const float *w, const f
   *rsigma_out = rs;
 }
 
-NVTE_CPU_CLONES void layernorm_fwd_kernel(float *v, size_t n, const float *w, const float *b,
+NVTE_CPU_KERNEL void layernorm_fwd_kernel(float *v, size_t n, const float *w, const float *b,
                                           float eps, float *mean, float *rsigma) {
   norm_fwd_row<true>(v, n, w, b, eps, mean, rsigma);
 }
 
-NVTE_CPU_CLONES void rmsnorm_fwd_kernel(float *v, size_t n, const float *w, float eps,
+NVTE_CPU_KERNEL void rmsnorm_fwd_kernel(float *v, size_t n, const float *w, float eps,
                                         float *rsigma) {
   float unused;
   norm_fwd_row<false>(v, n, w, nullptr, eps, &unused, rsigma);
@@ -119,18 +119,18 @@ NVTE_ALWAYS_INLINE void norm_bwd_row(float *x, float *dz, const float *w, size_t
   for (size_t i = 0; i < n; ++i) x[i] = rs * (dz[i] - m_dy - x[i] * m_dyx);
 }
 
-NVTE_CPU_CLONES void layernorm_bwd_kernel(float *x, float *dz, const float *w, size_t n, float mu,
+NVTE_CPU_KERNEL void layernorm_bwd_kernel(float *x, float *dz, const float *w, size_t n, float mu,
                                           float rs, float *dgamma, float *dbeta) {
   norm_bwd_row<true>(x, dz, w, n, mu, rs, dgamma, dbeta);
 }
 
-NVTE_CPU_CLONES void rmsnorm_bwd_kernel(float *x, float *dz, const float *w, size_t n, float rs,
+NVTE_CPU_KERNEL void rmsnorm_bwd_kernel(float *x, float *dz, const float *w, size_t n, float rs,
                                         float *dgamma) {
   norm_bwd_row<false>(x, dz, w, n, 0.0f, rs, dgamma, nullptr);
 }
 
 // acc[j] += src[j]
-NVTE_CPU_CLONES void add_row(float *acc, const float *src, size_t n) {
+NVTE_CPU_KERNEL void add_row(float *acc, const float *src, size_t n) {
   for (size_t j = 0; j < n; ++j) acc[j] += src[j];
 }
 
@@ -170,9 +170,10 @@ void launch_norm_fwd(const NormFwdParams &p, const OutputEmitter &z) {
       float *v = vals + r * n;
       load_x(x + row * x_row_bytes, v, n);
       if (ln) {
-        layernorm_fwd_kernel(v, n, w.data(), b.data(), p.epsilon, &p.mu[row], &p.rsigma[row]);
+        NVTE_CPU_DISPATCH(
+            layernorm_fwd_kernel(v, n, w.data(), b.data(), p.epsilon, &p.mu[row], &p.rsigma[row]));
       } else {
-        rmsnorm_fwd_kernel(v, n, w.data(), p.epsilon, &p.rsigma[row]);
+        NVTE_CPU_DISPATCH(rmsnorm_fwd_kernel(v, n, w.data(), p.epsilon, &p.rsigma[row]));
       }
     }
   });
@@ -203,10 +204,11 @@ void launch_norm_bwd(const NormBwdParams &p) {
         load_x(x + row * x_row, xb.data(), n);
         load_dz(dz + row * dz_row, dzb.data(), n);
         if (ln) {
-          layernorm_bwd_kernel(xb.data(), dzb.data(), w.data(), n, p.mu[row], p.rsigma[row],
-                               dgamma, dbeta);
+          NVTE_CPU_DISPATCH(layernorm_bwd_kernel(xb.data(), dzb.data(), w.data(), n, p.mu[row],
+                                                 p.rsigma[row], dgamma, dbeta));
         } else {
-          rmsnorm_bwd_kernel(xb.data(), dzb.data(), w.data(), n, p.rsigma[row], dgamma);
+          NVTE_CPU_DISPATCH(
+              rmsnorm_bwd_kernel(xb.data(), dzb.data(), w.data(), n, p.rsigma[row], dgamma));
         }
         store_dx(xb.data(), dx + row * dx_row, n);
       }
@@ -219,7 +221,7 @@ void launch_norm_bwd(const NormBwdParams &p) {
   parallel_for(per_chunk, 1024, [&](size_t j0, size_t j1) {
     std::vector<float> acc(j1 - j0, 0.0f);
     for (size_t c = 0; c < chunks; ++c) {
-      add_row(acc.data(), p.workspace + c * per_chunk + j0, j1 - j0);
+      NVTE_CPU_DISPATCH(add_row(acc.data(), p.workspace + c * per_chunk + j0, j1 - j0));
     }
     // Columns [0, n) are dgamma, [n, 2n) dbeta; a column range may straddle the boundary.
     if (j0 < n) {

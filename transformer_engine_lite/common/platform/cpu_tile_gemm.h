@@ -21,6 +21,8 @@
 #include <cstdint>
 #include <cstring>
 
+#include "cpu_isa.h"
+
 #if defined(__x86_64__) && defined(__GNUC__) && !defined(__clang__)
 #include <immintrin.h>
 #define NVTE_HAVE_BF16_DOT_KERNEL 1
@@ -32,11 +34,10 @@ namespace tile {
 constexpr int kPanel = 64;  // B panel width
 constexpr int kRows = 6;    // rows per micro-kernel call (6 x 4 accumulators + 4 B vectors fit 32 zmm)
 
-// Whether this CPU runs the bf16 dot-product kernel (checked once).
+// Whether the bf16 dot-product kernel runs: the CPU has AVX-512 BF16 and NVTE_CPU_ISA allows it.
 inline bool has_bf16_dot() {
 #ifdef NVTE_HAVE_BF16_DOT_KERNEL
-  static const bool ok = __builtin_cpu_supports("avx512bf16") && __builtin_cpu_supports("avx512f");
-  return ok;
+  return cpu_isa_level() >= CpuIsa::kAvx512CoreBf16;
 #else
   return false;
 #endif

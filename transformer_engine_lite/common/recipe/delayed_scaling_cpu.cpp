@@ -12,7 +12,7 @@ namespace {
 
 // Running max over one history row, vectorized across scales. history_max ignores NaN, so a NaN
 // entry never wins (TE semantics) and an all-NaN column keeps its start value 0.
-NVTE_CPU_CLONES void max_row(const float *row, float *amax, size_t n) {
+NVTE_CPU_KERNEL void max_row(const float *row, float *amax, size_t n) {
   for (size_t j = 0; j < n; ++j) amax[j] = history_max(amax[j], row[j]);
 }
 
@@ -25,7 +25,8 @@ void launch_delayed_scaling_update(const DelayedScalingParams &p) {
   if (p.most_recent) {
     std::memcpy(amax.data(), p.amax_history, n * sizeof(float));
   } else {
-    for (size_t i = 0; i < h; ++i) max_row(p.amax_history + i * n, amax.data(), n);
+    for (size_t i = 0; i < h; ++i) NVTE_CPU_DISPATCH(
+        max_row(p.amax_history + i * n, amax.data(), n));
   }
   // 2. Roll by -1: row i <- row i+1, the last row <- old row 0, then row 0 <- 0. Row 0 is saved
   //    first and rows move front to back (memmove), so an in-place update reads no row it wrote.

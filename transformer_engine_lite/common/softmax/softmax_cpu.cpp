@@ -30,7 +30,7 @@ float sum_lanes(const float *acc) {
 
 // v = scale * v (or kMaskedLogit where mask != 0); returns max(v). The select form `a > m ? a : m`
 // is what MAXPS computes, so the lane loop vectorizes.
-NVTE_CPU_CLONES float scale_mask_max(float *v, const uint8_t *mask, size_t n, float scale) {
+NVTE_CPU_KERNEL float scale_mask_max(float *v, const uint8_t *mask, size_t n, float scale) {
   float acc[kLanes];
   for (size_t l = 0; l < kLanes; ++l) acc[l] = -INFINITY;
   if (mask != nullptr) {
@@ -49,7 +49,7 @@ NVTE_CPU_CLONES float scale_mask_max(float *v, const uint8_t *mask, size_t n, fl
 
 // v = exp(v - m); returns sum(v). exp_f32 (util/math.h) is branch-free, so the lane loop
 // vectorizes (glibc's expf would stay scalar without -ffast-math).
-NVTE_CPU_CLONES float exp_sum(float *v, size_t n, float m) {
+NVTE_CPU_KERNEL float exp_sum(float *v, size_t n, float m) {
   float acc[kLanes] = {};
   size_t j = 0;
   for (; j + kLanes <= n; j += kLanes) {
@@ -67,11 +67,11 @@ NVTE_CPU_CLONES float exp_sum(float *v, size_t n, float m) {
   return sum_lanes(acc) + tail;
 }
 
-NVTE_CPU_CLONES void divide_by(float *v, size_t n, float d) {
+NVTE_CPU_KERNEL void divide_by(float *v, size_t n, float d) {
   for (size_t j = 0; j < n; ++j) v[j] /= d;
 }
 
-NVTE_CPU_CLONES float dot(const float *a, const float *b, size_t n) {
+NVTE_CPU_KERNEL float dot(const float *a, const float *b, size_t n) {
   float acc[kLanes] = {};
   size_t j = 0;
   for (; j + kLanes <= n; j += kLanes)
@@ -82,12 +82,13 @@ NVTE_CPU_CLONES float dot(const float *a, const float *b, size_t n) {
 }
 
 // dx = scale * y * (dy - d), written over dy.
-NVTE_CPU_CLONES void softmax_grad(float *dy, const float *y, size_t n, float d, float scale) {
+NVTE_CPU_KERNEL void softmax_grad(float *dy, const float *y, size_t n, float d, float scale) {
   for (size_t j = 0; j < n; ++j) dy[j] = scale * y[j] * (dy[j] - d);
 }
 
 // One row in place: the first `valid` entries become softmax(mask(scale * v)), the rest 0.
-void softmax_fwd_row(float *v, const uint8_t *mask, size_t n, size_t valid, float scale) {
+NVTE_CPU_KERNEL void softmax_fwd_row(float *v, const uint8_t *mask, size_t n, size_t valid,
+                                     float scale) {
   if (valid > 0) {
     const float m = scale_mask_max(v, mask, valid, scale);
     divide_by(v, valid, exp_sum(v, valid, m));
@@ -106,7 +107,8 @@ void softmax_fwd_kernel(const SoftmaxParams &p, const T *in, T *out) {
     for (size_t r = r0; r < r1; ++r) {
       // Load the whole row before storing: input and output may alias.
       load_row(in + r * n, row.data(), n);
-      softmax_fwd_row(row.data(), softmax_mask_row(p, r), n, softmax_valid_prefix(p, r), p.scale);
+      NVTE_CPU_DISPATCH(softmax_fwd_row(row.data(), softmax_mask_row(p, r), n,
+                                        softmax_valid_prefix(p, r), p.scale));
       store_row(row.data(), out + r * n, n);
     }
   });
@@ -123,7 +125,8 @@ void softmax_bwd_kernel(const SoftmaxParams &p, const T *dy, const T *y, T *dx) 
       // Causal variants write exact zeros past the kept prefix (as the forward did), whatever the
       // incoming gradient holds there; a byte mask needs nothing: y is 0 at masked positions.
       const size_t valid = softmax_valid_prefix(p, r);
-      softmax_grad(g.data(), yr.data(), valid, dot(g.data(), yr.data(), valid), p.scale);
+      NVTE_CPU_DISPATCH(softmax_grad(g.data(), yr.data(), valid, dot(g.data(), yr.data(), valid),
+                                     p.scale));
       std::fill(g.begin() + valid, g.end(), 0.0f);
       store_row(g.data(), dx + r * n, n);
     }

@@ -5,6 +5,9 @@
 #include <string>
 #include <vector>
 
+#include "../gemm/gemm_onednn_cpu.h"
+#include "../platform/cpu_isa.h"
+
 #ifdef _OPENMP
 #include <omp.h>
 #endif
@@ -53,6 +56,13 @@ std::string make_info() {
   ss << "]";
   // GPU archs with their FP8 flavour (FNUZ on gfx94x, OCP elsewhere); the CPU supports all four.
   write_gpu_archs(ss);
+  // GPU GEMM providers of this build (null in a CPU-only build).
+#if defined(NVTE_HAVE_CUBLASLT)
+  ss << ", \"gpu_gemm\": [\"cublaslt\", \"tiled\"]";
+#else
+  if (std::string(NVTE_BACKEND_NAME) != "cpu") ss << ", \"gpu_gemm\": [\"tiled\"]";
+  else ss << ", \"gpu_gemm\": null";
+#endif
   ss << ", \"cpu_fp8_formats\": [\"e4m3\", \"e5m2\", \"e4m3fnuz\", \"e5m2fnuz\"]";
   ss << ", \"cpu_features\": {";
 #if defined(__x86_64__) && defined(__GNUC__)
@@ -61,11 +71,18 @@ std::string make_info() {
   ss << ", \"avx512f\": " << (__builtin_cpu_supports("avx512f") ? "true" : "false");
   ss << ", \"avx512bw\": " << (__builtin_cpu_supports("avx512bw") ? "true" : "false");
   ss << ", \"x86_64_v4\": " << (__builtin_cpu_supports("x86-64-v4") ? "true" : "false");
-  ss << ", \"kernel_clones\": [\"x86-64-v4\", \"x86-64-v3\", \"default\"]";
+  ss << ", \"avx512_bf16\": " << (__builtin_cpu_supports("avx512bf16") ? "true" : "false");
+  ss << ", \"avx512_fp16\": " << (__builtin_cpu_supports("avx512fp16") ? "true" : "false");
+  ss << ", \"amx_bf16\": " << (__builtin_cpu_supports("amx-bf16") ? "true" : "false");
+  ss << ", \"kernel_clones\": [\"x86-64-v4\", \"x86-64-v3\", \"baseline\"]";
 #else
-  ss << "\"kernel_clones\": [\"default\"]";
+  ss << "\"kernel_clones\": [\"baseline\"]";
 #endif
   ss << "}";
+  // The CPU level the kernels run at (NVTE_CPU_ISA caps it) and the clone that level picks.
+  ss << ", \"cpu_isa\": {\"detected\": \"" << cpu_isa_name(cpu_isa_detected())
+     << "\", \"level\": \"" << cpu_isa_name(cpu_isa_level()) << "\", \"clone\": \""
+     << cpu_clone_name(cpu_isa_level()) << "\"}";
 #ifdef _OPENMP
   ss << ", \"openmp\": true, \"max_threads\": " << omp_get_max_threads();
 #else
@@ -74,8 +91,9 @@ std::string make_info() {
 #ifdef NVTE_WITH_ONEDNN
   const dnnl_version_t *v = dnnl_version();
   ss << ", \"gemm_cpu\": \"oneDNN " << v->major << "." << v->minor << "." << v->patch << "\"";
+  ss << ", \"onednn_isa\": \"" << gemm::onednn_isa_name() << "\"";
 #else
-  ss << ", \"gemm_cpu\": null";
+  ss << ", \"gemm_cpu\": null, \"onednn_isa\": null";
 #endif
   ss << "}";
   return ss.str();

@@ -1,0 +1,118 @@
+"""CPU levels (NVTE_CPU_ISA, ONEDNN_MAX_CPU_ISA, NVTE_CPU_GEMM_COMPUTE): every GEMM dtype runs at
+every x86-64 level, build_info() reports the level in use, and what truly cannot run says why.
+
+The level is read once per process, so each case runs in a fresh interpreter. Levels up to AVX2 can be
+forced on any x86-64 CI machine (a cap only lowers a CPU); ci/isa_matrix.sh runs the other suites at
+every level the machine has.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import textwrap
+
+import pytest
+
+
+def run_python(code: str, **env: str) -> subprocess.CompletedProcess:
+    e = {k: v for k, v in os.environ.items()
+         if k not in ("NVTE_CPU_ISA", "ONEDNN_MAX_CPU_ISA", "NVTE_CPU_GEMM_COMPUTE")}
+    e.update(env)
+    e.setdefault("OMP_NUM_THREADS", "1")
+    return subprocess.run([sys.executable, "-c", textwrap.dedent(code)], env=e, capture_output=True,
+                          text=True, timeout=600)
+
+
+INFO = """
+import json, transformer_engine_lite as te
+i = te.build_info()
+print(json.dumps({"cpu_isa": i["cpu_isa"], "onednn_isa": i["onednn_isa"]}))
+"""
+
+
+@pytest.mark.parametrize("level,clone,onednn", [("baseline", "baseline", "sse41"),
+                                                ("avx2", "x86-64-v3", "avx2")])
+def test_cap_reported_for_our_kernels_and_onednn(level, clone, onednn):
+    r = run_python(INFO, NVTE_CPU_ISA=level)
+    assert r.returncode == 0, r.stderr
+    info = json.loads(r.stdout.strip().splitlines()[-1])
+    assert info["cpu_isa"]["level"] == level
+    assert info["cpu_isa"]["clone"] == clone
+    assert info["onednn_isa"] == onednn
+
+
+def test_onednn_own_cap_wins_for_onednn():
+    r = run_python(INFO, NVTE_CPU_ISA="avx2", ONEDNN_MAX_CPU_ISA="SSE41")
+    assert r.returncode == 0, r.stderr
+    info = json.loads(r.stdout.strip().splitlines()[-1])
+    assert info["cpu_isa"]["level"] == "avx2" and info["onednn_isa"] == "sse41"
+
+
+def test_unknown_level_is_an_error_naming_the_variable():
+    r = run_python("import transformer_engine_lite", NVTE_CPU_ISA="avx9000")
+    assert r.returncode != 0
+    assert "NVTE_CPU_ISA" in r.stderr and "avx9000" in r.stderr and "avx512_core_bf16" in r.stderr
+
+
+# Linear fwd+bwd in bf16 and fp16 and under each FP8 recipe vs an fp64 reference, at a capped level:
+# oneDNN 3.2 has no bf16/fp16 matmul at AVX2, so the GEMMs run on operands widened to fp32.
+LINEAR = """
+import torch, transformer_engine_lite.pytorch as te
+from transformer_engine_lite.common.recipe import (DelayedScaling, Float8CurrentScaling,
+                                                    MXFP8BlockScaling)
+torch.manual_seed(0)
+for dtype in (torch.bfloat16, torch.float16, torch.float32):
+    for recipe in (None, DelayedScaling(), Float8CurrentScaling(), MXFP8BlockScaling()):
+        m = te.Linear(64, 96, params_dtype=dtype)
+        x = torch.randn(32, 64, dtype=dtype, requires_grad=True)
+        with te.fp8_autocast(enabled=recipe is not None, fp8_recipe=recipe):
+            y = m(x)
+        y.float().square().sum().backward()
+        x64, w64 = x.detach().double(), m.weight.detach().double()
+        y64 = x64 @ w64.t() + m.bias.detach().double()
+        err = (y.double() - y64).abs().max().item() / y64.abs().max().item()
+        tol = 0.02 if dtype == torch.float32 and recipe is None else 0.1
+        assert err < tol, (dtype, recipe, err)
+        assert torch.isfinite(x.grad).all() and torch.isfinite(m.weight.grad).all()
+print("ok")
+"""
+
+
+@pytest.mark.parametrize("level", ["baseline", "avx2"])
+@pytest.mark.parametrize("compute", ["auto", "fp32"])
+def test_linear_every_dtype_and_recipe_at_capped_level(level, compute):
+    r = run_python(LINEAR, NVTE_CPU_ISA=level, NVTE_CPU_GEMM_COMPUTE=compute)
+    assert r.returncode == 0, r.stderr[-3000:]
+    assert r.stdout.strip().endswith("ok")
+
+
+def test_native_only_gemm_without_kernel_names_op_dtypes_and_level():
+    code = """
+    import torch, transformer_engine_lite.pytorch as te
+    m = te.Linear(16, 8, params_dtype=torch.bfloat16)
+    try:
+        m(torch.randn(4, 16, dtype=torch.bfloat16))
+    except NotImplementedError as e:
+        print("ERR", e)
+    """
+    r = run_python(code, NVTE_CPU_ISA="avx2", NVTE_CPU_GEMM_COMPUTE="native")
+    assert r.returncode == 0, r.stderr[-3000:]
+    msg = r.stdout
+    assert "ERR" in msg, "expected NotImplementedError: oneDNN 3.2 has no bf16 matmul at AVX2"
+    for part in ("gemm", "bfloat16", "CPU level avx2", "oneDNN ISA avx2"):
+        assert part in msg, (part, msg)
+
+
+def test_bad_gemm_compute_value_is_an_error():
+    code = """
+    import torch, transformer_engine_lite.pytorch as te
+    try:
+        te.Linear(16, 8)(torch.randn(4, 16))
+    except RuntimeError as e:
+        print("ERR", e)
+    """
+    r = run_python(code, NVTE_CPU_GEMM_COMPUTE="fast")
+    assert "ERR" in r.stdout and "NVTE_CPU_GEMM_COMPUTE" in r.stdout and "'fast'" in r.stdout, r

@@ -1,0 +1,100 @@
+// CPU level detection and the NVTE_CPU_ISA cap (platform/cpu_isa.h).
+#include "../platform/cpu_isa.h"
+
+#include <cctype>
+#include <cstdio>
+#include <cstdlib>
+#include <string>
+
+namespace nvte {
+
+namespace {
+
+struct IsaName {
+  const char *name;
+  CpuIsa isa;
+};
+// Accepted values of NVTE_CPU_ISA (case-insensitive); "native"/"all" mean no cap.
+constexpr IsaName kNames[] = {
+    {"baseline", CpuIsa::kBaseline},           {"sse41", CpuIsa::kBaseline},
+    {"avx2", CpuIsa::kAvx2},                   {"avx512_core", CpuIsa::kAvx512Core},
+    {"avx512_core_bf16", CpuIsa::kAvx512CoreBf16}, {"avx512_core_fp16", CpuIsa::kAvx512CoreFp16},
+    {"avx512_core_amx", CpuIsa::kAvx512CoreAmx},
+};
+
+CpuIsa detect() {
+#if defined(__x86_64__) && defined(__GNUC__)
+  __builtin_cpu_init();
+  if (!__builtin_cpu_supports("x86-64-v3")) return CpuIsa::kBaseline;
+  if (!__builtin_cpu_supports("x86-64-v4")) return CpuIsa::kAvx2;
+  if (!__builtin_cpu_supports("avx512bf16")) return CpuIsa::kAvx512Core;
+  if (!__builtin_cpu_supports("avx512fp16")) return CpuIsa::kAvx512CoreBf16;
+  if (!__builtin_cpu_supports("amx-tile") || !__builtin_cpu_supports("amx-bf16")) {
+    return CpuIsa::kAvx512CoreFp16;
+  }
+  return CpuIsa::kAvx512CoreAmx;
+#else
+  return CpuIsa::kBaseline;
+#endif
+}
+
+// The cap from NVTE_CPU_ISA; the detected level when unset, "native"/"all", or unknown (reported).
+// Called inside kernels (OpenMP regions included), so it never throws; the Python loader rejects an
+// unknown value with an exception at import (common/config.py).
+CpuIsa read_cap(CpuIsa detected) {
+  const char *v = std::getenv("NVTE_CPU_ISA");
+  if (v == nullptr || *v == '\0') return detected;
+  std::string s(v);
+  for (char &c : s) c = static_cast<char>(std::tolower(static_cast<unsigned char>(c)));
+  if (s == "native" || s == "all") return detected;
+  for (const IsaName &n : kNames) {
+    if (s == n.name) return n.isa;
+  }
+  std::fprintf(stderr,
+               "transformer_engine_lite: NVTE_CPU_ISA: expected baseline, avx2, avx512_core, "
+               "avx512_core_bf16, avx512_core_fp16, avx512_core_amx or native, got '%s'; "
+               "ignoring it\n",
+               v);
+  return detected;
+}
+
+}  // namespace
+
+CpuIsa cpu_isa_detected() {
+  static const CpuIsa isa = detect();
+  return isa;
+}
+
+CpuIsa cpu_isa_level() {
+  static const CpuIsa isa = [] {
+    const CpuIsa detected = cpu_isa_detected();
+    const CpuIsa cap = read_cap(detected);
+    return cap < detected ? cap : detected;
+  }();
+  return isa;
+}
+
+const char *cpu_isa_name(CpuIsa isa) {
+  switch (isa) {
+    case CpuIsa::kBaseline: return "baseline";
+    case CpuIsa::kAvx2: return "avx2";
+    case CpuIsa::kAvx512Core: return "avx512_core";
+    case CpuIsa::kAvx512CoreBf16: return "avx512_core_bf16";
+    case CpuIsa::kAvx512CoreFp16: return "avx512_core_fp16";
+    case CpuIsa::kAvx512CoreAmx: return "avx512_core_amx";
+  }
+  return "unknown";
+}
+
+const char *cpu_clone_name(CpuIsa isa) {
+#if defined(__x86_64__) && defined(__GNUC__) && !defined(__clang__) && !defined(NVTE_NO_CPU_CLONES) && \
+    !defined(__CUDACC__) && !defined(__HIPCC__)
+  if (isa >= CpuIsa::kAvx512Core) return "x86-64-v4";
+  if (isa >= CpuIsa::kAvx2) return "x86-64-v3";
+#else
+  (void)isa;
+#endif
+  return "baseline";
+}
+
+}  // namespace nvte
