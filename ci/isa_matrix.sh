@@ -55,6 +55,10 @@ run_gtests() {
       echo "ci: $exe failed (NVTE_CPU_ISA=${NVTE_CPU_ISA:-unset})" >&2
       return 1
     }
+    if echo "$out" | grep -qE '^\[==========\] 0 tests'; then
+      echo "ci: $exe ran no test (filter '$(core_filter "$exe")' matched nothing)" >&2
+      return 1
+    fi
     echo "  $exe: $(echo "$out" | grep -E '^\[==========\]' | tail -1)"
   done
 }
@@ -114,13 +118,15 @@ run_tagged isa.native.gemm_fp32 at_level native gemm_fp32
 # qemu-user as a Haswell: CPUID without AVX-512. TCG is ~10-50x slower, so a subset.
 qemu_filter() {
   case "$1" in
-    test_gemm) echo '*AllDtypes*:*GemmEpilogueTest*bias_*:*Empty*' ;;
-    test_fused_attn) echo '*Fwd*:*fwd*' ;;
+    test_gemm) echo '*AllDtypes*:*GemmOneDnnWorkarounds*:*Empty*' ;;
+    test_normalization) echo '*/*_float8_e4m3_xbfloat16_*:*/*_float8_e4m3_*' ;;
+    test_fused_attn) echo '*/bfloat16_bshd_causal_*:*/float32_thd_padding_causal_*' ;;
     *) echo '*' ;;
   esac
 }
 qemu_info() {
-  qemu-x86_64 -cpu Haswell "$(command -v python)" -c '
+  # (TCG's warnings about CPUID bits it does not emulate, e.g. TSX, are dropped.)
+  qemu-x86_64 -cpu Haswell "$(command -v python)" 2> >(grep -v "TCG doesn't support" >&2) -c '
 import transformer_engine_lite as te
 isa = te.build_info()["cpu_isa"]
 print("  under qemu -cpu Haswell:", isa, "onednn_isa", te.build_info()["onednn_isa"])
