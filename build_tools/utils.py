@@ -15,7 +15,9 @@ Environment variables (all optional):
 from __future__ import annotations
 
 import importlib.util
+import os
 import shutil
+import subprocess
 import sys
 from dataclasses import dataclass
 from pathlib import Path
@@ -49,6 +51,30 @@ def has_gpu_sources(kind: str) -> bool:
     return False
 
 
+def hip_runtime_missing() -> str | None:
+    """What an automatic ROCm build would lack (None when complete): the HIP runtime headers and the
+    device libraries (ocml.bc) that common/rocm.cmake requires, under ROCM_PATH, `hipconfig
+    --rocmpath`, /opt/rocm or /usr (Debian's libamdhip64-dev and rocm-device-libs)."""
+    roots = [r for r in (_flag("ROCM_PATH"), "/opt/rocm", "/usr") if r]
+    hipconfig = shutil.which("hipconfig")
+    if hipconfig:
+        try:
+            out = subprocess.run([hipconfig, "--rocmpath"], capture_output=True, text=True,
+                                 timeout=30, env={**os.environ, "HIP_PLATFORM": "amd"})
+            if out.returncode == 0 and out.stdout.strip():
+                roots.insert(0, out.stdout.strip())
+        except (OSError, subprocess.SubprocessError):
+            pass
+    if not any(Path(r, "include", "hip", "hip_runtime.h").is_file() for r in roots):
+        return "no HIP runtime headers (include/hip/hip_runtime.h)"
+    bitcode = [Path(r, *sub) for r in roots
+               for sub in (("amdgcn", "bitcode"), ("lib", "amdgcn", "bitcode"))]
+    bitcode += [d for r in roots for d in Path(r, "lib").glob("*/amdgcn/bitcode")]
+    if not any((d / "ocml.bc").is_file() for d in bitcode):
+        return "no ROCm device libraries (amdgcn/bitcode/ocml.bc)"
+    return None
+
+
 @dataclass(frozen=True)
 class BackendChoice:
     backend: str  # "cpu", "cuda" or "rocm"
@@ -56,7 +82,8 @@ class BackendChoice:
 
 
 def detect_backend() -> BackendChoice:
-    """NVTE_USE_ROCM=1 forces ROCm; else nvcc found -> CUDA; else hipcc -> ROCm; else CPU only.
+    """NVTE_USE_ROCM=1 forces ROCm; else nvcc found -> CUDA; else hipcc (with the HIP runtime) -> ROCm;
+    else CPU only.
 
     Auto-detection only picks a GPU backend when the tree has GPU kernels to build, so a machine with
     a toolkit but a CPU-only tree still builds; forcing one without kernels is an error.
@@ -78,7 +105,14 @@ def detect_backend() -> BackendChoice:
     if use_cuda != "0" and shutil.which("nvcc") and has_gpu_sources("cuda"):
         return BackendChoice("cuda", "nvcc found")
     if use_rocm != "0" and shutil.which("hipcc") and has_gpu_sources("rocm"):
-        return BackendChoice("rocm", "hipcc found")
+        # An automatic build never fails for a missing optional GPU piece: without the HIP runtime
+        # it builds the CPU backend and says why (NVTE_USE_ROCM=1 still fails in CMake, naming it).
+        missing = hip_runtime_missing()
+        if missing is None:
+            return BackendChoice("rocm", "hipcc found")
+        return BackendChoice(
+            "cpu", f"hipcc found but {missing}; building the CPU backend only (for ROCm: apt-get "
+                   "install libamdhip64-dev rocm-device-libs, or set ROCM_PATH)")
     if shutil.which("nvcc") or shutil.which("hipcc"):
         return BackendChoice("cpu", "GPU toolkit found but no GPU kernels in this tree")
     return BackendChoice("cpu", "no CUDA or ROCm toolkit found")

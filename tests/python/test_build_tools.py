@@ -13,10 +13,11 @@ from build_tools import utils  # noqa: E402
 def toolkit(monkeypatch):
     """Pretend which compilers exist and whether the tree has GPU kernels."""
 
-    def set_(nvcc=False, hipcc=False, kernels=False):
+    def set_(nvcc=False, hipcc=False, kernels=False, hip_missing=None):
         found = {"nvcc": nvcc, "hipcc": hipcc}
         monkeypatch.setattr(utils.shutil, "which", lambda n: f"/usr/bin/{n}" if found.get(n) else None)
         monkeypatch.setattr(utils, "has_gpu_sources", lambda kind: kernels)
+        monkeypatch.setattr(utils, "hip_runtime_missing", lambda: hip_missing)
 
     for var in ("NVTE_USE_CUDA", "NVTE_USE_ROCM", "NVTE_FRAMEWORK"):
         monkeypatch.delenv(var, raising=False)
@@ -42,6 +43,32 @@ def test_nvcc_without_kernels_stays_cpu(toolkit):
 def test_use_cuda_0_falls_back_to_hipcc(toolkit, monkeypatch):
     toolkit(nvcc=True, hipcc=True, kernels=True)
     monkeypatch.setenv("NVTE_USE_CUDA", "0")
+    assert utils.detect_backend().backend == "rocm"
+
+
+def test_hipcc_without_hip_runtime_builds_cpu_and_says_why(toolkit):
+    toolkit(hipcc=True, kernels=True, hip_missing="no HIP runtime headers (include/hip/hip_runtime.h)")
+    choice = utils.detect_backend()
+    assert choice.backend == "cpu"
+    assert "hip_runtime.h" in choice.reason and "libamdhip64-dev" in choice.reason
+
+
+def test_hip_runtime_missing_reports_a_missing_prefix(monkeypatch, tmp_path):
+    monkeypatch.setattr(utils.shutil, "which", lambda n: None)
+    monkeypatch.setattr(utils, "_flag", lambda n: str(tmp_path) if n == "ROCM_PATH" else None)
+    (tmp_path / "include" / "hip").mkdir(parents=True)
+    # /opt/rocm or /usr may hold a real installation on this machine: only check the message shape.
+    missing = utils.hip_runtime_missing()
+    assert missing is None or "hip_runtime.h" in missing or "ocml.bc" in missing
+    (tmp_path / "include" / "hip" / "hip_runtime.h").write_text("")
+    (tmp_path / "amdgcn" / "bitcode").mkdir(parents=True)
+    (tmp_path / "amdgcn" / "bitcode" / "ocml.bc").write_bytes(b"")
+    assert utils.hip_runtime_missing() is None
+
+
+def test_forced_rocm_ignores_the_runtime_check(toolkit, monkeypatch):
+    toolkit(hipcc=True, kernels=True, hip_missing="no HIP runtime headers")
+    monkeypatch.setenv("NVTE_USE_ROCM", "1")  # CMake then names what is missing
     assert utils.detect_backend().backend == "rocm"
 
 

@@ -25,6 +25,9 @@ ENV_VARS: tuple[EnvVar, ...] = (
     EnvVar("NVTE_USE_ROCM", None, "build", "1 forces the ROCm backend (hipified CUDA sources)"),
     EnvVar("NVTE_CUDA_ARCHS", "80;90", "build", "CUDA architectures of a CUDA build"),
     EnvVar("NVTE_ROCM_ARCH", "gfx942", "build", "AMD GPU architectures of a ROCm build"),
+    EnvVar("ROCM_PATH", None, "build",
+           "ROCm prefix (default: hipconfig --rocmpath, /opt/rocm, /usr); an automatic build "
+           "picks ROCm only where its HIP runtime headers and device libraries are found there"),
     EnvVar("NVTE_FRAMEWORK", None, "build+runtime",
            "pytorch, jax, pytorch,jax, all or none: framework extensions to build / front ends that "
            "may be imported; unset: whatever is importable"),
