@@ -261,6 +261,19 @@ def test_quantize_records_amax_before_scaling_and_scale_inv():
     assert scale_inv.item() == np.float32(1) / np.float32(3)
 
 
+def test_empty_input_quantize_gives_amax_zero_and_scale_inv():
+    """Zero rows are valid input: nothing is written but the side outputs (amax 0, 1 / scale)."""
+    require_ops("nvte_quantize", "nvte_compute_amax")
+    x = torch.empty(0, 129, dtype=torch.bfloat16)
+    amax, scale_inv = scalar(-1.0), scalar(-1.0)
+    q = torch.empty(x.shape, dtype=torch.float8_e4m3fn)
+    capi.call("nvte_quantize", capi.Tensor(x), fp8_tensor(q, scalar(4.0), amax, scale_inv), None)
+    assert amax.item() == 0.0 and scale_inv.item() == 0.25
+    amax2 = scalar(-1.0)
+    capi.call("nvte_compute_amax", capi.Tensor(x), capi.Tensor(torch.empty(0), amax=amax2), None)
+    assert amax2.item() == 0.0
+
+
 @pytest.mark.parametrize("fmt", FP8_FORMATS, ids=FP8_IDS)
 def test_dequantize_all_codes(fmt):
     require_ops("nvte_dequantize")

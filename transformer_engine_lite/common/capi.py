@@ -200,6 +200,9 @@ def _numpy_dtype(arr) -> DType:
     return table[name]
 
 
+_EMPTY_TENSOR_STORAGE = (ctypes.c_ubyte * 64)()
+
+
 def describe(arr, dtype: DType | None = None) -> tuple[NVTEBasicTensor, bool]:
     """(NVTEBasicTensor, on_gpu) for a contiguous torch tensor or NumPy array. `dtype` overrides the
     element type (e.g. a uint8 buffer holding FP8 bytes)."""
@@ -220,6 +223,10 @@ def describe(arr, dtype: DType | None = None) -> tuple[NVTEBasicTensor, bool]:
         inferred = _numpy_dtype(arr) if dtype is None else None
     if len(shape) > MAX_NDIM:
         raise ValueError(f"tensor: expected at most {MAX_NDIM} dims, got {len(shape)}")
+    if not ptr and 0 in shape:
+        # An empty tensor is present but has no storage; the core reads a null pointer as "absent",
+        # so it gets an address that is never dereferenced.
+        ptr = ctypes.addressof(_EMPTY_TENSOR_STORAGE)
     bt.data_ptr = ptr or None
     bt.dtype = int(dtype if dtype is not None else inferred)
     bt.shape.ndim = len(shape)

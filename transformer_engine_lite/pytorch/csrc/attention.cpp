@@ -259,7 +259,8 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor> fused_attn_bwd(
   Call c;
   parse_call(kOp, &c, q_, qkv_layout, bias, cu_seqlens_q, cu_seqlens_kv, rng_state, bias_type,
              mask_type);
-  TORCH_CHECK(softmax_lse.numel() > 0, kOp,
+  // (An empty q has an empty LSE: nothing to check then.)
+  TORCH_CHECK(softmax_lse.numel() > 0 || q_.numel() == 0, kOp,
               ": argument 'softmax_lse': empty; the forward must run with is_training=True for a "
               "backward");
   for (const auto &[t, arg] : {std::pair{&out_, "out"}, std::pair{&d_out_, "d_out"},

@@ -158,6 +158,12 @@ inline void check_nvte(NVTEStatus status, const char *op) {
 }
 
 // ------------------------------------------------------------------------------------ tensors
+// Address given to empty tensors (see TensorWrapper::set); never read or written.
+inline void *empty_tensor_address() {
+  alignas(64) static unsigned char dummy[64];
+  return dummy;
+}
+
 // RAII NVTETensor over caller-owned at::Tensors (which must outlive it and be contiguous). A buffer
 // on a CUDA device tags the handle kNVTEDeviceGPU.
 class TensorWrapper {
@@ -208,6 +214,9 @@ class TensorWrapper {
                 " has no transformer_engine_lite equivalent");
     NVTEBasicTensor bt{};
     bt.data_ptr = t.data_ptr();
+    // An empty tensor (torch gives it no storage) is still present: the core reads a null pointer as
+    // "absent", so it gets an address that is never dereferenced (no element to read or write).
+    if (t.numel() == 0 && bt.data_ptr == nullptr) bt.data_ptr = empty_tensor_address();
     bt.dtype = *dtype;
     // A 0-dim tensor (a scalar) is described as [1].
     bt.shape.ndim = t.dim() == 0 ? 1 : static_cast<size_t>(t.dim());
