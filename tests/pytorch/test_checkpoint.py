@@ -133,3 +133,66 @@ def test_checkpoint_without_fp8_state_loads(empty):
 def test_bad_extra_state(bad, match):
     with pytest.raises((ValueError, TypeError), match=match):
         te.Linear(8, 8).set_extra_state(bad)
+
+
+def _good_state() -> dict:
+    m = te.Linear(8, 8)
+    return m.get_extra_state()
+
+
+def _with(**changes) -> dict:
+    s = _good_state()
+    for k, v in changes.items():
+        if v is _DROP:
+            del s[k]
+        else:
+            s[k] = v
+    return s
+
+
+_DROP = object()
+
+
+@pytest.mark.parametrize(
+    "changes,match",
+    [
+        ({"amax_history_fwd": torch.zeros(4, 5)}, r"amax_history_fwd \[L, 3\]"),  # wrong length
+        ({"scale_bwd": torch.ones(3)}, r"scale_bwd \[2\]"),
+        ({"amax_history_fwd": torch.zeros(0, 3)}, r"L >= 1"),  # empty history
+        ({"amax_history_fwd": torch.zeros(4, 3, dtype=torch.int32)}, "floating-point tensor, got torch.int32"),
+        ({"scale_fwd": [1.0, 1.0, 1.0]}, "floating-point tensor, got list"),
+        ({"scale_fwd": torch.tensor([1.0, float("nan"), 1.0])}, "scale_fwd finite and > 0"),
+        ({"scale_fwd": torch.tensor([1.0, float("inf"), 1.0])}, "scale_fwd finite and > 0"),
+        ({"scale_bwd": torch.tensor([1.0, -2.0])}, "scale_bwd finite and > 0"),
+        ({"scale_bwd": torch.tensor([0.0, 1.0])}, "scale_bwd finite and > 0"),
+        ({"amax_history_bwd": torch.full((4, 2), -1.0)}, "amax_history_bwd values >= 0"),
+        ({"amax_history_bwd": torch.full((4, 2), float("nan"))}, "NaN: True"),
+        ({"num_gemms": -1}, "num_gemms"),
+        ({"num_gemms": "1"}, "num_gemms"),
+        ({"recipe": "DelayedScaling"}, "recipe to be a dict"),
+        ({"extra_key": 1}, r"unexpected keys \['extra_key'\]"),
+        ({"scale_fwd": _DROP}, "scale_fwd to be a floating-point tensor, got NoneType"),
+    ],
+    ids=lambda v: None if isinstance(v, str) else str(sorted(v) if isinstance(v, dict) else v)[:30],
+)
+def test_hostile_extra_state_names_the_field_and_changes_nothing(changes, match):
+    m = te.Linear(8, 8)
+    with te.fp8_autocast():
+        m(torch.randn(4, 8)).sum().backward()
+    before = {k: v.clone() for k, v in m.get_extra_state().items() if isinstance(v, torch.Tensor)}
+    # A state whose forward half is valid and changed: it must not be applied either.
+    state = _with(**changes)
+    if "amax_history_fwd" not in changes:
+        state["amax_history_fwd"] = torch.full((4, 3), 7.0)
+    with pytest.raises(ValueError, match=match):
+        m.set_extra_state(state)
+    after = m.get_extra_state()
+    for k, v in before.items():
+        assert torch.equal(after[k], v), f"{k} changed by a rejected checkpoint"
+
+
+def test_infinite_amax_history_is_accepted():
+    """An overflowed step records Inf; the recipe keeps the previous scale for it, so it loads."""
+    m = te.Linear(8, 8)
+    m.set_extra_state(_with(amax_history_fwd=torch.full((4, 3), float("inf"))))
+    assert torch.isinf(m.fp8_fwd_amax_history).all()

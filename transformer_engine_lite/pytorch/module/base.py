@@ -40,6 +40,13 @@ from ._autograd import GemmConfig, linear
 __all__ = ["EXTRA_STATE_VERSION", "TransformerEngineBaseModule", "get_default_init_method"]
 
 EXTRA_STATE_VERSION = 2
+# Keys each schema version may hold (anything else is refused, naming the key).
+_EXTRA_STATE_KEYS = {
+    1: {"version", "amax_history_fwd", "scale_fwd", "scale_inv_fwd", "amax_history_bwd",
+        "scale_bwd", "scale_inv_bwd"},
+    2: {"version", "num_gemms", "recipe", "amax_history_fwd", "scale_fwd", "amax_history_bwd",
+        "scale_bwd"},
+}
 _DEFAULT_HISTORY_LEN = 1024  # DelayedScaling's default; resized at the first update if different
 _HP_DTYPES = (torch.float32, torch.float16, torch.bfloat16)
 
@@ -360,27 +367,66 @@ class TransformerEngineBaseModule(torch.nn.Module):
                 f"{owner}: _extra_state: expected schema version 1 or {EXTRA_STATE_VERSION}, got "
                 f"{version!r}"
             )
-        if version == 2 and state.get("num_gemms", self.num_gemms) != self.num_gemms:
+        allowed = _EXTRA_STATE_KEYS[version]
+        unknown = sorted(str(k) for k in state if k not in allowed)
+        if unknown:
             raise ValueError(
-                f"{owner}: _extra_state: expected num_gemms {self.num_gemms}, got "
-                f"{state['num_gemms']}"
+                f"{owner}: _extra_state: unexpected keys {unknown} for schema version {version} "
+                f"(expected some of {sorted(allowed)})"
             )
+        if version == 2:
+            num_gemms = state.get("num_gemms", self.num_gemms)
+            if type(num_gemms) is not int or num_gemms != self.num_gemms:
+                raise ValueError(
+                    f"{owner}: _extra_state: expected num_gemms {self.num_gemms}, got {num_gemms!r}"
+                )
+            recipe = state.get("recipe")
+            if recipe is not None and not isinstance(recipe, dict):
+                raise ValueError(
+                    f"{owner}: _extra_state: expected recipe to be a dict or None, got "
+                    f"{type(recipe).__name__}"
+                )
+        # Everything is checked before anything is assigned: a bad checkpoint changes nothing.
         dev = self.fp8_meta_device()
+        updates = []
         for key, n, hist_name, scale_name in (
             ("fwd", 3 * self.num_gemms, "fp8_fwd_amax_history", "fp8_fwd_scale"),
             ("bwd", 2 * self.num_gemms, "fp8_bwd_amax_history", "fp8_bwd_scale"),
         ):
             hist = state.get(f"amax_history_{key}")
             scale = state.get(f"scale_{key}")
-            if hist is None or scale is None:
+            if hist is None and scale is None:
                 continue  # missing FP8 state: keep defaults
-            if hist.dim() != 2 or hist.shape[1] != n or scale.shape != (n,):
+            for name, t in ((f"amax_history_{key}", hist), (f"scale_{key}", scale)):
+                if not isinstance(t, torch.Tensor) or not t.is_floating_point():
+                    got = t.dtype if isinstance(t, torch.Tensor) else type(t).__name__
+                    raise ValueError(
+                        f"{owner}: _extra_state: expected {name} to be a floating-point tensor, "
+                        f"got {got}"
+                    )
+            if hist.dim() != 2 or hist.shape[0] < 1 or hist.shape[1] != n or scale.shape != (n,):
                 raise ValueError(
-                    f"{owner}: _extra_state: expected amax_history_{key} [L, {n}] and scale_{key} "
-                    f"[{n}], got {tuple(hist.shape)} and {tuple(scale.shape)}"
+                    f"{owner}: _extra_state: expected amax_history_{key} [L, {n}] (L >= 1) and "
+                    f"scale_{key} [{n}], got {tuple(hist.shape)} and {tuple(scale.shape)}"
                 )
-            setattr(self, hist_name, hist.to(device=dev, dtype=torch.float32).clone())
-            getattr(self, scale_name).copy_(scale.to(dev, torch.float32))
+            hist32 = hist.detach().to(device=dev, dtype=torch.float32)
+            scale32 = scale.detach().to(device=dev, dtype=torch.float32)
+            # amaxes are >= 0 (Inf allowed: an overflowed step keeps its scale); scales are finite
+            # and > 0, as the recipes produce them.
+            if torch.isnan(hist32).any() or (hist32 < 0).any():
+                raise ValueError(
+                    f"{owner}: _extra_state: expected amax_history_{key} values >= 0 (no NaN), "
+                    f"got min {hist32.min().item()} (NaN: {bool(torch.isnan(hist32).any())})"
+                )
+            if not torch.isfinite(scale32).all() or (scale32 <= 0).any():
+                raise ValueError(
+                    f"{owner}: _extra_state: expected scale_{key} finite and > 0, got "
+                    f"{scale32.tolist()}"
+                )
+            updates.append((hist_name, hist32.clone(), scale_name, scale32))
+        for hist_name, hist32, scale_name, scale32 in updates:
+            setattr(self, hist_name, hist32)
+            getattr(self, scale_name).copy_(scale32)
         self.fp8_fwd_ran.zero_()
         self.fp8_bwd_ran.zero_()
         if version == 2:
