@@ -42,7 +42,7 @@ extern "C" {
 #endif
 
 /*! Memory layouts of Q, K, V (TE's NVTE_QKV_Layout, same values). */
-typedef enum NVTE_QKV_Layout {
+typedef enum NVTE_QKV_Layout NVTE_ENUM_INT {
   NVTE_SB3HD = 0,
   NVTE_SBH3D = 1,
   NVTE_SBHD_SB2HD = 2,
@@ -61,7 +61,7 @@ typedef enum NVTE_QKV_Layout {
 } NVTE_QKV_Layout;
 
 /*! How Q, K and V share memory (TE's NVTE_QKV_Layout_Group). */
-typedef enum NVTE_QKV_Layout_Group {
+typedef enum NVTE_QKV_Layout_Group NVTE_ENUM_INT {
   NVTE_3HD = 0,
   NVTE_H3D = 1,
   NVTE_HD_2HD = 2,
@@ -70,11 +70,15 @@ typedef enum NVTE_QKV_Layout_Group {
 } NVTE_QKV_Layout_Group;
 
 /*! Token order (TE's NVTE_QKV_Format). */
-typedef enum NVTE_QKV_Format { NVTE_SBHD = 0, NVTE_BSHD = 1, NVTE_THD = 2 } NVTE_QKV_Format;
+typedef enum NVTE_QKV_Format NVTE_ENUM_INT {
+  NVTE_SBHD = 0,
+  NVTE_BSHD = 1,
+  NVTE_THD = 2
+} NVTE_QKV_Format;
 
 /*! Bias (TE's NVTE_Bias_Type). pre_scale_bias exists for TE compatibility; no fused backend of ours
  *  takes it (the unfused path does). */
-typedef enum NVTE_Bias_Type {
+typedef enum NVTE_Bias_Type NVTE_ENUM_INT {
   NVTE_NO_BIAS = 0,
   NVTE_PRE_SCALE_BIAS = 1,
   NVTE_POST_SCALE_BIAS = 2,
@@ -82,7 +86,7 @@ typedef enum NVTE_Bias_Type {
 } NVTE_Bias_Type;
 
 /*! Masks (TE's NVTE_Mask_Type). */
-typedef enum NVTE_Mask_Type {
+typedef enum NVTE_Mask_Type NVTE_ENUM_INT {
   NVTE_NO_MASK = 0,
   NVTE_PADDING_MASK = 1,
   NVTE_CAUSAL_MASK = 2,
@@ -93,7 +97,7 @@ typedef enum NVTE_Mask_Type {
 
 /*! Attention backends, in order of preference ck > aotriton > flash > unfused. The first three
  *  values are ROCm TE's; flash and unfused are ours. */
-typedef enum NVTE_Fused_Attn_Backend {
+typedef enum NVTE_Fused_Attn_Backend NVTE_ENUM_INT {
   NVTE_No_Backend = -1,
   NVTE_AOTriton = 0, /*!< Triton flash kernels compiled ahead of time (GPU) */
   NVTE_CK = 1,       /*!< Composable Kernel fmha (ROCm) */

@@ -21,12 +21,22 @@
 #define NVTE_API __attribute__((visibility("default")))
 #endif
 
+/*! Every API enum is int-sized in C and has `int` as fixed underlying type in C++, so any int a
+ *  caller passes is a valid value to read: out-of-range values are rejected with
+ *  NVTE_ERROR_INVALID_ARGUMENT. (Without a fixed type, merely reading such a value is undefined
+ *  behaviour in C++; UBSan reports it as "not a valid value for type".) */
+#ifdef __cplusplus
+#define NVTE_ENUM_INT : int
+#else
+#define NVTE_ENUM_INT
+#endif
+
 #ifdef __cplusplus
 extern "C" {
 #endif
 
 /*! Element types. Values of the TE types match TE's NVTEDType; the FNUZ FP8 types are ours. */
-typedef enum NVTEDType {
+typedef enum NVTEDType NVTE_ENUM_INT {
   kNVTEByte = 0,
   kNVTEInt16 = 1,
   kNVTEInt32 = 2,
@@ -43,7 +53,7 @@ typedef enum NVTEDType {
 } NVTEDType;
 
 /*! Status of an nvte_* call. Anything but NVTE_SUCCESS leaves a message in nvte_get_last_error(). */
-typedef enum NVTEStatus {
+typedef enum NVTEStatus NVTE_ENUM_INT {
   NVTE_SUCCESS = 0,
   NVTE_ERROR_INVALID_ARGUMENT = 1, /*!< bad shape, dtype, device, null pointer ... */
   NVTE_ERROR_UNSUPPORTED = 2,      /*!< valid request this build or device cannot do */
@@ -51,10 +61,10 @@ typedef enum NVTEStatus {
 } NVTEStatus;
 
 /*! Where a tensor's memory lives. */
-typedef enum NVTEDevice { kNVTEDeviceCPU = 0, kNVTEDeviceGPU = 1 } NVTEDevice;
+typedef enum NVTEDevice NVTE_ENUM_INT { kNVTEDeviceCPU = 0, kNVTEDeviceGPU = 1 } NVTEDevice;
 
 /*! How an FP8 tensor is scaled (TE's NVTEScalingMode). */
-typedef enum NVTEScalingMode {
+typedef enum NVTEScalingMode NVTE_ENUM_INT {
   NVTE_DELAYED_TENSOR_SCALING = 0, /*!< one fp32 scale per tensor (delayed and current scaling) */
   NVTE_MXFP8_1D_SCALING = 1,       /*!< one E8M0 scale per 32 consecutive elements */
   NVTE_INVALID_SCALING = 100
@@ -77,7 +87,7 @@ typedef struct NVTEBasicTensor {
 } NVTEBasicTensor;
 
 /*! The buffers a tensor handle can hold (TE's NVTETensorParam). */
-typedef enum NVTETensorParam {
+typedef enum NVTETensorParam NVTE_ENUM_INT {
   kNVTERowwiseData = 0,        /*!< data, row-major */
   kNVTEColumnwiseData = 1,     /*!< transposed copy (per-tensor FP8) or column-wise MXFP8 data */
   kNVTEScale = 2,              /*!< fp32 scalar: q = encode(x * scale) */
@@ -134,7 +144,7 @@ NVTE_API const char *nvte_get_version(void);
 
 /*! Quantization options (TE's NVTEQuantizationConfig) used by current scaling. */
 typedef void *NVTEQuantizationConfig;
-typedef enum NVTEQuantizationConfigAttribute {
+typedef enum NVTEQuantizationConfigAttribute NVTE_ENUM_INT {
   kNVTEQuantizationConfigForcePow2Scales = 0, /*!< bool: clear the scale's mantissa bits */
   kNVTEQuantizationConfigAmaxEpsilon = 1,     /*!< float: amax is clamped to at least this */
   kNVTEQuantizationConfigNumAttributes
