@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # The README's test command: installs everything (into the virtual environment of ci/_venv.sh), builds
-# once, runs every suite and the CPU-level matrix (ci/isa_matrix.sh), then compiles the CUDA
+# once, runs every suite, the CPU-level matrix (ci/isa_matrix.sh) and the C++ suites under ASan + UBSan
+# (ci/sanitize.sh), then compiles the CUDA
 # and ROCm backends with warnings as errors (build.cuda.*, build.rocm.*: no GPU needed); exits non-zero
 # on any failure. TEST_FILTER / TEST_LEVEL (see ci/_utils.sh) narrow what runs.
 set -u
@@ -18,6 +19,7 @@ suite core
 suite python
 suite pytorch
 suite isa_matrix
+suite sanitize
 suite build_cuda
 suite build_rocm
 printf 'ci/run_all.sh: suite times: %s\n' "$(IFS=,; echo "${times[*]}")"
