@@ -361,7 +361,7 @@ def main(argv: list[str] | None = None) -> int:
         torch.__version__,
         torch.get_num_threads(),
     )
-    ok, why = te.is_fp8_available()
+    ok, why = te.is_fp8_available(return_reason=True)
     if not ok and any(RECIPES[n] for n in names):
         log.warning("FP8 not available (%s): running bf16 only", why)
         names = [n for n in names if RECIPES[n] is None] or ["bf16"]

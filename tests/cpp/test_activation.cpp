@@ -35,6 +35,10 @@ double drelu(double x) { return x > 0 ? 1.0 : 0.0; }
 double srelu(double x) { return x > 0 ? x * x : 0.0; }
 double dsrelu(double x) { return x > 0 ? 2.0 * x : 0.0; }
 double silu(double x) { return x * sigmoid(x); }
+double dsigmoid(double x) {
+  const double s = sigmoid(x);
+  return s * (1.0 - s);
+}
 double dsilu(double x) {
   const double s = sigmoid(x);
   return s + x * s * (1.0 - s);
@@ -64,6 +68,7 @@ const ActOp kOps[] = {
     {"reglu", true, nvte_reglu, nvte_dreglu, relu, drelu},
     {"sreglu", true, nvte_sreglu, nvte_dsreglu, srelu, dsrelu},
     {"swiglu", true, nvte_swiglu, nvte_dswiglu, silu, dsilu},
+    {"glu", true, nvte_glu, nvte_dglu, sigmoid, dsigmoid},
 };
 constexpr int kNumOps = sizeof(kOps) / sizeof(kOps[0]);
 

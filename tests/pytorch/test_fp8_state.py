@@ -178,8 +178,15 @@ def test_dtype_conversion_keeps_meta_fp32():
 
 
 def test_format_and_availability():
-    assert te.is_fp8_available() == (True, "")
-    assert te.is_mxfp8_available()[0]
+    # TE's API: a bool, and (bool, reason) only with return_reason=True.
+    assert te.is_fp8_available() is True
+    assert te.is_fp8_available(return_reason=True) == (True, "")
+    assert te.is_mxfp8_available() is True
+    assert te.is_mxfp8_available(return_reason=True) == (True, "")
+    for check in (te.is_fp8_block_scaling_available, te.is_nvfp4_available):
+        assert check() is False
+        ok, reason = check(return_reason=True)
+        assert ok is False and "not implemented" in reason
     assert Format.HYBRID.value.max_fwd == 448 and Format.HYBRID.value.max_bwd == 57344
     assert Format.HYBRID_FNUZ.max(True) == 240 and Format.E4M3FNUZ.bwd == "e4m3fnuz"
     r = DelayedScaling()

@@ -116,6 +116,7 @@ def test_layernorm_linear(dtype, normalization):
 @pytest.mark.parametrize("activation", ACTIVATIONS)
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=str)
 def test_layernorm_mlp(activation, dtype):
+    torch.manual_seed(6)  # weights independent of which tests ran before
     m = te.LayerNormMLP(
         48,
         40,
@@ -307,7 +308,16 @@ def test_calibration_records_amax_without_fp8():
     "make,err,match",
     [
         (lambda: te.Linear(8, 4, ub_overlap_ag=True), NotImplementedError, "ub_overlap_ag"),
-        (lambda: te.Linear(8, 4, delay_wgrad_compute=True), NotImplementedError, "delay_wgrad"),
+        (lambda: te.Linear(8, 4, symmetric_ar_type="multimem_all_reduce"), NotImplementedError,
+         "symmetric_ar_type"),
+        (lambda: te.LayerNormMLP(8, 4, activation="gelu", activation_params={"limit": 1.0}),
+         ValueError, "activation_params"),
+        (lambda: te.LayerNormMLP(8, 4, activation="clamped_swiglu",
+                                 activation_params={"limit": -1.0}), ValueError, "limit"),
+        (lambda: te.GroupedLinear(2, 8, 4, sequence_parallel=True), NotImplementedError,
+         "sequence_parallel"),
+        (lambda: te.TransformerLayer(8, 16, 2, parallel_attention_mlp=True,
+                                     output_layernorm=True), ValueError, "parallel_attention_mlp"),
         (lambda: te.LayerNormMLP(8, 4, activation="tanh"), ValueError, "activation"),
         (lambda: te.LayerNormLinear(8, 4, normalization="BatchNorm"), ValueError, "normalization"),
         (lambda: te.LayerNormLinear(8, 4, parallel_mode="row"), NotImplementedError, "row"),
@@ -315,7 +325,7 @@ def test_calibration_records_amax_without_fp8():
         (lambda: te.Linear(0, 4), ValueError, "in_features"),
         (lambda: te.Linear(8, 6, parameters_split=("a", "b", "c", "d")), ValueError, "split"),
         (lambda: te.LayerNorm(8, eps=-1.0), ValueError, "eps"),
-        (lambda: te.LayerNormMLP(8, 4, checkpoint=True), NotImplementedError, "checkpoint"),
+        (lambda: te.TransformerLayer(8, 16, 2, drop_path_rate=1.5), ValueError, "drop_path_rate"),
     ],
 )
 def test_bad_constructor_arguments(make, err, match):

@@ -228,6 +228,7 @@ _ACT_REF = {
     "relu": torch.relu,
     "srelu": lambda x: torch.relu(x) ** 2,
     "silu": lambda x: x * torch.sigmoid(x),
+    "sigmoid": torch.sigmoid,
 }
 _GATE_OF = {
     "geglu": "gelu",
@@ -235,6 +236,7 @@ _GATE_OF = {
     "reglu": "relu",
     "sreglu": "srelu",
     "swiglu": "silu",
+    "glu": "sigmoid",
 }
 
 

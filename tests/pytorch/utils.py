@@ -106,12 +106,25 @@ _ACT = {
     "relu": torch.relu,
     "srelu": lambda x: torch.relu(x) ** 2,
     "silu": lambda x: x * torch.sigmoid(x),
+    "sigmoid": torch.sigmoid,
 }
-_GATED = {"geglu": "gelu", "qgeglu": "qgelu", "reglu": "relu", "sreglu": "srelu", "swiglu": "silu"}
+_GATED = {
+    "geglu": "gelu",
+    "qgeglu": "qgelu",
+    "reglu": "relu",
+    "sreglu": "srelu",
+    "swiglu": "silu",
+    "glu": "sigmoid",
+}
 
 
-def ref_activation(name, x):
-    """TE's activations; gated ones: [..., 2H] = [act input | linear]."""
+def ref_activation(name, x, limit=7.0, alpha=1.702):
+    """TE's activations; gated ones: [..., 2H] = [act input | linear]. clamped_swiglu: GPT-OSS's
+    min(a, limit) * sigmoid(alpha * min(a, limit)) * (clamp(b, -limit, limit) + 1)."""
+    if name == "clamped_swiglu":
+        a, lin = x.chunk(2, -1)
+        a = a.clamp(max=limit)
+        return a * torch.sigmoid(alpha * a) * (lin.clamp(-limit, limit) + 1)
     if name in _GATED:
         a, lin = x.chunk(2, -1)
         return _ACT[_GATED[name]](a) * lin

@@ -100,7 +100,8 @@ _SIGNATURES: dict[str, list[Any]] = {
     "nvte_rmsnorm_bwd": [_T, _T, _T, _T, _T, _T, _T, _i, _b, _S],
     "nvte_cublas_gemm": [_T, _T, _T, _T, _T, _b, _b, _b, _T, _b, _b, _i, _S],
 }
-for _act in ("gelu", "qgelu", "relu", "srelu", "silu", "geglu", "qgeglu", "reglu", "sreglu", "swiglu"):
+for _act in ("gelu", "qgelu", "relu", "srelu", "silu", "geglu", "qgeglu", "reglu", "sreglu", "swiglu",
+             "glu"):
     _SIGNATURES[f"nvte_{_act}"] = [_T, _T, _S]
     _SIGNATURES[f"nvte_d{_act}"] = [_T, _T, _T, _S]
 for _sm in ("scaled", "scaled_upper_triang_masked", "scaled_aligned_causal_masked"):

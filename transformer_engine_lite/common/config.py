@@ -57,6 +57,11 @@ ENV_VARS: tuple[EnvVar, ...] = (
            "oneDNN has the kernel at this CPU level, else every operand widened exactly to fp32), "
            "native (never widen to fp32: NotImplementedError where oneDNN lacks the kernel), "
            "fp32 (always widen)"),
+    EnvVar("NVTE_BACKWARD_OVERRIDE", "", "runtime",
+           "default backward_override of the FP8 recipes (read when a recipe is created): unset "
+           "(backward GEMMs in FP8), high_precision (backward GEMMs on the unquantized inputs "
+           "and weights) or dequantized (on the forward's quantized operands, dequantized; "
+           "gradients unquantized); DelayedScaling accepts only unset"),
     # Attention backend selection (common/fused_attn/backend_select.cpp). Switches: only the exact
     # string 0 disables; logging: only the exact string 1 enables.
     EnvVar("NVTE_FUSED_ATTN", "1", "runtime",

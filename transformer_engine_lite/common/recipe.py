@@ -102,6 +102,27 @@ def _check_bool(recipe: str, name: str, value: Any) -> None:
         raise TypeError(f"{recipe}: {name}: expected a bool, got {value!r}")
 
 
+BACKWARD_OVERRIDES = (None, "high_precision", "dequantized")
+
+
+def _default_backward_override() -> str | None:
+    from . import config
+
+    return config.get("NVTE_BACKWARD_OVERRIDE") or None
+
+
+def check_backward_override(recipe: str, value: Any, delayed: bool = False) -> None:
+    """TE's backward_override: None, "high_precision" or "dequantized" (DelayedScaling: None).
+    Checked at construction and again when a module uses the recipe (fields can be reassigned)."""
+    if value not in BACKWARD_OVERRIDES:
+        raise ValueError(
+            f"{recipe}: backward_override: expected one of {BACKWARD_OVERRIDES}, got {value!r}"
+        )
+    if delayed and value is not None:
+        raise ValueError(f"{recipe}: backward_override: expected None (delayed scaling keeps "
+                         f"FP8 backward GEMMs), got {value!r}")
+
+
 def _check_margin(recipe: str, value: Any) -> None:
     ok = isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value)
     if not ok or value < 0:
@@ -164,6 +185,7 @@ class DelayedScaling(Recipe):
     reduce_amax: all-reduce (MAX) the amaxes over the autocast's group before each update when
         torch.distributed is initialized.
     fp8_dpa, fp8_mha: FP8 attention flags (kept for API compatibility; attention is not FP8 here).
+    backward_override: None only (TE's rule for delayed scaling; see Float8CurrentScaling).
     """
 
     margin: int = 0
@@ -174,9 +196,11 @@ class DelayedScaling(Recipe):
     reduce_amax: bool = True
     fp8_dpa: bool = False
     fp8_mha: bool = False
+    backward_override: str | None = field(default_factory=_default_backward_override)
 
     def __post_init__(self) -> None:
         name = "DelayedScaling"
+        check_backward_override(name, self.backward_override, delayed=True)
         _check_margin(name, self.margin)
         _check_format(name, self.fp8_format)
         n = self.amax_history_len
@@ -233,7 +257,12 @@ def _check_qparams(recipe: str, name: str, q: Any) -> None:
 class Float8CurrentScaling(Recipe):
     """Per-tensor FP8 scaling with the scale computed from the tensor itself, every step:
     `amax = max(max|x|, amax_epsilon)`; `scale = fp8_max / amax` (1 when amax is 0/Inf/NaN),
-    optionally rounded down to a power of two. Holds no state between steps."""
+    optionally rounded down to a power of two. Holds no state between steps.
+
+    backward_override (default: NVTE_BACKWARD_OVERRIDE): None runs dgrad/wgrad in FP8;
+    "high_precision" runs them on the unquantized input and weight with the unquantized gradient;
+    "dequantized" on the forward's FP8 input and weight, dequantized, with the unquantized
+    gradient (the forward is FP8 in every case)."""
 
     fp8_format: Format = Format.HYBRID
     fp8_quant_fwd_inp: QParams = field(default_factory=QParams)
@@ -244,9 +273,11 @@ class Float8CurrentScaling(Recipe):
     fp8_gemm_wgrad: MMParams = field(default_factory=lambda: MMParams(True))
     fp8_dpa: bool = False
     fp8_mha: bool = False
+    backward_override: str | None = field(default_factory=_default_backward_override)
 
     def __post_init__(self) -> None:
         name = "Float8CurrentScaling"
+        check_backward_override(name, self.backward_override)
         _check_format(name, self.fp8_format)
         for q in ("fp8_quant_fwd_inp", "fp8_quant_fwd_weight", "fp8_quant_bwd_grad"):
             _check_qparams(name, q, getattr(self, q))
@@ -272,15 +303,18 @@ class MXFP8BlockScaling(Recipe):
 
     margin: accepted for TE compatibility; TE does not apply it to MX scales, nor do we.
     fp8_format: E4M3 by default (gradients too); HYBRID uses E5M2 for gradients.
+    backward_override: as Float8CurrentScaling.
     """
 
     margin: int = 0
     fp8_format: Format = Format.E4M3
     fp8_dpa: bool = False
     fp8_mha: bool = False
+    backward_override: str | None = field(default_factory=_default_backward_override)
 
     def __post_init__(self) -> None:
         name = "MXFP8BlockScaling"
+        check_backward_override(name, self.backward_override)
         _check_margin(name, self.margin)
         _check_format(name, self.fp8_format)
         for flag in ("fp8_dpa", "fp8_mha"):

@@ -12,6 +12,7 @@ from ..common import recipe
 from . import ops  # registers torch.ops.te_lite: extension, fake kernels, autograd
 from .attention import DotProductAttention, MultiheadAttention
 from .attention.rope import RotaryPositionEmbedding, apply_rotary_pos_emb
+from .checkpoint import checkpoint
 from .distributed import allreduce_sequence_parallel_grads
 from .fp8 import (
     FP8GlobalStateManager,
@@ -20,10 +21,13 @@ from .fp8 import (
     fp8_model_init,
     get_default_fp8_recipe,
     is_fp8_available,
+    is_fp8_block_scaling_available,
     is_mxfp8_available,
+    is_nvfp4_available,
     quantized_model_init,
 )
 from .module import (
+    GroupedLinear,
     LayerNorm,
     LayerNormLinear,
     LayerNormMLP,
@@ -31,10 +35,35 @@ from .module import (
     RMSNorm,
     TransformerEngineBaseModule,
 )
+from .tensor import (
+    Float8CurrentScalingQuantizer,
+    Float8Quantizer,
+    Float8Tensor,
+    MXFP8Quantizer,
+    MXFP8Tensor,
+    QuantizedTensor,
+    Quantizer,
+)
+from .tex import DType
 from .transformer import TransformerLayer
+from .utils import get_device_compute_capability, is_bf16_available
 
 __all__ = [
+    "DType",
     "DotProductAttention",
+    "Float8CurrentScalingQuantizer",
+    "Float8Quantizer",
+    "Float8Tensor",
+    "GroupedLinear",
+    "MXFP8Quantizer",
+    "MXFP8Tensor",
+    "QuantizedTensor",
+    "Quantizer",
+    "checkpoint",
+    "get_device_compute_capability",
+    "is_bf16_available",
+    "is_fp8_block_scaling_available",
+    "is_nvfp4_available",
     "FP8GlobalStateManager",
     "LayerNorm",
     "LayerNormLinear",

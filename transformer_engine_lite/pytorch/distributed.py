@@ -190,3 +190,13 @@ class TPConfig:
         self.sequence_parallel = bool(sequence_parallel) and self.size > 1
         if sequence_parallel and parallel_mode is None and self.size > 1:
             raise ValueError(f"{owner}: sequence_parallel needs parallel_mode 'column' or 'row'")
+
+
+# TE exports the activation-recompute queries from pytorch.distributed (they live in checkpoint.py).
+from .checkpoint import (  # noqa: E402
+    checkpoint,
+    in_fp8_activation_recompute_phase,
+    is_fp8_activation_recompute_enabled,
+)
+
+__all__ += ["checkpoint", "in_fp8_activation_recompute_phase", "is_fp8_activation_recompute_enabled"]

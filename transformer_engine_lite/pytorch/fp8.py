@@ -44,7 +44,9 @@ __all__ = [
     "get_default_fp8_recipe",
     "get_fp8_torch_dtype",
     "is_fp8_available",
+    "is_fp8_block_scaling_available",
     "is_mxfp8_available",
+    "is_nvfp4_available",
     "quantized_model_init",
 ]
 
@@ -78,7 +80,7 @@ def _cuda_arch() -> tuple[int, int] | None:
     return torch.cuda.get_device_capability()
 
 
-def is_fp8_available() -> tuple[bool, str]:
+def _fp8_support() -> tuple[bool, str]:
     """(available, reason if not). CPU: every FP8 format is supported. CUDA: compute capability 8.9+
     (Ada, Hopper, Blackwell); ROCm: gfx94x/gfx95x. A GPU also needs the library's GPU backend."""
     arch = _cuda_arch()
@@ -104,15 +106,41 @@ def is_fp8_available() -> tuple[bool, str]:
     return True, ""
 
 
-def is_mxfp8_available() -> tuple[bool, str]:
-    """(available, reason if not). CPU: yes. CUDA: compute capability 10.0+ (Blackwell)."""
-    ok, reason = is_fp8_available()
+def _mxfp8_support() -> tuple[bool, str]:
+    ok, reason = _fp8_support()
     arch = _cuda_arch()
     if not ok or arch is None or torch.version.hip:
         return ok, reason
     if arch < (10, 0):
         return False, f"MXFP8 needs compute capability 10.0 or higher, got {arch}"
     return True, ""
+
+
+def _answer(support: tuple[bool, str], return_reason: bool) -> bool | tuple[bool, str]:
+    return support if return_reason else support[0]
+
+
+def is_fp8_available(return_reason: bool = False) -> bool | tuple[bool, str]:
+    """Whether per-tensor FP8 (DelayedScaling, Float8CurrentScaling) runs here; with
+    return_reason=True, (available, reason if not) as TE. CPU: always."""
+    return _answer(_fp8_support(), return_reason)
+
+
+def is_mxfp8_available(return_reason: bool = False) -> bool | tuple[bool, str]:
+    """Whether MXFP8BlockScaling runs here (CPU: yes; CUDA: compute capability 10.0+)."""
+    return _answer(_mxfp8_support(), return_reason)
+
+
+def is_fp8_block_scaling_available(return_reason: bool = False) -> bool | tuple[bool, str]:
+    """Float8BlockScaling (DeepSeek-style 1x128 / 128x128 blocks): not implemented here."""
+    reason = "Float8BlockScaling is not implemented in transformer_engine_lite"
+    return _answer((False, reason), return_reason)
+
+
+def is_nvfp4_available(return_reason: bool = False) -> bool | tuple[bool, str]:
+    """NVFP4BlockScaling: not implemented here."""
+    reason = "NVFP4BlockScaling is not implemented in transformer_engine_lite"
+    return _answer((False, reason), return_reason)
 
 
 def _check_recipe(recipe: Any) -> Recipe:
@@ -216,7 +244,7 @@ class FP8GlobalStateManager:
         cls, enabled: bool, calibrating: bool, recipe: Recipe | None, group: Any
     ) -> _AutocastState:
         if enabled:
-            ok, reason = is_fp8_available()
+            ok, reason = _fp8_support()
             if not ok:
                 raise RuntimeError(f"fp8_autocast: FP8 is not available: {reason}")
         recipe = _check_recipe(recipe)
@@ -243,6 +271,25 @@ class FP8GlobalStateManager:
         cls._state = saved
         if cls._depth == 0:
             cls.reduce_and_update_fp8_tensors(forward=True)
+
+    # ---------------------------------------------------------------- activation recompute
+    @classmethod
+    def snapshot(cls) -> _AutocastState:
+        """The FP8 state a checkpointed forward ran under (checkpoint.py)."""
+        return cls._state
+
+    @classmethod
+    def enter_recompute(cls, state: _AutocastState) -> tuple[_AutocastState, int]:
+        """Run a recompute under the forward's FP8 state. The extra depth keeps autocasts opened
+        inside it from running delayed-scaling updates (the step was counted by the forward)."""
+        saved = (cls._state, cls._depth)
+        cls._state = state
+        cls._depth += 1
+        return saved
+
+    @classmethod
+    def exit_recompute(cls, saved: tuple[_AutocastState, int]) -> None:
+        cls._state, cls._depth = saved
 
     # ---------------------------------------------------------------- delayed-scaling updates
     @classmethod

@@ -90,7 +90,7 @@ from transformer_engine_lite.common import get_lib
 __all__ = ["ACTIVATIONS", "FP8_DTYPES", "GATED_ACTIVATIONS", "OPS", "extension_path"]
 
 FP8_DTYPES = (torch.float8_e4m3fn, torch.float8_e5m2, torch.float8_e4m3fnuz, torch.float8_e5m2fnuz)
-GATED_ACTIVATIONS = ("geglu", "qgeglu", "reglu", "sreglu", "swiglu")
+GATED_ACTIVATIONS = ("geglu", "qgeglu", "reglu", "sreglu", "swiglu", "glu")
 ACTIVATIONS = ("gelu", "qgelu", "relu", "srelu", "silu", *GATED_ACTIVATIONS)
 SOFTMAX_VARIANTS = (
     "scaled",

@@ -17,9 +17,32 @@ from typing import NamedTuple
 import torch
 
 from ..common.recipe import MXFP8BlockScaling, QParams, Recipe
-from .fp8 import get_fp8_torch_dtype
+from .fp8 import (  # noqa: F401  TE 2.x serves the autocast API from pytorch.quantization
+    FP8GlobalStateManager,
+    autocast,
+    fp8_autocast,
+    fp8_model_init,
+    get_default_fp8_recipe,
+    get_fp8_torch_dtype,
+    is_fp8_available,
+    is_fp8_block_scaling_available,
+    is_mxfp8_available,
+    is_nvfp4_available,
+    quantized_model_init,
+)
 
-__all__ = ["Operand", "QuantSpec", "fake_quantize", "ops", "quantize_operand"]
+__all__ = [
+    "FP8GlobalStateManager",
+    "Operand",
+    "QuantSpec",
+    "autocast",
+    "fake_quantize",
+    "fp8_autocast",
+    "fp8_model_init",
+    "ops",
+    "quantize_operand",
+    "quantized_model_init",
+]
 
 
 def ops():

@@ -39,9 +39,12 @@ class TransformerLayer(torch.nn.Module):
     arguments of the GEMM modules (set_parallel_mode, tp_group, tp_size, sequence_parallel,
     get_rng_state_tracker, fuse_wgrad_accumulation). Submodules: self_attention,
     inter_attention (decoder), layernorm_mlp, layernorm (output_layernorm).
-    Not supported (NotImplementedError): parallel_attention_mlp, ub_tp_comm_overlap (the ub_*
-    flags only matter with it, as in TE), qk_norm_type, softmax_type other than 'vanilla',
-    activation_params. seq_length / micro_batch_size: TE's userbuffer shape hints, unused.
+    parallel_attention_mlp=True: attention and MLP both read the block input and share one
+    residual branch (encoder, pre-norm only, as TE). drop_path_rate in [0, 1] (1: the branch is
+    always dropped in training). activation_params: passed to LayerNormMLP (clamped_swiglu).
+    Not supported (NotImplementedError): ub_tp_comm_overlap (the ub_* flags only matter with it,
+    as in TE), qk_norm_type, softmax_type other than 'vanilla'. seq_length / micro_batch_size:
+    TE's userbuffer shape hints, unused.
     """
 
     def __init__(
@@ -99,19 +102,33 @@ class TransformerLayer(torch.nn.Module):
         owner = "TransformerLayer"
         reject_unsupported(
             owner,
-            parallel_attention_mlp=parallel_attention_mlp,
             ub_tp_comm_overlap=ub_tp_comm_overlap,
             qk_norm_type=qk_norm_type,
-            activation_params=activation_params,
         )
         del ub_overlap_ag, ub_overlap_rs, ub_overlap_rs_dgrad, ub_bulk_dgrad, ub_bulk_wgrad
         if layer_type not in ("encoder", "decoder"):
             raise ValueError(
                 f"{owner}: layer_type: expected 'encoder' or 'decoder', got {layer_type!r}"
             )
-        for arg, p in (("hidden_dropout", hidden_dropout), ("drop_path_rate", drop_path_rate)):
-            if not 0.0 <= p < 1.0:
-                raise ValueError(f"{owner}: {arg}: expected a probability in [0, 1), got {p!r}")
+        if not 0.0 <= hidden_dropout < 1.0:
+            raise ValueError(
+                f"{owner}: hidden_dropout: expected a probability in [0, 1), got {hidden_dropout!r}"
+            )
+        if not 0.0 <= drop_path_rate <= 1.0:
+            raise ValueError(
+                f"{owner}: drop_path_rate: expected a probability in [0, 1], got {drop_path_rate!r}"
+            )
+        if parallel_attention_mlp:
+            # TE's restrictions: the MLP reads the block input, so there is one residual branch.
+            for arg, bad in (("layer_type='decoder'", layer_type != "encoder"),
+                             ("apply_residual_connection_post_layernorm",
+                              apply_residual_connection_post_layernorm),
+                             ("output_layernorm", output_layernorm)):
+                if bad:
+                    raise ValueError(
+                        f"{owner}: parallel_attention_mlp=True cannot be combined with {arg}"
+                    )
+        self.parallel_attention_mlp = bool(parallel_attention_mlp)
         if drop_path_rate > 0 and attn_input_format == "thd":
             raise ValueError(
                 f"{owner}: drop_path_rate > 0 needs a batch dim (attn_input_format 'sbhd' or "
@@ -187,6 +204,7 @@ class TransformerLayer(torch.nn.Module):
             bias=bias,
             normalization=normalization,
             activation=activation,
+            activation_params=activation_params,
             output_layer_init_method=output_layer_init_method,
             fuse_wgrad_accumulation=fuse_wgrad_accumulation,
             params_dtype=params_dtype,
@@ -215,7 +233,9 @@ class TransformerLayer(torch.nn.Module):
         if bias is not None:
             x = x + bias
         x = torch.nn.functional.dropout(x, p=self.hidden_dropout, training=self.training)
-        if self.drop_path_rate > 0 and self.training:
+        if self.drop_path_rate >= 1.0 and self.training:
+            x = x * 0.0  # every sample's branch dropped (the limit of the rule below, no 0/0)
+        elif self.drop_path_rate > 0 and self.training:
             # Stochastic depth: the whole branch of a sample is dropped, the kept ones rescaled.
             bdim = 1 if self.attn_input_format == "sbhd" else 0
             shape = [1] * x.dim()
@@ -281,6 +301,15 @@ class TransformerLayer(torch.nn.Module):
             alibi_slopes=alibi_slopes,
             **seq,
         )
+        if self.parallel_attention_mlp:
+            # out = x + drop(attn(norm(x)) + mlp(norm(x))): both branches read the block input.
+            attn_out, attn_bias = outs
+            mlp_out, mlp_bias = self.layernorm_mlp(hidden_states, is_first_microbatch)
+            branch = attn_out + mlp_out
+            for b in (attn_bias, mlp_bias):
+                if b is not None:
+                    branch = branch + b
+            return self._bias_dropout_add(branch, None, hidden_states)
         if self.apply_residual_connection_post_layernorm and not self.output_layernorm:
             attn_out, attn_bias, residual = outs
         else:

@@ -30,6 +30,7 @@ const ActOp kOps[] = {
     {"silu", false, nvte_silu, nvte_dsilu},       {"geglu", true, nvte_geglu, nvte_dgeglu},
     {"qgeglu", true, nvte_qgeglu, nvte_dqgeglu},  {"reglu", true, nvte_reglu, nvte_dreglu},
     {"sreglu", true, nvte_sreglu, nvte_dsreglu},  {"swiglu", true, nvte_swiglu, nvte_dswiglu},
+    {"glu", true, nvte_glu, nvte_dglu},
 };
 
 // Output configurations: (kind, dtype).

@@ -167,6 +167,9 @@ NVTEStatus nvte_sreglu(const NVTETensor input, NVTETensor output, NVTEStream str
 NVTEStatus nvte_swiglu(const NVTETensor input, NVTETensor output, NVTEStream stream) {
   return activation_fwd("nvte_swiglu", Activation::kSilu, true, input, output, stream);
 }
+NVTEStatus nvte_glu(const NVTETensor input, NVTETensor output, NVTEStream stream) {
+  return activation_fwd("nvte_glu", Activation::kSigmoid, true, input, output, stream);
+}
 
 NVTEStatus nvte_dgeglu(const NVTETensor grad, const NVTETensor input, NVTETensor output,
                        NVTEStream stream) {
@@ -187,4 +190,8 @@ NVTEStatus nvte_dsreglu(const NVTETensor grad, const NVTETensor input, NVTETenso
 NVTEStatus nvte_dswiglu(const NVTETensor grad, const NVTETensor input, NVTETensor output,
                         NVTEStream stream) {
   return activation_bwd("nvte_dswiglu", Activation::kSilu, true, grad, input, output, stream);
+}
+NVTEStatus nvte_dglu(const NVTETensor grad, const NVTETensor input, NVTETensor output,
+                     NVTEStream stream) {
+  return activation_bwd("nvte_dglu", Activation::kSigmoid, true, grad, input, output, stream);
 }

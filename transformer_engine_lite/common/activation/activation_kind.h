@@ -8,7 +8,7 @@
 
 namespace nvte {
 
-enum class Activation { kGelu, kQGelu, kRelu, kSRelu, kSilu };
+enum class Activation { kGelu, kQGelu, kRelu, kSRelu, kSilu, kSigmoid };
 
 // dispatch_activation(act, [&](auto atag) { using Act = typename decltype(atag)::type; ... }) runs
 // the lambda with the functor of `act` (the lambda-style dispatch used with dispatch_dtype).
@@ -20,8 +20,9 @@ void dispatch_activation(Activation act, F &&f) {
     case Activation::kRelu: f(TypeTag<Relu>{}); return;
     case Activation::kSRelu: f(TypeTag<SRelu>{}); return;
     case Activation::kSilu: f(TypeTag<Silu>{}); return;
+    case Activation::kSigmoid: f(TypeTag<Sigmoid>{}); return;
   }
-  NVTE_ERROR("activation: expected one of gelu, qgelu, relu, srelu, silu, got enum value ",
+  NVTE_ERROR("activation: expected one of gelu, qgelu, relu, srelu, silu, sigmoid, got enum value ",
              static_cast<int>(act));
 }
 

@@ -141,6 +141,14 @@ struct SRelu {  // squared ReLU
   static NVTE_MATH_FN float bwd(float x) { return x > 0.0f ? 2.0f * x : 0.0f; }
 };
 
+struct Sigmoid {  // the gate of GLU
+  static NVTE_MATH_FN float fwd(float x) { return sigmoidf(x); }
+  static NVTE_MATH_FN float bwd(float x) {
+    const float s = sigmoidf(x);
+    return s * (1.0f - s);
+  }
+};
+
 struct Silu {  // x * sigmoid(x)
   static NVTE_MATH_FN float fwd(float x) { return x * sigmoidf(x); }
   static NVTE_MATH_FN float bwd(float x) {

@@ -27,6 +27,7 @@ constexpr Activation kActivations[] = {
     {"silu", nvte_silu, nvte_dsilu, false},       {"geglu", nvte_geglu, nvte_dgeglu, true},
     {"qgeglu", nvte_qgeglu, nvte_dqgeglu, true},  {"reglu", nvte_reglu, nvte_dreglu, true},
     {"sreglu", nvte_sreglu, nvte_dsreglu, true},  {"swiglu", nvte_swiglu, nvte_dswiglu, true},
+    {"glu", nvte_glu, nvte_dglu, true},
 };
 
 const Activation &find_activation(const char *op, c10::string_view name) {

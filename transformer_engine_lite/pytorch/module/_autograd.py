@@ -25,6 +25,11 @@ class GemmConfig(NamedTuple):
     meta (weight = slot_fwd + 1). slot_bwd: its grad-output slot in the backward meta. code: value
     written into the backward "ran" flag (delayed scaling). fuse_wgrad: accumulate the weight
     gradient into main_grad instead of returning it.
+    bwd_override: the recipe's backward_override (None, "high_precision", "dequantized").
+    delay_wgrad: the backward computes dgrad only and queues the weight gradient into the
+    module's wgrad store (run by backward_dw()). save_original_input: keep the unquantized input
+    for the backward and quantize it again there (same bytes: current scaling and MXFP8 are
+    deterministic functions of the input).
     """
 
     mode: str = "hp"
@@ -35,6 +40,9 @@ class GemmConfig(NamedTuple):
     slot_bwd: int = 0
     code: int = 0
     fuse_wgrad: bool = False
+    bwd_override: str | None = None
+    delay_wgrad: bool = False
+    save_original_input: bool = False
 
 
 def _empty_amax(like: torch.Tensor) -> torch.Tensor:
@@ -60,6 +68,7 @@ class _LinearFn(torch.autograd.Function):
         bwd_ran: torch.Tensor,
         main_grad: torch.Tensor | None,
         cfg: GemmConfig,
+        wgrad_store: list[Any] | None,
     ) -> tuple[torch.Tensor, torch.Tensor]:
         te = ops()
         k = inp.shape[-1]
@@ -67,6 +76,8 @@ class _LinearFn(torch.autograd.Function):
         w = weight.contiguous()
         out_dtype = inp.dtype
         need_dgrad, need_wgrad = ctx.needs_input_grad[0], ctx.needs_input_grad[1]
+        need_wgrad = need_wgrad or cfg.fuse_wgrad
+        hp_bwd = cfg.bwd_override == "high_precision"
         if cfg.mode in ("delayed", "current"):
             s = cfg.slot_fwd
             delayed = cfg.mode == "delayed"
@@ -78,18 +89,30 @@ class _LinearFn(torch.autograd.Function):
                 wq.data, wq.scale_inv, True, xq.data, xq.scale_inv, False, out_dtype, bias
             )[0]
             amax = torch.cat([x_amax, w_amax]) if delayed else _empty_amax(inp)
-            saved = (xq.data, xq.scale_inv, wq.data, wq.scale_inv)
+            if hp_bwd:
+                saved = (x2, None, w, None)
+            elif cfg.save_original_input:
+                saved = (x2, None, wq.data, wq.scale_inv)
+            else:
+                saved = (xq.data, xq.scale_inv, wq.data, wq.scale_inv)
         elif cfg.mode == "mxfp8":
             # Block-scaled operands enter the per-tensor GEMM dequantized to bf16 (exact; see
             # quantization.py). Forward contracts over K: row-wise blocks of x and W. The
             # column-wise copies (blocks along N for W, along tokens for x) serve dgrad / wgrad.
             dt = cfg.inp.dtype
-            xr, xc = mx_dequantized(x2, dt, True, need_wgrad)
-            wr, wc = mx_dequantized(w, dt, True, need_dgrad)
+            quant_bwd = cfg.bwd_override is None
+            x_col = need_wgrad and quant_bwd and not cfg.save_original_input
+            xr, xc = mx_dequantized(x2, dt, True, x_col)
+            wr, wc = mx_dequantized(w, dt, True, need_dgrad and quant_bwd)
             b = bias.to(torch.bfloat16) if bias is not None else None
             out = te.gemm(wr, None, True, xr, None, False, out_dtype, b)[0]
             amax = _empty_amax(inp)
-            saved = (xc, None, wc, None)
+            if hp_bwd:
+                saved = (x2, None, w, None)
+            elif cfg.bwd_override == "dequantized":
+                saved = (xr, None, wr, None)
+            else:
+                saved = (x2 if cfg.save_original_input else xc, None, wc, None)
         else:
             out = te.gemm(w, None, True, x2, None, False, out_dtype, bias)[0]
             if cfg.mode == "calibrate":
@@ -105,6 +128,10 @@ class _LinearFn(torch.autograd.Function):
         ctx.bwd = (bwd_hist, bwd_scale, bwd_ran)
         ctx.main_grad = main_grad
         ctx.weight_param = weight if cfg.fuse_wgrad else None
+        # delay_wgrad: backward_dw() sends the weight gradient through `weight` (the parameter,
+        # or the cast / concatenation of parameters the module passed in).
+        ctx.weight_ref = weight if cfg.delay_wgrad else None
+        ctx.wgrad_store = wgrad_store
         ctx.save_for_backward(*[t for t in saved if t is not None])
         ctx.saved_mask = tuple(t is not None for t in saved)
         ctx.mark_non_differentiable(amax)
@@ -122,7 +149,8 @@ class _LinearFn(torch.autograd.Function):
         need_dgrad, need_wgrad = ctx.needs_input_grad[0], ctx.needs_input_grad[1]
         need_wgrad = need_wgrad or cfg.fuse_wgrad
         dgrad = wgrad = None
-        if cfg.mode in ("delayed", "current"):
+        fp8_bwd = cfg.mode in ("delayed", "current", "mxfp8") and cfg.bwd_override is None
+        if fp8_bwd and cfg.mode in ("delayed", "current"):
             bwd_hist, bwd_scale, bwd_ran = ctx.bwd
             s = cfg.slot_bwd
             delayed = cfg.mode == "delayed"
@@ -136,19 +164,36 @@ class _LinearFn(torch.autograd.Function):
                     FP8GlobalStateManager.queue_backward_update()
             if need_dgrad:
                 dgrad = te.gemm(w_data, w_si, False, gq.data, gq.scale_inv, False, act_dtype)[0]
+            if cfg.save_original_input and need_wgrad:
+                x_data, x_si = quantize_per_tensor(x_data, cfg.inp)[0]
             wa = (x_data, x_si, gq.data, gq.scale_inv)
-        elif cfg.mode == "mxfp8":
-            # dgrad contracts over N: row-wise blocks of dy, column-wise of W; wgrad over tokens:
-            # column-wise blocks of dy and x.
+        elif fp8_bwd:
+            # MXFP8: dgrad contracts over N: row-wise blocks of dy, column-wise of W; wgrad over
+            # tokens: column-wise blocks of dy and x.
             gr, gc = mx_dequantized(dy, cfg.grad.dtype, need_dgrad, need_wgrad)
             if need_dgrad:
                 dgrad = te.gemm(w_data, None, False, gr, None, False, act_dtype)[0]
+            if cfg.save_original_input and need_wgrad:
+                x_data = mx_dequantized(x_data, cfg.inp.dtype, False, True)[1]
             wa = (x_data, None, gc, None)
         else:
+            # High precision, or a backward_override: dequantize what the forward saved (exact)
+            # and run both GEMMs on the unquantized gradient.
+            if x_si is not None:
+                x_data = te.dequantize(x_data, x_si, act_dtype)
+            if w_si is not None:
+                w_data = te.dequantize(w_data, w_si, act_dtype)
+            x_data = x_data if x_data.dtype == act_dtype else x_data.to(act_dtype)
+            w_data = w_data if w_data.dtype == act_dtype else w_data.to(act_dtype)
             if need_dgrad:
                 dgrad = te.gemm(w_data, None, False, dy, None, False, act_dtype)[0]
             wa = (x_data, None, dy, None)
-        if need_wgrad:
+        if need_wgrad and cfg.delay_wgrad and ctx.wgrad_store is not None:
+            ctx.wgrad_store.append(
+                _DelayedWgrad(wa, ctx.w_dtype, ctx.main_grad if cfg.fuse_wgrad else None,
+                              ctx.weight_param, ctx.weight_ref)
+            )
+        elif need_wgrad:
             if cfg.fuse_wgrad:
                 te.gemm_accumulate_(ctx.main_grad, wa[0], wa[1], False, wa[2], wa[3], True)
                 if not torch.compiler.is_compiling():
@@ -164,7 +209,30 @@ class _LinearFn(torch.autograd.Function):
             dbias = dy.sum(0).to(ctx.bias_dtype)
         if dgrad is not None:
             dgrad = dgrad.reshape(ctx.inp_shape)
-        return dgrad, wgrad, dbias, None, None, None, None, None, None
+        return dgrad, wgrad, dbias, None, None, None, None, None, None, None
+
+
+class _DelayedWgrad:
+    """One queued weight gradient (delay_wgrad_compute): the wgrad GEMM's operands and where the
+    result goes (main_grad, or back through the weight tensor the forward received)."""
+
+    def __init__(self, operands: tuple[Any, ...], w_dtype: torch.dtype,
+                 main_grad: torch.Tensor | None, param: Any, weight_ref: Any) -> None:
+        self.operands, self.w_dtype = operands, w_dtype
+        self.main_grad, self.param, self.weight_ref = main_grad, param, weight_ref
+
+    def __call__(self) -> None:
+        te = ops()
+        a, a_si, b, b_si = self.operands
+        if self.main_grad is not None:
+            te.gemm_accumulate_(self.main_grad, a, a_si, False, b, b_si, True)
+            if hasattr(self.param, "grad_added_to_main_grad"):
+                self.param.grad_added_to_main_grad = True
+            return
+        wgrad = te.gemm(a, a_si, False, b, b_si, True, self.w_dtype)[0]
+        ref = self.weight_ref
+        if ref is not None and ref.requires_grad:
+            torch.autograd.backward([ref], [wgrad])
 
 
 class NormConfig(NamedTuple):
@@ -182,9 +250,11 @@ def linear(
     meta: tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor],
     main_grad: torch.Tensor | None,
     cfg: GemmConfig,
+    wgrad_store: list[Any] | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor]:
-    """Functional entry of _LinearFn; meta = (fwd_scale, bwd_hist, bwd_scale, bwd_ran)."""
-    return _LinearFn.apply(inp, weight, bias, *meta, main_grad, cfg)
+    """Functional entry of _LinearFn; meta = (fwd_scale, bwd_hist, bwd_scale, bwd_ran);
+    wgrad_store: the module's queue of delayed weight gradients (cfg.delay_wgrad)."""
+    return _LinearFn.apply(inp, weight, bias, *meta, main_grad, cfg, wgrad_store)
 
 
 def norm(

@@ -25,7 +25,8 @@ from typing import Any
 
 import torch
 
-from ...common.recipe import Recipe
+from ...common.recipe import Recipe, check_backward_override
+from ..checkpoint import recomputing, stash_scales
 from ..distributed import (
     TPConfig,
     copy_to_tp_region,
@@ -35,9 +36,15 @@ from ..distributed import (
 )
 from ..fp8 import FP8GlobalStateManager
 from ..quantization import fake_quantize, spec_for
+from ..utils import get_default_init_method
 from ._autograd import GemmConfig, linear
 
-__all__ = ["EXTRA_STATE_VERSION", "TransformerEngineBaseModule", "get_default_init_method"]
+__all__ = [
+    "EXTRA_STATE_VERSION",
+    "TransformerEngineBaseModule",
+    "get_default_init_method",
+    "get_dummy_wgrad",
+]
 
 EXTRA_STATE_VERSION = 2
 # Keys each schema version may hold (anything else is refused, naming the key).
@@ -51,13 +58,19 @@ _DEFAULT_HISTORY_LEN = 1024  # DelayedScaling's default; resized at the first up
 _HP_DTYPES = (torch.float32, torch.float16, torch.bfloat16)
 
 
-def get_default_init_method() -> Callable[[torch.Tensor], Any]:
-    """TE's default weight init: normal(0, 0.023)."""
+_DUMMY_WGRADS: dict[tuple[tuple[int, ...], torch.dtype, torch.device], torch.Tensor] = {}
 
-    def init_(t: torch.Tensor) -> Any:
-        return torch.nn.init.normal_(t, mean=0.0, std=0.023)
 
-    return init_
+def get_dummy_wgrad(shape: list[int], dtype: torch.dtype, zero: bool = False) -> torch.Tensor:
+    """TE's cached placeholder weight gradient (returned to autograd when the real one went into
+    main_grad). One buffer per (shape, dtype, device); zero=True clears it first."""
+    key = (tuple(shape), dtype, default_device())
+    t = _DUMMY_WGRADS.get(key)
+    if t is None:
+        t = _DUMMY_WGRADS[key] = torch.empty(key[0], dtype=dtype, device=key[2])
+    if zero:
+        t.zero_()
+    return t
 
 
 def default_device() -> torch.device:
@@ -104,6 +117,8 @@ class TransformerEngineBaseModule(torch.nn.Module):
             FP8GlobalStateManager.get_model_init_recipe() if self.primary_weights_in_fp8 else None
         )
         self._preserve_init = FP8GlobalStateManager.preserve_high_precision_init_val()
+        # delay_wgrad_compute: weight gradients queued by the backward, run by backward_dw()
+        self._wgrad_store: list[Any] = []
         FP8GlobalStateManager.register_module(self)
 
     _FP8_META_BUFFERS = (
@@ -132,6 +147,20 @@ class TransformerEngineBaseModule(torch.nn.Module):
         # its delayed-scaling state would never be updated.
         super().__setstate__(state)
         FP8GlobalStateManager.register_module(self)
+
+    # ------------------------------------------------------------------ split backward
+    def need_backward_dw(self) -> bool:
+        """Whether weight gradients wait for backward_dw() (delay_wgrad_compute=True)."""
+        return bool(getattr(self, "delay_wgrad_compute", False))
+
+    def backward_dw(self) -> None:
+        """Compute the weight gradients the last backward(s) queued (delay_wgrad_compute=True),
+        in order: into param.grad, or main_grad with fuse_wgrad_accumulation (TE's split backward
+        for pipeline schedules). Without delay_wgrad_compute there is nothing to do."""
+        store, self._wgrad_store[:] = list(self._wgrad_store), []
+        with torch.no_grad():
+            for job in store:
+                job()
 
     # ------------------------------------------------------------------ FP8 meta (manager API)
     def fp8_meta_initialized(self) -> bool:
@@ -174,9 +203,20 @@ class TransformerEngineBaseModule(torch.nn.Module):
     def _gemm_config(
         self, gemm: int, mode: str, recipe: Recipe | None, code: int, fuse_wgrad: bool = False
     ) -> GemmConfig:
+        delay = bool(getattr(self, "delay_wgrad_compute", False))
+        save_orig = bool(getattr(self, "save_original_input", False))
         if mode in ("hp", "calibrate"):
-            return GemmConfig(mode, slot_fwd=3 * gemm, code=code, fuse_wgrad=fuse_wgrad)
+            return GemmConfig(mode, slot_fwd=3 * gemm, code=code, fuse_wgrad=fuse_wgrad,
+                              delay_wgrad=delay, save_original_input=save_orig)
         assert recipe is not None
+        override = getattr(recipe, "backward_override", None)
+        check_backward_override(type(recipe).__name__, override, delayed=recipe.delayed())
+        if save_orig and mode == "delayed":
+            raise NotImplementedError(
+                f"{type(self).__name__}: save_original_input=True is not supported with "
+                "DelayedScaling (the backward would quantize the input with updated scales); use "
+                "Float8CurrentScaling or MXFP8BlockScaling"
+            )
         qi = qw = qg = None
         if mode == "current":
             qi, qw, qg = (
@@ -193,6 +233,9 @@ class TransformerEngineBaseModule(torch.nn.Module):
             slot_bwd=2 * gemm,
             code=code,
             fuse_wgrad=fuse_wgrad,
+            bwd_override=override,
+            delay_wgrad=delay,
+            save_original_input=save_orig,
         )
 
     def _meta_args(self) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
@@ -271,8 +314,13 @@ class TransformerEngineBaseModule(torch.nn.Module):
         if b is not None and b.dtype != dtype:
             b = b.to(dtype)
         cfg = self._gemm_config(gemm, mode, recipe, code, main_grad is not None)
-        y, amax = linear(x, w, b, self._meta_args(), main_grad, cfg)
-        self._record_forward(cfg, amax)
+        meta = self._meta_args()
+        if mode == "delayed":
+            # activation recompute: the recompute quantizes with the forward's scales
+            meta = (stash_scales(self, meta[0]), *meta[1:])
+        y, amax = linear(x, w, b, meta, main_grad, cfg, self._wgrad_store)
+        if not recomputing():  # a recompute repeats a step that was already recorded
+            self._record_forward(cfg, amax)
         if row:
             y = (
                 reduce_scatter_along_first_dim(y, tp.group)
@@ -285,8 +333,8 @@ class TransformerEngineBaseModule(torch.nn.Module):
 
     @staticmethod
     def _main_grad(owner: str, fuse_wgrad: bool, weight: torch.Tensor) -> torch.Tensor | None:
-        if not fuse_wgrad:
-            return None
+        if not fuse_wgrad or not weight.requires_grad:
+            return None  # a frozen weight has no gradient to accumulate
         mg = getattr(weight, "main_grad", None)
         if mg is None:
             raise RuntimeError(

@@ -75,7 +75,6 @@ class LayerNormLinear(TransformerEngineBaseModule):
             ub_bulk_wgrad=ub_bulk_wgrad,
             ub_bulk_dgrad=ub_bulk_dgrad,
             ub_name=ub_name,
-            delay_wgrad_compute=delay_wgrad_compute,
             symmetric_ar_type=symmetric_ar_type,
         )
         if parallel_mode == "row":
@@ -98,6 +97,7 @@ class LayerNormLinear(TransformerEngineBaseModule):
         self.sequence_parallel = self.tp.sequence_parallel
         self.tp_size = self.tp.size
         self.fuse_wgrad_accumulation = fuse_wgrad_accumulation
+        self.delay_wgrad_compute = bool(delay_wgrad_compute)
         self.use_bias = bias
         self.return_bias = return_bias
         self.return_layernorm_output = return_layernorm_output

@@ -2,11 +2,13 @@
 
 from __future__ import annotations
 
+import math
 from collections.abc import Callable
 from typing import Any
 
 import torch
 
+from ..checkpoint import checkpoint as checkpoint_fn
 from ..distributed import TPConfig, gather_along_first_dim, split_size
 from ._autograd import activation as apply_activation
 from .base import (
@@ -36,8 +38,45 @@ ACTIVATIONS = (
     "sreglu",
     "silu",
     "swiglu",
+    "glu",
+    "clamped_swiglu",
 )
-GATED_ACTIVATIONS = ("geglu", "qgeglu", "reglu", "sreglu", "swiglu")
+GATED_ACTIVATIONS = ("geglu", "qgeglu", "reglu", "sreglu", "swiglu", "glu", "clamped_swiglu")
+# activation_params each activation takes (TE's names), with defaults (GPT-OSS's clamped SwiGLU).
+ACTIVATION_PARAMS: dict[str, dict[str, float]] = {"clamped_swiglu": {"limit": 7.0, "alpha": 1.702}}
+
+
+def resolve_activation_params(owner: str, activation: str, params: Any) -> dict[str, float]:
+    """activation_params checked against what `activation` takes: unknown keys are refused (a
+    parameter that would be ignored), missing ones take the defaults."""
+    allowed = ACTIVATION_PARAMS.get(activation, {})
+    if params is None:
+        return dict(allowed)
+    if not isinstance(params, dict):
+        raise TypeError(f"{owner}: activation_params: expected a dict or None, got {type(params).__name__}")
+    unknown = sorted(k for k in params if k not in allowed)
+    if unknown:
+        raise ValueError(
+            f"{owner}: activation_params: {activation!r} takes {sorted(allowed) or 'no parameters'}, "
+            f"got {unknown}"
+        )
+    out = dict(allowed)
+    for k, v in params.items():
+        if not isinstance(v, (int, float)) or isinstance(v, bool) or not math.isfinite(v):
+            raise ValueError(f"{owner}: activation_params[{k!r}]: expected a finite number, got {v!r}")
+        out[k] = float(v)
+    if activation == "clamped_swiglu" and out["limit"] <= 0:
+        raise ValueError(f"{owner}: activation_params['limit']: expected > 0, got {out['limit']}")
+    return out
+
+
+def clamped_swiglu(h: torch.Tensor, limit: float, alpha: float) -> torch.Tensor:
+    """TE's clamped SwiGLU (GPT-OSS) on [..., 2H] = [a | b]: a' = min(a, limit),
+    b' = clamp(b, -limit, limit); out = a' * sigmoid(alpha * a') * (b' + 1), in fp32, returned in
+    h's dtype. Composed of torch ops (autograd by torch): the core has no fused kernel for it."""
+    a, b = h.float().chunk(2, -1)
+    a = a.clamp(max=limit)
+    return (a * torch.sigmoid(alpha * a) * (b.clamp(-limit, limit) + 1.0)).to(h.dtype)
 
 
 class LayerNormMLP(TransformerEngineBaseModule):
@@ -45,6 +84,11 @@ class LayerNormMLP(TransformerEngineBaseModule):
 
     hidden_size, ffn_hidden_size; activation: one of ACTIVATIONS; gated ones (geglu, ...) make fc1
     produce 2 * ffn_hidden_size features laid out [act input | linear] (TE's convention).
+    activation_params: clamped_swiglu's {"limit", "alpha"} (default 7.0, 1.702); other
+    activations take none. checkpoint=True: keep only the input and recompute the activations in
+    the backward (TE's selective activation checkpointing; FP8 included).
+    delay_wgrad_compute=True: the backward computes input gradients only; backward_dw() then
+    computes the weight gradients (TE's split backward for pipeline schedules).
     set_parallel_mode=True: fc1 column parallel, fc2 row parallel over tp_group. Other arguments
     as LayerNormLinear; output_layer_init_method initializes fc2 (default: init_method).
     seq_length and micro_batch_size are TE's userbuffer shape hints: accepted, unused.
@@ -95,15 +139,14 @@ class LayerNormMLP(TransformerEngineBaseModule):
             ub_overlap_rs_dgrad=ub_overlap_rs_dgrad,
             ub_bulk_dgrad=ub_bulk_dgrad,
             ub_bulk_wgrad=ub_bulk_wgrad,
-            delay_wgrad_compute=delay_wgrad_compute,
             symmetric_ar_type=symmetric_ar_type,
-            activation_params=activation_params,
-            checkpoint=checkpoint,
         )
         if activation not in ACTIVATIONS:
             raise ValueError(
                 f"{owner}: activation: expected one of {ACTIVATIONS}, got {activation!r}"
             )
+        self.activation_params = resolve_activation_params(owner, activation, activation_params)
+        self.checkpoint = bool(checkpoint)
         for arg, v in (("hidden_size", hidden_size), ("ffn_hidden_size", ffn_hidden_size)):
             if not isinstance(v, int) or v < 1:
                 raise ValueError(f"{owner}: {arg}: expected an int >= 1, got {v!r}")
@@ -122,6 +165,7 @@ class LayerNormMLP(TransformerEngineBaseModule):
         self.sequence_parallel = self.tp.sequence_parallel
         self.tp_size = self.tp.size
         self.fuse_wgrad_accumulation = fuse_wgrad_accumulation
+        self.delay_wgrad_compute = bool(delay_wgrad_compute)
         self.use_bias = bias
         self.return_bias = return_bias
         self.return_layernorm_output = return_layernorm_output
@@ -177,6 +221,19 @@ class LayerNormMLP(TransformerEngineBaseModule):
         self.tp = tp
 
     def forward(self, inp: torch.Tensor, is_first_microbatch: bool | None = None) -> Any:
+        if self.checkpoint and torch.is_grad_enabled():
+            # Selective activation checkpointing: only the input is kept; norm, fc1, activation
+            # (and fc2) run again in the backward, with the forward's FP8 scales (checkpoint.py).
+            return checkpoint_fn(self._forward, inp, use_reentrant=False)
+        return self._forward(inp)
+
+    def _activation(self, h: torch.Tensor) -> torch.Tensor:
+        if self.activation == "clamped_swiglu":
+            p = self.activation_params
+            return clamped_swiglu(h, p["limit"], p["alpha"])
+        return apply_activation(h, self.activation)
+
+    def _forward(self, inp: torch.Tensor) -> Any:
         owner = "LayerNormMLP"
         x, fp8 = self._prepare_input(owner, inp, self.hidden_size, "hidden_size")
         ln_out = apply_norm(
@@ -208,7 +265,7 @@ class LayerNormMLP(TransformerEngineBaseModule):
             main_grad=self._main_grad(owner, fuse, self.fc1_weight),
             input_gathered=gathered,
         )
-        h = apply_activation(h, self.activation)
+        h = self._activation(h)
         y = self._run_linear(
             h,
             self.fc2_weight,

@@ -109,9 +109,7 @@ class Linear(TransformerEngineBaseModule):
             ub_bulk_dgrad=ub_bulk_dgrad,
             ub_bulk_wgrad=ub_bulk_wgrad,
             ub_name=ub_name,
-            delay_wgrad_compute=delay_wgrad_compute,
             symmetric_ar_type=symmetric_ar_type,
-            save_original_input=save_original_input,
         )
         for arg, v in (("in_features", in_features), ("out_features", out_features)):
             if not isinstance(v, int) or v < 1:
@@ -125,6 +123,8 @@ class Linear(TransformerEngineBaseModule):
         self.sequence_parallel = self.tp.sequence_parallel
         self.tp_size = self.tp.size
         self.fuse_wgrad_accumulation = fuse_wgrad_accumulation
+        self.delay_wgrad_compute = bool(delay_wgrad_compute)
+        self.save_original_input = bool(save_original_input)
         self.use_bias = bias
         self.return_bias = return_bias
         self.params_dtype = params_dtype or torch.get_default_dtype()

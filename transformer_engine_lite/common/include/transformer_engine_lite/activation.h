@@ -37,12 +37,14 @@ NVTE_API NVTEStatus nvte_dsilu(const NVTETensor grad, const NVTETensor input, NV
 /* Gated (TE layout): input [..., 2H] = [a | b], output [..., H] = act(a) * b.
  * Backward: grad [..., H] (input's dtype), input [..., 2H], output [..., 2H] =
  * [grad*b*act'(a) | grad*act(a)] in any output dtype of the forward. An odd last dim is rejected.
- * geglu = gelu gate, qgeglu = qgelu, reglu = relu, sreglu = srelu, swiglu = silu. */
+ * geglu = gelu gate, qgeglu = qgelu, reglu = relu, sreglu = srelu, swiglu = silu,
+ * glu = sigmoid (TE's GLU: sigmoid(a) * b). */
 NVTE_API NVTEStatus nvte_geglu(const NVTETensor input, NVTETensor output, NVTEStream stream);
 NVTE_API NVTEStatus nvte_qgeglu(const NVTETensor input, NVTETensor output, NVTEStream stream);
 NVTE_API NVTEStatus nvte_reglu(const NVTETensor input, NVTETensor output, NVTEStream stream);
 NVTE_API NVTEStatus nvte_sreglu(const NVTETensor input, NVTETensor output, NVTEStream stream);
 NVTE_API NVTEStatus nvte_swiglu(const NVTETensor input, NVTETensor output, NVTEStream stream);
+NVTE_API NVTEStatus nvte_glu(const NVTETensor input, NVTETensor output, NVTEStream stream);
 
 NVTE_API NVTEStatus nvte_dgeglu(const NVTETensor grad, const NVTETensor input, NVTETensor output,
                                 NVTEStream stream);
@@ -54,6 +56,8 @@ NVTE_API NVTEStatus nvte_dsreglu(const NVTETensor grad, const NVTETensor input, 
                                  NVTEStream stream);
 NVTE_API NVTEStatus nvte_dswiglu(const NVTETensor grad, const NVTETensor input, NVTETensor output,
                                  NVTEStream stream);
+NVTE_API NVTEStatus nvte_dglu(const NVTETensor grad, const NVTETensor input, NVTETensor output,
+                              NVTEStream stream);
 
 #ifdef __cplusplus
 }

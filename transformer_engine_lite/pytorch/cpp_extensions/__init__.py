@@ -1,0 +1,6 @@
+"""TE's low-level PyTorch entry points (transformer_engine.pytorch.cpp_extensions) over
+torch.ops.te_lite."""
+
+from .gemm import general_gemm
+
+__all__ = ["general_gemm"]

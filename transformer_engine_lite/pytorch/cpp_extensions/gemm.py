@@ -1,0 +1,97 @@
+"""general_gemm: TE's GEMM entry with quantized operands, over torch.ops.te_lite.gemm."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+
+from ..quantization import ops
+from ..tensor import Float8Tensor, MXFP8Tensor, QuantizedTensor, Quantizer
+
+__all__ = ["general_gemm"]
+
+_MX_GEMM_DTYPE = torch.bfloat16
+
+
+def _operand(name: str, t: Any, rowwise: bool) -> tuple[torch.Tensor, torch.Tensor | None]:
+    """(data, scale_inv) for te_lite.gemm. MXFP8 operands enter dequantized to bf16 (exact; the
+    core GEMM takes per-tensor scales), from the copy TE would use: row-wise blocks where the GEMM
+    contracts along the tensor's last dim, column-wise otherwise (falling back to the other)."""
+    if isinstance(t, Float8Tensor):
+        return t.fp8_data(), t._scale_inv
+    if isinstance(t, MXFP8Tensor):
+        use_col = (not rowwise and t._columnwise_data is not None) or t._rowwise_data is None
+        fp8 = t.fp8_data_dtype()
+        data = t._columnwise_data if use_col else t._rowwise_data
+        s = t._columnwise_scale_inv if use_col else t._rowwise_scale_inv
+        out = ops().dequantize_mxfp8(data.view(fp8), s, use_col, _MX_GEMM_DTYPE)
+        return out.reshape(t.shape), None
+    if isinstance(t, QuantizedTensor):
+        return t.dequantize(), None
+    if not isinstance(t, torch.Tensor):
+        raise TypeError(f"general_gemm: {name}: expected a torch.Tensor, got {type(t).__name__}")
+    return t, None
+
+
+def general_gemm(
+    A: torch.Tensor,
+    B: torch.Tensor,
+    out_dtype: torch.dtype | None = None,
+    quantization_params: Quantizer | None = None,
+    gelu: bool = False,
+    gelu_in: torch.Tensor | None = None,
+    alpha: float = 1.0,
+    beta: float | None = None,
+    accumulate: bool = False,
+    layout: str = "TN",
+    out: torch.Tensor | None = None,
+    bias: torch.Tensor | None = None,
+    use_split_accumulator: bool = False,
+    grad: bool = False,
+    ub: Any = None,
+    ub_type: Any = None,
+    extra_output: torch.Tensor | None = None,
+    bulk_overlap: bool = False,
+) -> tuple[Any, torch.Tensor | None, torch.Tensor | None, torch.Tensor | None]:
+    """D = op(B) @ op(A) (+ bias, GELU epilogue) in TE's column-major naming: layout "TN" gives
+    B @ A^T (A is the weight [out, in], B the input [tokens, in]), "NN" B @ A, "NT" B^T @ A.
+    Operands may be Float8Tensor / MXFP8Tensor. out_dtype: default A's (nominal) dtype.
+    quantization_params: quantize D with this quantizer (returns a QuantizedTensor). out /
+    accumulate / alpha / beta: D = alpha * product + beta * out (beta default 1 with accumulate),
+    written into out. Returns (D, bias_grad, gelu_input, extra_output) as TE.
+    use_split_accumulator is a GPU FP8 option (the CPU GEMM always accumulates in FP32).
+    Userbuffer overlap (ub, ub_type, extra_output, bulk_overlap) is not supported."""
+    if ub is not None or ub_type is not None or extra_output is not None or bulk_overlap:
+        raise NotImplementedError(
+            "general_gemm: userbuffer communication overlap (ub, ub_type, extra_output, "
+            "bulk_overlap) is not supported by transformer_engine_lite")
+    if layout not in ("TN", "NN", "NT"):
+        raise ValueError(f"general_gemm: layout: expected 'TN', 'NN' or 'NT', got {layout!r}")
+    transa, transb = layout[0] == "T", layout[1] == "T"
+    a, a_si = _operand("A", A, transa)
+    b, b_si = _operand("B", B, not transb)
+    dtype = out_dtype if out_dtype is not None else (A.dtype if isinstance(A, torch.Tensor) else None)
+    if out is not None and out_dtype is None:
+        dtype = out.dtype
+    if not accumulate and beta not in (None, 0, 0.0):
+        raise ValueError(f"general_gemm: beta: expected None or 0 without accumulate, got {beta!r}")
+    if accumulate and out is None:
+        raise ValueError("general_gemm: out: expected a tensor to accumulate into, got None")
+    d, pre_gelu, bias_grad, _, _ = ops().gemm(a, a_si, transa, b, b_si, transb, dtype, bias,
+                                               gelu, grad, gelu_in, None)
+    if alpha != 1.0:
+        d = d * alpha
+    if out is not None:
+        if tuple(out.shape) != tuple(d.shape):
+            raise ValueError(f"general_gemm: out: expected shape {tuple(d.shape)}, got {tuple(out.shape)}")
+        if accumulate:
+            b_ = 1.0 if beta is None else float(beta)
+            out.copy_(out * b_ + d.to(out.dtype)) if b_ != 1.0 else out.add_(d.to(out.dtype))
+        else:
+            out.copy_(d)
+        d = out
+    if quantization_params is not None:
+        d = quantization_params(d)
+    gelu_input = pre_gelu if gelu and not grad else None
+    return d, (bias_grad if grad and bias is not None else None), gelu_input, None

@@ -1,0 +1,180 @@
+"""te.GroupedLinear: num_gemms independent linears over consecutive row groups (MoE experts)."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any
+
+import torch
+
+from ..distributed import TPConfig, split_size
+from .base import TransformerEngineBaseModule, default_device, reject_unsupported
+from ..utils import get_default_init_method
+
+__all__ = ["GroupedLinear"]
+
+
+class GroupedLinear(TransformerEngineBaseModule):
+    """out[rows of group i] = inp[rows of group i] @ weight_i^T + bias_i (TE's GroupedLinear).
+
+    forward(inp [tokens, in_features] (or [..., in_features]), m_splits): m_splits gives the rows of
+    each group in order (a list of ints or a 1-D integer tensor, summing to the rows of inp; zeros
+    allowed). Each group is its own GEMM with its own FP8 meta slots (forward 3*i.., backward
+    2*i..), so every recipe applies per expert.
+    Parameters: weight0..weight{n-1} [out, in] and bias0..bias{n-1} [out] (TE's names); with
+    single_grouped_weight / single_grouped_bias one `weight` [n, out, in] / `bias` [n, out].
+    Other arguments as Linear (parallel_mode "column"/"row" splits out/in features per rank).
+    return_bias: returns (out, [bias_i]) without adding the biases.
+    """
+
+    def __init__(
+        self,
+        num_gemms: int,
+        in_features: int,
+        out_features: int,
+        sequence_parallel: bool = False,
+        fuse_wgrad_accumulation: bool = False,
+        tp_group: Any = None,
+        tp_size: int = 1,
+        get_rng_state_tracker: Callable[[], Any] | None = None,
+        rng_tracker_name: str | None = None,
+        init_method: Callable[[torch.Tensor], Any] | None = None,
+        bias: bool = True,
+        return_bias: bool = False,
+        params_dtype: torch.dtype | None = None,
+        parallel_mode: str | None = None,
+        device: Any = None,
+        ub_overlap_rs: bool = False,
+        ub_overlap_ag: bool = False,
+        ub_name: str | None = None,
+        delay_wgrad_compute: bool = False,
+        save_original_input: bool = False,
+        single_grouped_weight: bool = False,
+        single_grouped_bias: bool = False,
+        name: str | None = None,
+        use_grouped_tensor: bool | None = None,
+    ) -> None:
+        owner = "GroupedLinear"
+        reject_unsupported(owner, ub_overlap_rs=ub_overlap_rs, ub_overlap_ag=ub_overlap_ag,
+                           ub_name=ub_name)
+        for arg, v in (("num_gemms", num_gemms), ("in_features", in_features),
+                       ("out_features", out_features)):
+            if not isinstance(v, int) or isinstance(v, bool) or v < 1:
+                raise ValueError(f"{owner}: {arg}: expected an int >= 1, got {v!r}")
+        if sequence_parallel:
+            raise NotImplementedError(
+                f"{owner}: sequence_parallel=True is not supported by transformer_engine_lite "
+                "(per-expert token splits are not sequence-sharded here); leave it False")
+        device = torch.device(device) if device is not None else default_device()
+        super().__init__(num_gemms=num_gemms, device=device, name=name)
+        self.tp = TPConfig(owner, parallel_mode, tp_group, tp_size, sequence_parallel)
+        self.in_features, self.out_features = in_features, out_features
+        self.parallel_mode = parallel_mode
+        self.sequence_parallel = self.tp.sequence_parallel
+        self.tp_size = self.tp.size
+        self.fuse_wgrad_accumulation = fuse_wgrad_accumulation
+        self.delay_wgrad_compute = bool(delay_wgrad_compute)
+        self.save_original_input = bool(save_original_input)
+        self.use_bias, self.return_bias = bias, return_bias
+        self.params_dtype = params_dtype or torch.get_default_dtype()
+        self.init_method = init_method or get_default_init_method()
+        self.get_rng_state_tracker, self.rng_tracker_name = get_rng_state_tracker, rng_tracker_name
+        self.single_grouped_weight = bool(single_grouped_weight)
+        self.single_grouped_bias = bool(single_grouped_bias) and bias
+        tp = max(1, self.tp.size)
+        self.out_features_local = (
+            split_size(owner, "out_features", out_features, tp)
+            if parallel_mode == "column" else out_features
+        )
+        self.in_features_local = (
+            split_size(owner, "in_features", in_features, tp) if parallel_mode == "row" else in_features
+        )
+        n, o, i, dt = num_gemms, self.out_features_local, self.in_features_local, self.params_dtype
+        if self.single_grouped_weight:
+            self.weight = self._new_param((n, o, i), dt, device)
+        else:
+            for g in range(n):
+                self.register_parameter(f"weight{g}", self._new_param((o, i), dt, device))
+        row_sp = parallel_mode == "row" and self.sequence_parallel
+        if self.single_grouped_bias:
+            self.bias = self._new_param((n, o), dt, device)
+            self.bias.sequence_parallel = row_sp
+        else:
+            for g in range(n):
+                b = self._new_param((o,), dt, device) if bias else None
+                if b is not None:
+                    b.sequence_parallel = row_sp
+                self.register_parameter(f"bias{g}", b)
+        self.reset_parameters()
+
+    def _weights(self) -> list[torch.Tensor]:
+        if self.single_grouped_weight:
+            return list(self.weight.unbind(0))
+        return [getattr(self, f"weight{g}") for g in range(self.num_gemms)]
+
+    def _biases(self) -> list[torch.Tensor | None]:
+        if not self.use_bias:
+            return [None] * self.num_gemms
+        if self.single_grouped_bias:
+            return list(self.bias.unbind(0))
+        return [getattr(self, f"bias{g}") for g in range(self.num_gemms)]
+
+    def reset_parameters(self, defer_init: bool = False) -> None:
+        if defer_init:
+            return
+        tracker = self.get_rng_state_tracker if self.tp.size > 1 else None
+        if self.single_grouped_weight:
+            if self.weight.device.type != "meta":
+                with torch.no_grad():
+                    for w in self.weight.unbind(0):
+                        self.init_method(w)
+                if self.primary_weights_in_fp8:
+                    for w in self.weight.unbind(0):
+                        self._make_fp8_primary(w)
+        else:
+            for w in self._weights():
+                self._init_weight(w, self.init_method, tracker, self.rng_tracker_name)
+        with torch.no_grad():
+            for b in ([self.bias] if self.single_grouped_bias else self._biases()):
+                if b is not None and b.device.type != "meta":
+                    b.zero_()
+
+    @staticmethod
+    def _splits(owner: str, m_splits: Any, rows: int, n: int) -> list[int]:
+        if isinstance(m_splits, torch.Tensor):
+            if m_splits.dim() != 1 or m_splits.is_floating_point() or m_splits.is_complex():
+                raise ValueError(f"{owner}: m_splits: expected a 1-D integer tensor, got "
+                                 f"{m_splits.dtype} of shape {tuple(m_splits.shape)}")
+            m_splits = m_splits.tolist()
+        if not isinstance(m_splits, (list, tuple)) or any(
+            not isinstance(m, int) or isinstance(m, bool) or m < 0 for m in m_splits
+        ):
+            raise ValueError(f"{owner}: m_splits: expected a list of ints >= 0, got {m_splits!r}")
+        if len(m_splits) != n:
+            raise ValueError(f"{owner}: m_splits: expected {n} entries (num_gemms), got {len(m_splits)}")
+        if sum(m_splits) != rows:
+            raise ValueError(f"{owner}: m_splits: expected entries summing to the {rows} input rows, "
+                             f"got {list(m_splits)} (sum {sum(m_splits)})")
+        return list(m_splits)
+
+    def forward(
+        self,
+        inp: torch.Tensor,
+        m_splits: Any,
+        is_first_microbatch: bool | None = None,
+    ) -> torch.Tensor | tuple[torch.Tensor, list[torch.Tensor | None]]:
+        owner = "GroupedLinear"
+        x, fp8 = self._prepare_input(owner, inp, self.in_features_local, "in_features per TP rank")
+        x2 = x.reshape(-1, x.shape[-1])
+        splits = self._splits(owner, m_splits, x2.shape[0], self.num_gemms)
+        weights, biases = self._weights(), self._biases()
+        outs = []
+        for g, part in enumerate(torch.split(x2, splits, dim=0)):
+            main_grad = self._main_grad(owner, self.fuse_wgrad_accumulation, weights[g])
+            outs.append(self._run_linear(part, weights[g], biases[g], g, self.parallel_mode,
+                                         self.tp, fp8, add_bias=not self.return_bias,
+                                         main_grad=main_grad))
+        y = torch.cat(outs, 0).reshape(*x.shape[:-1], outs[0].shape[-1])
+        if self.return_bias:
+            return y, [b.to(x.dtype) if b is not None else None for b in biases]
+        return y

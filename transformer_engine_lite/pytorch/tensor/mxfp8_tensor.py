@@ -1,0 +1,88 @@
+"""MXFP8Tensor (1x32 blocks with E8M0 scales, row-wise and/or column-wise copies) and its quantizer,
+over torch.ops.te_lite.quantize_mxfp8 / dequantize_mxfp8."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+
+from ..quantization import ops
+from .quantized_tensor import QuantizedTensor, Quantizer, fp8_torch_dtype, to_dtype_enum
+
+__all__ = ["MXFP8Quantizer", "MXFP8Tensor"]
+
+
+class MXFP8Tensor(QuantizedTensor):
+    """_rowwise_data [rows, cols] + _rowwise_scale_inv [rows, ceil(cols/32)] (blocks along the last
+    dim) and/or _columnwise_data + _columnwise_scale_inv [ceil(rows/32), cols] (blocks along the
+    flattened leading dims); data are uint8 FP8 bytes, scales E8M0 bytes."""
+
+    @staticmethod
+    def __new__(cls, *, shape: Any, dtype: torch.dtype, rowwise_data: torch.Tensor | None,
+                rowwise_scale_inv: torch.Tensor | None, columnwise_data: torch.Tensor | None,
+                columnwise_scale_inv: torch.Tensor | None, fp8_dtype: Any,
+                quantizer: Quantizer | None = None, requires_grad: bool = False,
+                **_: Any) -> MXFP8Tensor:
+        ref = rowwise_data if rowwise_data is not None else columnwise_data
+        if ref is None:
+            raise ValueError("MXFP8Tensor: expected rowwise_data or columnwise_data, got neither")
+        self = super().__new__(cls, shape, dtype, device=ref.device, requires_grad=requires_grad)
+        u8 = (lambda t: None if t is None else (t if t.dtype == torch.uint8 else t.view(torch.uint8)))
+        self._rowwise_data, self._rowwise_scale_inv = u8(rowwise_data), rowwise_scale_inv
+        self._columnwise_data, self._columnwise_scale_inv = u8(columnwise_data), columnwise_scale_inv
+        self._fp8_dtype = to_dtype_enum(fp8_torch_dtype("MXFP8Tensor", fp8_dtype))
+        self._quantizer = quantizer
+        return self
+
+    def fp8_data_dtype(self) -> torch.dtype:
+        return fp8_torch_dtype("MXFP8Tensor", self._fp8_dtype)
+
+    def dequantize(self, *, dtype: torch.dtype | None = None) -> torch.Tensor:
+        fp8 = self.fp8_data_dtype()
+        col = self._rowwise_data is None
+        data = self._columnwise_data if col else self._rowwise_data
+        s = self._columnwise_scale_inv if col else self._rowwise_scale_inv
+        out = ops().dequantize_mxfp8(data.view(fp8), s, col, dtype or self.dtype)
+        return out.reshape(self.shape)
+
+    def _assign_from(self, other: QuantizedTensor) -> None:
+        assert isinstance(other, MXFP8Tensor)
+        for name in ("_rowwise_data", "_rowwise_scale_inv", "_columnwise_data",
+                     "_columnwise_scale_inv"):
+            mine, theirs = getattr(self, name), getattr(other, name)
+            if mine is not None and theirs is not None:
+                mine.copy_(theirs)
+            else:
+                setattr(self, name, theirs)
+
+    def _shallow_copy(self) -> MXFP8Tensor:
+        return MXFP8Tensor(shape=self.shape, dtype=self.dtype, rowwise_data=self._rowwise_data,
+                           rowwise_scale_inv=self._rowwise_scale_inv,
+                           columnwise_data=self._columnwise_data,
+                           columnwise_scale_inv=self._columnwise_scale_inv,
+                           fp8_dtype=self._fp8_dtype, quantizer=self._quantizer)
+
+
+class MXFP8Quantizer(Quantizer):
+    """MXFP8: 32-element blocks, each with a power-of-two E8M0 scale."""
+
+    def __init__(self, fp8_dtype: Any, *, rowwise: bool = True, columnwise: bool = True) -> None:
+        super().__init__(rowwise=rowwise, columnwise=columnwise)
+        self.dtype = to_dtype_enum(fp8_torch_dtype("MXFP8Quantizer", fp8_dtype))
+
+    def _quantize(self, tensor: torch.Tensor) -> MXFP8Tensor:
+        if not (self.rowwise_usage or self.columnwise_usage):
+            raise ValueError("MXFP8Quantizer: expected rowwise or columnwise usage, got neither")
+        if tensor.dim() < 1:
+            raise ValueError("MXFP8Quantizer: tensor: expected at least 1 dimension, got a scalar")
+        fp8 = fp8_torch_dtype("MXFP8Quantizer", self.dtype)
+        x2 = tensor.contiguous().reshape(-1, tensor.shape[-1])
+        r, rs, c, cs = ops().quantize_mxfp8(x2, fp8, self.rowwise_usage, self.columnwise_usage)
+        keep = (lambda t, on: t if on else None)
+        return MXFP8Tensor(shape=tensor.shape, dtype=tensor.dtype,
+                           rowwise_data=keep(r, self.rowwise_usage),
+                           rowwise_scale_inv=keep(rs, self.rowwise_usage),
+                           columnwise_data=keep(c, self.columnwise_usage),
+                           columnwise_scale_inv=keep(cs, self.columnwise_usage),
+                           fp8_dtype=fp8, quantizer=self)

@@ -1,0 +1,144 @@
+"""QuantizedTensor and Quantizer: TE's quantized-tensor API over the te_lite cast ops.
+
+A QuantizedTensor is a torch.Tensor wrapper subclass: it reports the nominal (high-precision) shape
+and dtype and holds the FP8 bytes and scales. `dequantize()` returns the values it represents.
+Any torch op without a quantized implementation here runs on the dequantized values (TE does the
+same), so such a tensor can be printed, compared, reshaped or fed to torch code; results are then
+ordinary tensors. `detach()` keeps the quantized form (nn.Parameter needs it).
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+from torch.utils._pytree import tree_map
+
+from ..tex import DType, dtype_to_torch
+
+__all__ = ["QuantizedTensor", "Quantizer"]
+
+_HP = (torch.float32, torch.float16, torch.bfloat16)
+
+
+def check_hp_input(owner: str, tensor: Any) -> torch.Tensor:
+    if not isinstance(tensor, torch.Tensor) or isinstance(tensor, QuantizedTensor):
+        got = type(tensor).__name__
+        raise TypeError(f"{owner}: tensor: expected a high-precision torch.Tensor, got {got}")
+    if tensor.dtype not in _HP:
+        raise TypeError(
+            f"{owner}: tensor: expected dtype float32, float16 or bfloat16, got {tensor.dtype}"
+        )
+    return tensor
+
+
+def fp8_torch_dtype(owner: str, fp8_dtype: Any) -> torch.dtype:
+    dt = dtype_to_torch(fp8_dtype, f"{owner}: fp8_dtype")
+    if dt not in (torch.float8_e4m3fn, torch.float8_e5m2, torch.float8_e4m3fnuz,
+                  torch.float8_e5m2fnuz):
+        raise ValueError(f"{owner}: fp8_dtype: expected an FP8 dtype (E4M3 or E5M2), got {fp8_dtype!r}")
+    return dt
+
+
+class Quantizer:
+    """Builds quantized tensors of one recipe. rowwise / columnwise: which copies are produced
+    (TE's usages; per-tensor FP8 keeps one copy, its transpose is made on demand)."""
+
+    def __init__(self, *, rowwise: bool = True, columnwise: bool = True) -> None:
+        self.rowwise_usage = bool(rowwise)
+        self.columnwise_usage = bool(columnwise)
+        self.internal = False
+
+    def set_usage(self, *, rowwise: bool | None = None, columnwise: bool | None = None) -> None:
+        if rowwise is not None:
+            self.rowwise_usage = bool(rowwise)
+        if columnwise is not None:
+            self.columnwise_usage = bool(columnwise)
+
+    def __call__(self, tensor: torch.Tensor) -> QuantizedTensor:
+        return self.quantize(tensor)
+
+    def quantize(self, tensor: torch.Tensor, *, out: QuantizedTensor | None = None) -> QuantizedTensor:
+        if out is not None:
+            return self.update_quantized(tensor, out)
+        return self._quantize(check_hp_input(type(self).__name__, tensor))
+
+    def _quantize(self, tensor: torch.Tensor) -> QuantizedTensor:  # pragma: no cover - abstract
+        raise NotImplementedError
+
+    def update_quantized(self, src: torch.Tensor, dst: QuantizedTensor) -> QuantizedTensor:
+        """Quantize src into dst's storage (same shape), in place."""
+        owner = f"{type(self).__name__}.update_quantized"
+        check_hp_input(owner, src)
+        if not isinstance(dst, QuantizedTensor) or tuple(dst.shape) != tuple(src.shape):
+            got = tuple(dst.shape) if isinstance(dst, torch.Tensor) else type(dst).__name__
+            raise ValueError(f"{owner}: dst: expected a QuantizedTensor of shape {tuple(src.shape)}, got {got}")
+        dst._assign_from(self._quantize(src))
+        return dst
+
+    def make_empty(self, shape: Any, *, dtype: torch.dtype = torch.float32,
+                   device: Any = None, requires_grad: bool = False) -> QuantizedTensor:
+        """A quantized tensor of `shape` holding zeros (fill it with update_quantized)."""
+        zeros = torch.zeros(tuple(shape), dtype=dtype, device=device)
+        q = self._quantize(zeros)
+        q.requires_grad_(requires_grad)
+        return q
+
+
+class QuantizedTensor(torch.Tensor):
+    """Base of Float8Tensor and MXFP8Tensor (see the module docstring)."""
+
+    _quantizer: Quantizer | None
+
+    @staticmethod
+    def __new__(cls, shape: Any, dtype: torch.dtype, *, device: Any = None,
+                requires_grad: bool = False, **_: Any) -> QuantizedTensor:
+        return torch.Tensor._make_wrapper_subclass(
+            cls, tuple(shape), dtype=dtype, device=device, requires_grad=requires_grad
+        )
+
+    def dequantize(self, *, dtype: torch.dtype | None = None) -> torch.Tensor:  # pragma: no cover
+        raise NotImplementedError
+
+    def _assign_from(self, other: QuantizedTensor) -> None:  # pragma: no cover - abstract
+        raise NotImplementedError
+
+    def _shallow_copy(self) -> QuantizedTensor:  # pragma: no cover - abstract
+        raise NotImplementedError
+
+    def __repr__(self, *, tensor_contents: Any = None) -> str:
+        return (f"{type(self).__name__}(shape={tuple(self.shape)}, dtype={self.dtype}, "
+                f"data={self.dequantize()})")
+
+    def quantize_(self, tensor: torch.Tensor) -> QuantizedTensor:
+        """Overwrite with `tensor` quantized by this tensor's quantizer."""
+        if self._quantizer is None:
+            raise RuntimeError(f"{type(self).__name__}.quantize_: this tensor has no quantizer")
+        return self._quantizer.update_quantized(tensor, self)
+
+    __torch_function__ = torch._C._disabled_torch_function_impl
+
+    @classmethod
+    def __torch_dispatch__(cls, func: Any, types: Any, args: Any = (), kwargs: Any = None) -> Any:
+        kwargs = kwargs or {}
+        if func is torch.ops.aten.detach.default:
+            return args[0]._shallow_copy()
+        if func is torch.ops.aten.copy_.default and isinstance(args[0], QuantizedTensor):
+            dst, src = args[0], args[1]
+            src = src.dequantize() if isinstance(src, QuantizedTensor) else src
+            q = dst._quantizer
+            if q is None:
+                raise RuntimeError(f"{type(dst).__name__}.copy_: this tensor has no quantizer")
+            q.update_quantized(src.to(dst.dtype), dst)
+            return dst
+
+        def unwrap(t: Any) -> Any:
+            return t.dequantize() if isinstance(t, QuantizedTensor) else t
+
+        return func(*tree_map(unwrap, args), **tree_map(unwrap, kwargs))
+
+
+def to_dtype_enum(dt: torch.dtype) -> DType:
+    return {torch.float8_e4m3fn: DType.kFloat8E4M3, torch.float8_e5m2: DType.kFloat8E5M2}.get(
+        dt, DType.kByte
+    )

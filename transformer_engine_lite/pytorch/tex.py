@@ -1,0 +1,55 @@
+"""TE's `transformer_engine_torch` names that Python code uses: the DType enum (same values as the
+C API's NVTEDType) and its torch dtype mapping."""
+
+from __future__ import annotations
+
+from enum import IntEnum
+
+import torch
+
+__all__ = ["DType", "dtype_to_torch", "torch_to_dtype"]
+
+
+class DType(IntEnum):
+    kByte = 0
+    kInt16 = 1
+    kInt32 = 2
+    kInt64 = 3
+    kFloat32 = 4
+    kFloat16 = 5
+    kBFloat16 = 6
+    kFloat8E4M3 = 7
+    kFloat8E5M2 = 8
+    kFloat8E8M0 = 9
+
+
+_TO_TORCH = {
+    DType.kByte: torch.uint8,
+    DType.kInt16: torch.int16,
+    DType.kInt32: torch.int32,
+    DType.kInt64: torch.int64,
+    DType.kFloat32: torch.float32,
+    DType.kFloat16: torch.float16,
+    DType.kBFloat16: torch.bfloat16,
+    DType.kFloat8E4M3: torch.float8_e4m3fn,
+    DType.kFloat8E5M2: torch.float8_e5m2,
+    DType.kFloat8E8M0: torch.uint8,
+}
+_FROM_TORCH = {v: k for k, v in _TO_TORCH.items() if k is not DType.kFloat8E8M0}
+
+
+def dtype_to_torch(dtype: DType | torch.dtype, what: str = "fp8_dtype") -> torch.dtype:
+    """torch dtype of a DType (a torch dtype passes through)."""
+    if isinstance(dtype, torch.dtype):
+        return dtype
+    try:
+        return _TO_TORCH[DType(dtype)]
+    except (ValueError, KeyError):
+        raise ValueError(f"{what}: expected a DType or torch.dtype, got {dtype!r}") from None
+
+
+def torch_to_dtype(dtype: torch.dtype) -> DType:
+    try:
+        return _FROM_TORCH[dtype]
+    except KeyError:
+        raise ValueError(f"dtype: {dtype} has no transformer_engine DType") from None

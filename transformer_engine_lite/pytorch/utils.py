@@ -1,0 +1,93 @@
+"""TE's public helpers from `transformer_engine.pytorch.utils` that model code imports.
+
+Same names, signatures and results as TE. Device queries answer for the machine: with no GPU,
+get_device_compute_capability() is (0, 0) (there is no CUDA device to describe) while the CPU
+backend still runs bf16 and every FP8 recipe TE-lite implements (see is_bf16_available and the
+is_*_available checks in fp8.py).
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable
+
+import torch
+
+__all__ = [
+    "attention_mask_func",
+    "divide",
+    "get_default_init_method",
+    "get_device_compute_capability",
+    "init_method_constant",
+    "init_method_normal",
+    "is_bf16_available",
+    "is_bf16_compatible",
+    "scaled_init_method_normal",
+]
+
+
+def init_method_normal(sigma: float) -> Callable[[torch.Tensor], torch.Tensor]:
+    """Init method drawing from N(0, sigma)."""
+    sigma = float(sigma)
+
+    def init_(tensor: torch.Tensor) -> torch.Tensor:
+        return torch.nn.init.normal_(tensor, mean=0.0, std=sigma)
+
+    return init_
+
+
+def scaled_init_method_normal(sigma: float, num_layers: int) -> Callable[[torch.Tensor], torch.Tensor]:
+    """Init method drawing from N(0, sigma / sqrt(2 * num_layers)) (output projections)."""
+    if not isinstance(num_layers, int) or num_layers < 1:
+        raise ValueError(f"scaled_init_method_normal: num_layers: expected an int >= 1, got {num_layers!r}")
+    return init_method_normal(sigma / math.sqrt(2.0 * num_layers))
+
+
+def init_method_constant(val: float) -> Callable[[torch.Tensor], torch.Tensor]:
+    """Init method filling the tensor with `val`."""
+    val = float(val)
+
+    def init_(tensor: torch.Tensor) -> torch.Tensor:
+        return torch.nn.init.constant_(tensor, val)
+
+    return init_
+
+
+def get_default_init_method() -> Callable[[torch.Tensor], torch.Tensor]:
+    """TE's default weight init: N(0, 0.023)."""
+    return init_method_normal(0.023)
+
+
+def attention_mask_func(attention_scores: torch.Tensor, attention_mask: torch.Tensor) -> torch.Tensor:
+    """TE's mask function for the unfused softmax: masked positions (True) become -10000, in place."""
+    attention_scores.masked_fill_(attention_mask, -10000.0)
+    return attention_scores
+
+
+def get_device_compute_capability() -> tuple[int, int]:
+    """(major, minor) of the current CUDA/ROCm device; (0, 0) when there is none."""
+    if not torch.cuda.is_available():
+        return (0, 0)
+    props = torch.cuda.get_device_properties(torch.cuda.current_device())
+    return (props.major, props.minor)
+
+
+def is_bf16_compatible() -> bool:
+    """bf16 compute: always on the CPU backend; compute capability 8.0+ on a GPU."""
+    if not torch.cuda.is_available():
+        return True
+    return torch.version.hip is not None or get_device_compute_capability() >= (8, 0)
+
+
+def is_bf16_available(return_reason: bool = False) -> bool | tuple[bool, str]:
+    """Whether bf16 runs here (TE's API: a bool, or (bool, reason) with return_reason=True)."""
+    ok = is_bf16_compatible()
+    reason = "" if ok else "bf16 needs compute capability 8.0 or higher"
+    return (ok, reason) if return_reason else ok
+
+
+def divide(numerator: int, denominator: int) -> int:
+    """numerator / denominator, which must divide exactly (TE's helper for parallel sizes)."""
+    if denominator == 0 or numerator % denominator:
+        raise ValueError(f"divide: {numerator} is not divisible by {denominator}")
+    return numerator // denominator
