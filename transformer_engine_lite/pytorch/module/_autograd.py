@@ -165,7 +165,7 @@ class _LinearFn(torch.autograd.Function):
             if need_dgrad:
                 dgrad = te.gemm(w_data, w_si, False, gq.data, gq.scale_inv, False, act_dtype)[0]
             if cfg.save_original_input and need_wgrad:
-                x_data, x_si = quantize_per_tensor(x_data, cfg.inp)[0]
+                x_data, x_si = quantize_per_tensor(x_data, cfg.inp, None)[0]
             wa = (x_data, x_si, gq.data, gq.scale_inv)
         elif fp8_bwd:
             # MXFP8: dgrad contracts over N: row-wise blocks of dy, column-wise of W; wgrad over
