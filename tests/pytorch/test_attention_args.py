@@ -104,10 +104,10 @@ BAD_INPUTS = [
         "only used with",
     ),
     (
-        "mask with causal",
-        lambda: _dpa()(*_qkv(), attention_mask=torch.zeros(2, 1, 1, 5, dtype=torch.bool)),
-        ValueError,
-        "attention_mask is only used",
+        "mask not a tensor",
+        lambda: _dpa()(*_qkv(), attention_mask="causal"),
+        TypeError,
+        "attention_mask",
     ),
     ("causal window", lambda: _dpa()(*_qkv(), window_size=(2, 3)), ValueError, "right = 0"),
     ("window type", lambda: _dpa()(*_qkv(), window_size=(2,)), ValueError, "window_size"),
@@ -249,9 +249,10 @@ MODULE_BAD = [
         "layer_type",
     ),
     (
-        "parallel mlp",
-        lambda: te.TransformerLayer(HIDDEN, 96, HEADS, parallel_attention_mlp=True),
-        NotImplementedError,
+        "parallel mlp decoder",
+        lambda: te.TransformerLayer(HIDDEN, 96, HEADS, parallel_attention_mlp=True,
+                                    layer_type="decoder"),
+        ValueError,
         "parallel_attention_mlp",
     ),
     (

@@ -336,14 +336,19 @@ def test_parallel_attention_mlp_and_drop_path():
     assert torch.equal(dropped(x), x)  # every branch dropped: the block is the identity
 
 
-def test_redundant_causal_mask_accepted_contradicting_refused():
+def test_mask_with_causal_type_is_unused_and_said_once():
     torch.manual_seed(11)
     dpa = te.DotProductAttention(2, 8, attn_mask_type="causal", attention_dropout=0.0)
     q, k, v = (torch.randn(5, 1, 2, 8) for _ in range(3))
-    causal = torch.ones(5, 5, dtype=torch.bool).triu(1)[None, None]
-    assert torch.equal(dpa(q, k, v, attention_mask=causal), dpa(q, k, v))
-    with pytest.raises(ValueError, match="arbitrary"):
-        dpa(q, k, v, attention_mask=torch.zeros(1, 1, 5, 5, dtype=torch.bool))
+    other = torch.zeros(1, 1, 5, 5, dtype=torch.bool)
+    from transformer_engine_lite.pytorch.attention import inputs
+
+    inputs._UNUSED_MASK_WARNED.discard("causal")
+    with pytest.warns(UserWarning, match="not used with attn_mask_type 'causal'"):
+        out = dpa(q, k, v, attention_mask=other)
+    assert torch.equal(out, dpa(q, k, v))  # TE's rule: the type decides
+    with pytest.raises(TypeError, match="attention_mask"):
+        dpa(q, k, v, attention_mask="causal")
 
 
 def test_fuse_wgrad_accumulation_with_frozen_weight():

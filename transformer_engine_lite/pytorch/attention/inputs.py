@@ -8,6 +8,7 @@ features not supported here.
 from __future__ import annotations
 
 import itertools
+import warnings
 from typing import Any
 
 import torch
@@ -262,30 +263,28 @@ def _check_thd_lengths(owner, cu_q, cu_kv, q, k, max_q, max_kv) -> None:
             )
 
 
-def _check_redundant_mask(
-    owner: str, mask: str, am: Any, b: int, h: int, sq: int, skv: int
-) -> None:
-    """TE accepts an attention_mask alongside 'no_mask' / 'causal' / 'causal_bottom_right' and
-    uses the mask type. Here such a mask must say the same as the type (it is then redundant and
-    the type's kernel path runs); one that says something else is refused, not ignored."""
-    if not isinstance(am, torch.Tensor) or am.dtype != torch.bool or not _bhss(am, b, h, sq, skv):
-        got = f"{am.dtype} {tuple(am.shape)}" if isinstance(am, torch.Tensor) else type(am).__name__
-        raise ValueError(
-            f"{owner}: attention_mask with mask '{mask}': expected a bool tensor [1 or {b}, 1 or "
-            f"{h}, {sq}, {skv}] equal to the '{mask}' pattern (True = masked), got {got}"
+_UNUSED_MASK_WARNED: set[str] = set()
+
+
+def _check_redundant_mask(owner: str, mask: str, am: Any) -> None:
+    """TE's rule: attention_mask is only used with padding or 'arbitrary' mask types; with
+    'no_mask' / 'causal' / 'causal_bottom_right' it is accepted and the type decides. We follow it
+    (TE code passes such masks) and say so once per mask type instead of ignoring it silently."""
+    if not isinstance(am, (torch.Tensor, tuple, list)):
+        raise TypeError(
+            f"{owner}: attention_mask: expected a bool tensor or a (q, kv) pair, got "
+            f"{type(am).__name__}"
         )
-    if mask == "no_mask":
-        implied = torch.zeros(sq, skv, dtype=torch.bool, device=am.device)
-    else:
-        diagonal = 1 if mask == "causal" else skv - sq + 1  # causal_bottom_right
-        implied = torch.ones(sq, skv, dtype=torch.bool, device=am.device).triu(diagonal)
-    if torch.compiler.is_compiling():
-        return  # a data-dependent check cannot run inside a compiled graph
-    if not bool((am == implied).all()):
-        raise ValueError(
-            f"{owner}: attention_mask differs from the '{mask}' pattern the mask type implies "
-            "(TE would ignore it); pass attn_mask_type='arbitrary' to apply this mask"
-        )
+    if mask in _UNUSED_MASK_WARNED or torch.compiler.is_compiling():
+        return
+    _UNUSED_MASK_WARNED.add(mask)
+    warnings.warn(
+        f"{owner}: attention_mask is not used with attn_mask_type '{mask}' (TE's rule: only "
+        "padding and 'arbitrary' types read it); pass attn_mask_type='arbitrary' or a padding "
+        "type to apply it",
+        UserWarning,
+        stacklevel=4,
+    )
 
 
 def resolve_sequences(
@@ -380,8 +379,7 @@ def resolve_sequences(
                     f"{skv}], got {tuple(am.shape)}"
                 )
         elif attention_mask is not None:
-            _check_redundant_mask(owner, mask, attention_mask, q.shape[1 - sdim], q.shape[-2],
-                                  sq, skv)
+            _check_redundant_mask(owner, mask, attention_mask)
 
     return mask, cu_q, cu_kv, max_seqlen_q, max_seqlen_kv
 
