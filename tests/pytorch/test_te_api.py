@@ -357,3 +357,32 @@ def test_fuse_wgrad_accumulation_with_frozen_weight():
     x = torch.randn(3, 8, requires_grad=True)
     m(x).sum().backward()  # no main_grad needed for a frozen weight
     assert x.grad is not None and m.bias.grad is not None
+
+
+def test_recipe_fields_te_has_are_applied_or_refused(monkeypatch):
+    r = rc.Float8CurrentScaling(use_power_2_scales=True)
+    assert all(getattr(r, q).power_2_scale for q in
+               ("fp8_quant_fwd_inp", "fp8_quant_fwd_weight", "fp8_quant_bwd_grad"))
+    monkeypatch.setenv("NVTE_FP8_CURRENT_SCALING_POWER_2_SCALES", "1")
+    assert rc.Float8CurrentScaling().use_power_2_scales
+    monkeypatch.setenv("NVTE_BACKWARD_OVERRIDE", "dequantized")
+    assert rc.MXFP8BlockScaling().backward_override == "dequantized"
+    with pytest.raises(ValueError, match="backward_override"):
+        rc.DelayedScaling()  # TE's rule: delayed scaling takes no override
+    with pytest.raises(NotImplementedError, match="enable_2d_quantization"):
+        rc.MXFP8BlockScaling(enable_2d_quantization=True)
+    # power-of-two scales reach the quantized bytes: the weight's scale_inv is a power of two
+    m = te.Linear(32, 16)
+    seen = {}
+    orig = torch.ops.te_lite.quantize
+
+    def spy(x, scale, dt):
+        seen.setdefault("scale", scale.clone())
+        return orig(x, scale, dt)
+
+    monkeypatch.setattr(torch.ops.te_lite, "quantize", spy, raising=False)
+    monkeypatch.delenv("NVTE_BACKWARD_OVERRIDE")
+    with te.autocast(recipe=rc.Float8CurrentScaling(use_power_2_scales=True)):
+        m(torch.randn(4, 32) * 3)
+    s = seen["scale"].item()
+    assert s == 2.0 ** round(math.log2(s))

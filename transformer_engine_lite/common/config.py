@@ -57,6 +57,9 @@ ENV_VARS: tuple[EnvVar, ...] = (
            "oneDNN has the kernel at this CPU level, else every operand widened exactly to fp32), "
            "native (never widen to fp32: NotImplementedError where oneDNN lacks the kernel), "
            "fp32 (always widen)"),
+    EnvVar("NVTE_FP8_CURRENT_SCALING_POWER_2_SCALES", "0", "runtime",
+           "1: Float8CurrentScaling() defaults to use_power_2_scales=True (power-of-two scales "
+           "for every tensor role)"),
     EnvVar("NVTE_BACKWARD_OVERRIDE", "", "runtime",
            "default backward_override of the FP8 recipes (read when a recipe is created): unset "
            "(backward GEMMs in FP8), high_precision (backward GEMMs on the unquantized inputs "

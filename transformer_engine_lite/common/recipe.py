@@ -105,6 +105,12 @@ def _check_bool(recipe: str, name: str, value: Any) -> None:
 BACKWARD_OVERRIDES = (None, "high_precision", "dequantized")
 
 
+def _env_flag(name: str) -> bool:
+    from . import config
+
+    return (config.get(name) or "0") == "1"
+
+
 def _default_backward_override() -> str | None:
     from . import config
 
@@ -184,7 +190,8 @@ class DelayedScaling(Recipe):
         `f(amax, scale, fp8_max, recipe) -> scale`.
     reduce_amax: all-reduce (MAX) the amaxes over the autocast's group before each update when
         torch.distributed is initialized.
-    fp8_dpa, fp8_mha: FP8 attention flags (kept for API compatibility; attention is not FP8 here).
+    fp8_dpa, fp8_mha: FP8 attention: DotProductAttention raises NotImplementedError when set (the
+        attention kernels are not FP8 here).
     backward_override: None only (TE's rule for delayed scaling; see Float8CurrentScaling).
     """
 
@@ -259,11 +266,16 @@ class Float8CurrentScaling(Recipe):
     `amax = max(max|x|, amax_epsilon)`; `scale = fp8_max / amax` (1 when amax is 0/Inf/NaN),
     optionally rounded down to a power of two. Holds no state between steps.
 
+    use_power_2_scales (default: NVTE_FP8_CURRENT_SCALING_POWER_2_SCALES=1): power-of-two scales
+    for every tensor role (sets power_2_scale in the three QParams).
+
     backward_override (default: NVTE_BACKWARD_OVERRIDE): None runs dgrad/wgrad in FP8;
     "high_precision" runs them on the unquantized input and weight with the unquantized gradient;
     "dequantized" on the forward's FP8 input and weight, dequantized, with the unquantized
     gradient (the forward is FP8 in every case)."""
 
+    use_power_2_scales: bool = field(default_factory=lambda: _env_flag(
+        "NVTE_FP8_CURRENT_SCALING_POWER_2_SCALES"))
     fp8_format: Format = Format.HYBRID
     fp8_quant_fwd_inp: QParams = field(default_factory=QParams)
     fp8_quant_fwd_weight: QParams = field(default_factory=QParams)
@@ -278,6 +290,13 @@ class Float8CurrentScaling(Recipe):
     def __post_init__(self) -> None:
         name = "Float8CurrentScaling"
         check_backward_override(name, self.backward_override)
+        _check_bool(name, "use_power_2_scales", self.use_power_2_scales)
+        if self.use_power_2_scales:
+            # TE's switch: every role rounds its scale down to a power of two
+            for q in ("fp8_quant_fwd_inp", "fp8_quant_fwd_weight", "fp8_quant_bwd_grad"):
+                qp = getattr(self, q)
+                if isinstance(qp, QParams):
+                    setattr(self, q, qp._replace(power_2_scale=True))
         _check_format(name, self.fp8_format)
         for q in ("fp8_quant_fwd_inp", "fp8_quant_fwd_weight", "fp8_quant_bwd_grad"):
             _check_qparams(name, q, getattr(self, q))
@@ -303,7 +322,8 @@ class MXFP8BlockScaling(Recipe):
 
     margin: accepted for TE compatibility; TE does not apply it to MX scales, nor do we.
     fp8_format: E4M3 by default (gradients too); HYBRID uses E5M2 for gradients.
-    backward_override: as Float8CurrentScaling.
+    backward_override: as Float8CurrentScaling. enable_2d_quantization: not supported (True raises
+    NotImplementedError).
     """
 
     margin: int = 0
@@ -311,10 +331,16 @@ class MXFP8BlockScaling(Recipe):
     fp8_dpa: bool = False
     fp8_mha: bool = False
     backward_override: str | None = field(default_factory=_default_backward_override)
+    enable_2d_quantization: bool = False
 
     def __post_init__(self) -> None:
         name = "MXFP8BlockScaling"
         check_backward_override(name, self.backward_override)
+        _check_bool(name, "enable_2d_quantization", self.enable_2d_quantization)
+        if self.enable_2d_quantization:
+            raise NotImplementedError(
+                f"{name}: enable_2d_quantization=True (32x32 weight blocks) is not supported by "
+                "transformer_engine_lite; leave it False")
         _check_margin(name, self.margin)
         _check_format(name, self.fp8_format)
         for flag in ("fp8_dpa", "fp8_mha"):
