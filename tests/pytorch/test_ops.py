@@ -186,6 +186,17 @@ OPCHECK_CASES: list[tuple[str, str, Callable[[], tuple]]] = [
     ("activation_bwd", "relu", lambda: (randn(4, 33, seed=1), randn(4, 33), "relu")),
     ("activation_bwd", "reglu", lambda: (randn(4, 16, seed=1), randn(4, 32), "reglu")),
     (
+        "clamped_swiglu_fwd",
+        "bf16-grad",
+        lambda: (randn(3, 64, dtype=torch.bfloat16, scale=3.0, requires_grad=True), 2.5, 1.702),
+    ),
+    (
+        "clamped_swiglu_fwd",
+        "fp8-out",
+        lambda: (randn(4, 32), 7.0, 1.702, torch.float8_e4m3fn, f32(4.0)),
+    ),
+    ("clamped_swiglu_bwd", "fp32", lambda: (randn(4, 16, seed=1), randn(4, 32), 2.0, 1.0)),
+    (
         "gemm",
         "TN-fp32",
         lambda: (randn(16, 32), None, True, randn(8, 32, seed=1), None, False, torch.float32),
@@ -347,7 +358,7 @@ def test_every_op_has_an_opcheck_case():
     assert set(te_ops.OPS) == covered, (
         f"no case for {sorted(set(te_ops.OPS) - covered)}; unknown {sorted(covered - set(te_ops.OPS))}"
     )
-    assert len(te_ops.OPS) == 31
+    assert len(te_ops.OPS) == 33
 
 
 # ===================================================================================== errors

@@ -262,6 +262,30 @@ def test_activation_fwd_bwd_match_fp64(name, dtype):
     assert_close(dx, dx_ref, dtype, f"{name} bwd")
 
 
+@pytest.mark.parametrize("dtype", HP_DTYPES, ids=str)
+def test_clamped_swiglu_matches_fp64(dtype):
+    """TE's clamped SwiGLU; inputs straddle the limit so both clamps and their zero gradients
+    are exercised."""
+    limit, alpha = 2.5, 1.702
+    x = randn(3, 5, 66, dtype=dtype, scale=3.0, requires_grad=True)
+    y = ops.clamped_swiglu_fwd(x, limit, alpha)[0]
+    x64 = x.detach().double().requires_grad_(True)
+    a, b = x64.chunk(2, dim=-1)
+    a = a.clamp(max=limit)
+    y_ref = a * torch.sigmoid(alpha * a) * (b.clamp(-limit, limit) + 1)
+    assert_close(y, y_ref, dtype, "clamped_swiglu fwd")
+    dy = randn(*y.shape, seed=3)
+    (dx,) = torch.autograd.grad(y, x, dy.to(dtype))
+    (dx_ref,) = torch.autograd.grad(y_ref, x64, dy.double())
+    assert_close(dx, dx_ref, dtype, "clamped_swiglu bwd")
+    yq, amax, scale_inv = ops.clamped_swiglu_fwd(x.detach().float(), limit, alpha,
+                                                  torch.float8_e4m3fn, f32(8.0))
+    y32 = ops.clamped_swiglu_fwd(x.detach().float(), limit, alpha)[0]
+    assert_bytes_equal(yq, encode_oracle((y32 * 8.0).numpy(), torch.float8_e4m3fn), "fp8 out")
+    with pytest.raises(RuntimeError, match="'limit'"):
+        ops.clamped_swiglu_fwd(x, 0.0, alpha)
+
+
 def test_activation_fp8_output_and_dtype_change():
     x = randn(17, 64, scale=3.0)
     y_hp = ops.activation_fwd(x, "geglu")[0]

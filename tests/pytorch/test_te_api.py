@@ -386,3 +386,55 @@ def test_recipe_fields_te_has_are_applied_or_refused(monkeypatch):
         m(torch.randn(4, 32) * 3)
     s = seen["scale"].item()
     assert s == 2.0 ** round(math.log2(s))
+
+
+# ------------------------------------------------------------------ MoE padding, RNG tracker, graphs
+@pytest.mark.parametrize("name", ["bf16", "mxfp8"])
+def test_fp8_padding_round_trip_with_grouped_linear(name):
+    torch.manual_seed(12)
+    splits = [5, 0, 33]
+    x = torch.randn(sum(splits), 32, requires_grad=True)
+    g = te.GroupedLinear(3, 32, 16)
+    with te.autocast(enabled=name != "bf16", recipe=RECIPES[name]()):
+        pad, unpad = te.Fp8Padding(3), te.Fp8Unpadding(3)
+        xp, padded = pad(x, splits)
+        align = 32 if name == "mxfp8" else 16
+        assert padded == [align * ((m + align - 1) // align) for m in splits]
+        y = unpad(g(xp, padded), splits)
+    assert y.shape == (sum(splits), 16)
+    # padding rows are zeros: each row's result is the same as without padding
+    with te.autocast(enabled=name != "bf16", recipe=RECIPES[name]()):
+        ref = g(x, splits)
+    if name == "bf16":
+        assert torch.equal(y, ref)
+    y.sum().backward()
+    assert x.grad.shape == x.shape
+    with pytest.raises(ValueError, match="m_splits"):
+        te.Fp8Padding(2)(x, [1, 2, 3])
+
+
+def test_rng_tracker_and_checkpoint_repeat_dropout():
+    tracker = te.CudaRNGStatesTracker()
+    tracker.add("model-parallel-rng", 123)
+    with pytest.raises(ValueError, match="already exists"):
+        tracker.add("other", 123)
+
+    def body(t):
+        with tracker.fork():
+            return torch.nn.functional.dropout(t, 0.5) * 2
+
+    x = torch.randn(64, requires_grad=True)
+    out = te.checkpoint(body, x, get_rng_state_tracker=lambda: tracker, use_reentrant=True)
+    out.sum().backward()
+    # the recompute drew the same mask: gradient is 2 / (1 - p) where kept, 0 where dropped
+    kept = out.detach() != 0
+    assert torch.equal(x.grad, torch.where(kept, torch.tensor(4.0), torch.tensor(0.0)))
+    with pytest.raises(KeyError, match="not added"):
+        with tracker.fork("nope"):
+            pass
+
+
+def test_make_graphed_callables_is_gpu_only():
+    with pytest.raises(NotImplementedError, match="CUDA graph"):
+        te.make_graphed_callables(te.Linear(4, 4), (torch.randn(2, 4),))
+    assert isinstance(te.get_default_recipe(), rc.DelayedScaling)

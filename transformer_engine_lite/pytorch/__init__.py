@@ -13,13 +13,14 @@ from . import ops  # registers torch.ops.te_lite: extension, fake kernels, autog
 from .attention import DotProductAttention, MultiheadAttention
 from .attention.rope import RotaryPositionEmbedding, apply_rotary_pos_emb
 from .checkpoint import checkpoint
-from .distributed import allreduce_sequence_parallel_grads
+from .distributed import CudaRNGStatesTracker, allreduce_sequence_parallel_grads
 from .fp8 import (
     FP8GlobalStateManager,
     autocast,
     fp8_autocast,
     fp8_model_init,
     get_default_fp8_recipe,
+    get_default_recipe,
     is_fp8_available,
     is_fp8_block_scaling_available,
     is_mxfp8_available,
@@ -35,6 +36,8 @@ from .module import (
     RMSNorm,
     TransformerEngineBaseModule,
 )
+from .graph import make_graphed_callables
+from .module.fp8_padding import Fp8Padding, Fp8Unpadding
 from .tensor import (
     Float8CurrentScalingQuantizer,
     Float8Quantizer,
@@ -49,7 +52,12 @@ from .transformer import TransformerLayer
 from .utils import get_device_compute_capability, is_bf16_available
 
 __all__ = [
+    "CudaRNGStatesTracker",
     "DType",
+    "Fp8Padding",
+    "Fp8Unpadding",
+    "get_default_recipe",
+    "make_graphed_callables",
     "DotProductAttention",
     "Float8CurrentScalingQuantizer",
     "Float8Quantizer",

@@ -13,6 +13,8 @@ The collectives are eager (not traced by torch.compile).
 
 from __future__ import annotations
 
+import contextlib
+from collections.abc import Iterator
 from typing import Any
 
 import torch
@@ -192,6 +194,67 @@ class TPConfig:
             raise ValueError(f"{owner}: sequence_parallel needs parallel_mode 'column' or 'row'")
 
 
+class CudaRNGStatesTracker:
+    """TE's / Megatron's RNG tracker: named RNG states forked around model-parallel regions (e.g.
+    dropout inside tensor-parallel attention draws differently per rank), on the default device's
+    generator (CUDA when available, else the CPU's).
+
+    add(name, seed): a new state seeded with `seed`; fork(name): a context manager running its body
+    with that state and saving the advanced state at exit; get_states / set_states: checkpoint and
+    restore (activation recompute); reset(): forget all states."""
+
+    def __init__(self) -> None:
+        self.states_: dict[str, torch.Tensor] = {}
+        self.seeds_: set[int] = set()
+
+    @staticmethod
+    def _get() -> torch.Tensor:
+        return torch.cuda.get_rng_state() if torch.cuda.is_available() else torch.get_rng_state()
+
+    @staticmethod
+    def _set(state: torch.Tensor) -> None:
+        if torch.cuda.is_available():
+            torch.cuda.set_rng_state(state)
+        else:
+            torch.set_rng_state(state)
+
+    def is_initialized(self) -> bool:
+        return bool(self.states_)
+
+    def reset(self) -> None:
+        self.states_, self.seeds_ = {}, set()
+
+    def get_states(self) -> dict[str, torch.Tensor]:
+        return {k: v.clone() for k, v in self.states_.items()}
+
+    def set_states(self, states: dict[str, torch.Tensor]) -> None:
+        self.states_ = {k: v.clone() for k, v in states.items()}
+
+    def add(self, name: str, seed: int) -> None:
+        if seed in self.seeds_:
+            raise ValueError(f"CudaRNGStatesTracker.add: seed {seed} already exists")
+        if name in self.states_:
+            raise ValueError(f"CudaRNGStatesTracker.add: state {name!r} already exists")
+        self.seeds_.add(seed)
+        orig = self._get()
+        torch.manual_seed(seed) if not torch.cuda.is_available() else torch.cuda.manual_seed(seed)
+        self.states_[name] = self._get()
+        self._set(orig)
+
+    @contextlib.contextmanager
+    def fork(self, name: str = "model-parallel-rng") -> Iterator[None]:
+        if name not in self.states_:
+            raise KeyError(f"CudaRNGStatesTracker.fork: state {name!r} is not added "
+                           f"(have {sorted(self.states_)})")
+        orig = self._get()
+        self._set(self.states_[name])
+        try:
+            yield
+        finally:
+            self.states_[name] = self._get()
+            self._set(orig)
+
+
 # TE exports the activation-recompute queries from pytorch.distributed (they live in checkpoint.py).
 from .checkpoint import (  # noqa: E402
     checkpoint,
@@ -199,4 +262,4 @@ from .checkpoint import (  # noqa: E402
     is_fp8_activation_recompute_enabled,
 )
 
-__all__ += ["checkpoint", "in_fp8_activation_recompute_phase", "is_fp8_activation_recompute_enabled"]
+__all__ += ["CudaRNGStatesTracker", "checkpoint", "in_fp8_activation_recompute_phase", "is_fp8_activation_recompute_enabled"]

@@ -42,6 +42,7 @@ __all__ = [
     "fp8_autocast",
     "fp8_model_init",
     "get_default_fp8_recipe",
+    "get_default_recipe",
     "get_fp8_torch_dtype",
     "is_fp8_available",
     "is_fp8_block_scaling_available",
@@ -72,6 +73,11 @@ def get_fp8_max(fp8_format: Format, forward: bool) -> float:
 def get_default_fp8_recipe() -> Recipe:
     """TE's default: DelayedScaling() (HYBRID, history 1024, "max")."""
     return DelayedScaling()
+
+
+def get_default_recipe() -> Recipe:
+    """TE 2.x name of get_default_fp8_recipe."""
+    return get_default_fp8_recipe()
 
 
 def _cuda_arch() -> tuple[int, int] | None:

@@ -41,6 +41,9 @@ apply are float32 [0].
   activation_fwd(Tensor x, str activation, ScalarType? out_dtype=None, Tensor? scale=None)
       -> (y, amax, scale_inv)             activation in ACTIVATIONS; gated ones halve the last dim
   activation_bwd(Tensor grad, Tensor x, str activation) -> Tensor [x's shape and dtype]
+  clamped_swiglu_fwd(Tensor x, float limit, float alpha, ScalarType? out_dtype=None,
+      Tensor? scale=None) -> (y, amax, scale_inv)   TE's clamped SwiGLU, [..., 2H] -> [..., H]
+  clamped_swiglu_bwd(Tensor grad, Tensor x, float limit, float alpha) -> Tensor [x's shape]
   gemm(Tensor A, Tensor? A_scale_inv, bool transa, Tensor B, Tensor? B_scale_inv, bool transb,
       ScalarType out_dtype, Tensor? bias=None, bool gelu=False, bool grad=False,
       Tensor? gelu_input=None, Tensor? out_scale=None)
@@ -340,6 +343,36 @@ def _activation_backward(ctx, dy, *_):
 
 torch.library.register_autograd(
     "te_lite::activation_fwd", _activation_backward, setup_context=_activation_setup
+)
+
+
+@torch.library.register_fake("te_lite::clamped_swiglu_fwd")
+def _(x, limit, alpha, out_dtype=None, scale=None):
+    out = _out_dtype(x, out_dtype)
+    y = x.new_empty(_activation_out_shape(x, "glu"), dtype=out)
+    return (y, *_side(x, out in FP8_DTYPES))
+
+
+@torch.library.register_fake("te_lite::clamped_swiglu_bwd")
+def _(grad, x, limit, alpha):
+    return x.new_empty(x.shape)
+
+
+def _clamped_setup(ctx, inputs, output):
+    x, limit, alpha = inputs[:3]
+    y, amax, scale_inv = output
+    ctx.save_for_backward(x)
+    ctx.params = (limit, alpha)
+    ctx.mark_non_differentiable(amax, scale_inv, *((y,) if y.dtype in FP8_DTYPES else ()))
+
+
+def _clamped_backward(ctx, dy, *_):
+    (x,) = ctx.saved_tensors
+    return _ops.clamped_swiglu_bwd(dy.to(x.dtype), x, *ctx.params), None, None, None, None
+
+
+torch.library.register_autograd(
+    "te_lite::clamped_swiglu_fwd", _clamped_backward, setup_context=_clamped_setup
 )
 
 

@@ -1,4 +1,4 @@
-// Activations on the GPU against the CPU op: all ten ops forward and backward, every input dtype,
+// Activations on the GPU against the CPU op: every op (clamped SwiGLU included) forward and backward, every input dtype,
 // plain / per-tensor FP8 / MXFP8 outputs. Both devices evaluate the same util/math.h functors with
 // the same operation order (no FMA contraction), so every output byte must match.
 #include <string>
@@ -17,6 +17,14 @@ using test::TestTensor;
 using FwdFn = NVTEStatus (*)(const NVTETensor, NVTETensor, NVTEStream);
 using BwdFn = NVTEStatus (*)(const NVTETensor, const NVTETensor, NVTETensor, NVTEStream);
 
+// Clamped SwiGLU with a limit inside the input range, so both clamps take effect.
+NVTEStatus clamped_fwd(const NVTETensor x, NVTETensor out, NVTEStream s) {
+  return nvte_clamped_swiglu(x, out, 2.5f, 1.702f, s);
+}
+NVTEStatus clamped_bwd(const NVTETensor g, const NVTETensor x, NVTETensor out, NVTEStream s) {
+  return nvte_clamped_dswiglu(g, x, out, 2.5f, 1.702f, s);
+}
+
 struct ActOp {
   const char *name;
   bool gated;
@@ -30,7 +38,7 @@ const ActOp kOps[] = {
     {"silu", false, nvte_silu, nvte_dsilu},       {"geglu", true, nvte_geglu, nvte_dgeglu},
     {"qgeglu", true, nvte_qgeglu, nvte_dqgeglu},  {"reglu", true, nvte_reglu, nvte_dreglu},
     {"sreglu", true, nvte_sreglu, nvte_dsreglu},  {"swiglu", true, nvte_swiglu, nvte_dswiglu},
-    {"glu", true, nvte_glu, nvte_dglu},
+    {"glu", true, nvte_glu, nvte_dglu},           {"clamped_swiglu", true, clamped_fwd, clamped_bwd},
 };
 
 // Output configurations: (kind, dtype).

@@ -1,6 +1,7 @@
 // C API of the activation family (activation.h): argument checks, device routing, CPU/GPU launch.
 #include "transformer_engine_lite/activation.h"
 
+#include <cmath>
 #include <utility>
 #include <vector>
 
@@ -48,11 +49,25 @@ void check_output_disjoint(const Tensor &out, const SimpleTensor &in, const char
                    "output (column-wise data)");
 }
 
+// Clamped SwiGLU's parameters (nullptr for the parameterless activations).
+struct ClampedParams {
+  float limit;
+  float alpha;
+};
+
+void check_clamped(const ClampedParams &p) {
+  NVTE_CHECK(std::isfinite(p.limit) && p.limit > 0.0f,
+             "argument 'limit': expected a finite number > 0, got ", p.limit);
+  NVTE_CHECK(std::isfinite(p.alpha), "argument 'alpha': expected a finite number, got ", p.alpha);
+}
+
 NVTEStatus activation_fwd(const char *op, Activation act, bool gated, const NVTETensor input,
-                          NVTETensor output, NVTEStream stream) {
+                          NVTETensor output, NVTEStream stream,
+                          const ClampedParams *clamped = nullptr) {
   return guarded(op, [&] {
     const Tensor &in = as_tensor(input, "input");
     const Tensor &out = as_tensor(output, "output");
+    if (clamped != nullptr) check_clamped(*clamped);
     check_has_data(in, "input");
     check_dtype(in.data, "input", {kNVTEFloat32, kNVTEFloat16, kNVTEBFloat16});
     const std::vector<size_t> out_shape = gated ? gated_half_shape(in.data) : in.data.shape;
@@ -61,13 +76,19 @@ NVTEStatus activation_fwd(const char *op, Activation act, bool gated, const NVTE
     check_output_disjoint(out, in.data, "input");
     if (gpu) {
 #ifdef NVTE_WITH_GPU
-      gpu::launch_activation_fwd(act, gated, in, out, spec, stream);
+      if (clamped != nullptr) {
+        gpu::launch_clamped_swiglu_fwd(in, clamped->limit, clamped->alpha, out, spec, stream);
+      } else {
+        gpu::launch_activation_fwd(act, gated, in, out, spec, stream);
+      }
 #endif
       return;
     }
     (void)stream;
     const OutputEmitter em(out, spec);
-    if (gated) {
+    if (clamped != nullptr) {
+      launch_clamped_swiglu_fwd(in, clamped->limit, clamped->alpha, em);
+    } else if (gated) {
       launch_gated_activation_fwd(act, in, em);
     } else {
       launch_activation_fwd(act, in, em);
@@ -76,11 +97,13 @@ NVTEStatus activation_fwd(const char *op, Activation act, bool gated, const NVTE
 }
 
 NVTEStatus activation_bwd(const char *op, Activation act, bool gated, const NVTETensor grad,
-                          const NVTETensor input, NVTETensor output, NVTEStream stream) {
+                          const NVTETensor input, NVTETensor output, NVTEStream stream,
+                          const ClampedParams *clamped = nullptr) {
   return guarded(op, [&] {
     const Tensor &g = as_tensor(grad, "grad");
     const Tensor &in = as_tensor(input, "input");
     const Tensor &out = as_tensor(output, "output");
+    if (clamped != nullptr) check_clamped(*clamped);
     check_has_data(g, "grad");
     check_has_data(in, "input");
     check_dtype(in.data, "input", {kNVTEFloat32, kNVTEFloat16, kNVTEBFloat16});
@@ -92,13 +115,19 @@ NVTEStatus activation_bwd(const char *op, Activation act, bool gated, const NVTE
     check_output_disjoint(out, in.data, "input", &g.data, "grad");
     if (gpu) {
 #ifdef NVTE_WITH_GPU
-      gpu::launch_activation_bwd(act, gated, g, in, out, spec, stream);
+      if (clamped != nullptr) {
+        gpu::launch_clamped_swiglu_bwd(g, in, clamped->limit, clamped->alpha, out, spec, stream);
+      } else {
+        gpu::launch_activation_bwd(act, gated, g, in, out, spec, stream);
+      }
 #endif
       return;
     }
     (void)stream;
     const OutputEmitter em(out, spec);
-    if (gated) {
+    if (clamped != nullptr) {
+      launch_clamped_swiglu_bwd(g, in, clamped->limit, clamped->alpha, em);
+    } else if (gated) {
       launch_gated_activation_bwd(act, g, in, em);
     } else {
       launch_activation_bwd(act, g, in, em);
@@ -112,6 +141,7 @@ NVTEStatus activation_bwd(const char *op, Activation act, bool gated, const NVTE
 using nvte::Activation;
 using nvte::activation_bwd;
 using nvte::activation_fwd;
+using nvte::ClampedParams;
 
 // ---------------------------------------------------------------- element-wise
 NVTEStatus nvte_gelu(const NVTETensor input, NVTETensor output, NVTEStream stream) {
@@ -194,4 +224,17 @@ NVTEStatus nvte_dswiglu(const NVTETensor grad, const NVTETensor input, NVTETenso
 NVTEStatus nvte_dglu(const NVTETensor grad, const NVTETensor input, NVTETensor output,
                      NVTEStream stream) {
   return activation_bwd("nvte_dglu", Activation::kSigmoid, true, grad, input, output, stream);
+}
+
+// ---------------------------------------------------------------- clamped SwiGLU (GPT-OSS)
+NVTEStatus nvte_clamped_swiglu(const NVTETensor input, NVTETensor output, float limit, float alpha,
+                               NVTEStream stream) {
+  const ClampedParams p{limit, alpha};
+  return activation_fwd("nvte_clamped_swiglu", Activation::kSilu, true, input, output, stream, &p);
+}
+NVTEStatus nvte_clamped_dswiglu(const NVTETensor grad, const NVTETensor input, NVTETensor output,
+                                float limit, float alpha, NVTEStream stream) {
+  const ClampedParams p{limit, alpha};
+  return activation_bwd("nvte_clamped_dswiglu", Activation::kSilu, true, grad, input, output,
+                        stream, &p);
 }

@@ -23,6 +23,8 @@ struct ActivationParams {
   size_t rows = 0;              // product of the output's leading dims
   size_t cols = 0;              // output columns: input cols; H (gated fwd); 2H (gated bwd)
   bool gated = false;           // input rows are [a | b]
+  float limit = 0.0f;           // clamped SwiGLU only
+  float alpha = 0.0f;
 };
 
 // Both kernels run a flat grid-stride loop over the rows * cols outputs: every thread is busy
@@ -85,6 +87,51 @@ __global__ void __launch_bounds__(kThreads)
   write_scale_inv(out);
 }
 
+// Clamped SwiGLU forward: y = ClampedSwiGLU::fwd(a, b) (the CPU's clamped_fwd_span).
+template <typename OType>
+__global__ void __launch_bounds__(kThreads)
+    clamped_swiglu_fwd_kernel(const ActivationParams p, const OutputParams out) {
+  __shared__ float scratch[kThreads / kWarpSize];
+  const float scale = output_scale(out);
+  float thread_amax = 0.0f;
+  for (size_t e = first_index(); e < p.rows * p.cols; e += grid_stride()) {
+    const size_t row = e / p.cols, col = e - row * p.cols;
+    const size_t i = row * 2 * p.cols + col;
+    const float y = ClampedSwiGLU::fwd(load_hp(p.input, p.dtype, i),
+                                       load_hp(p.input, p.dtype, i + p.cols), p.limit, p.alpha);
+    store_output<OType>(out, row, col, y, scale);
+    thread_amax = abs_max_update(thread_amax, y);
+  }
+  record_amax(out, thread_amax, scratch);
+  write_scale_inv(out);
+}
+
+// Clamped SwiGLU backward: row [da | db] (the CPU's clamped_bwd_span).
+template <typename OType>
+__global__ void __launch_bounds__(kThreads)
+    clamped_swiglu_bwd_kernel(const ActivationParams p, const OutputParams out) {
+  __shared__ float scratch[kThreads / kWarpSize];
+  const float scale = output_scale(out);
+  const size_t h = p.cols / 2;
+  float thread_amax = 0.0f;
+  for (size_t e = first_index(); e < p.rows * p.cols; e += grid_stride()) {
+    const size_t row = e / p.cols, col = e - row * p.cols;
+    const bool first = col < h;
+    const size_t k = first ? col : col - h;
+    const float av = load_hp(p.input, p.dtype, row * p.cols + k);
+    const float bv = load_hp(p.input, p.dtype, row * p.cols + h + k);
+    const float gv = load_hp(p.grad, p.dtype, row * h + k);
+    const float y = first ? gv * ClampedSwiGLU::linear(bv, p.limit) *
+                                ClampedSwiGLU::dgate(av, p.limit, p.alpha)
+                          : gv * ClampedSwiGLU::gate(av, p.limit, p.alpha) *
+                                ClampedSwiGLU::dlinear(bv, p.limit);
+    store_output<OType>(out, row, col, y, scale);
+    thread_amax = abs_max_update(thread_amax, y);
+  }
+  record_amax(out, thread_amax, scratch);
+  write_scale_inv(out);
+}
+
 unsigned grid_for(const ActivationParams &p) {
   const size_t blocks = (p.rows * p.cols + kThreads - 1) / kThreads;
   // At least one block: the kernel also writes scale_inv, which an empty output still gets.
@@ -112,7 +159,51 @@ void launch(Activation act, const ActivationParams &p, const Tensor &out, const 
   staged.finish();
 }
 
+template <bool kBackward>
+void launch_clamped(const ActivationParams &p, const Tensor &out, const OutputSpec &spec,
+                    void *stream) {
+  const cudaStream_t s = as_stream(stream);
+  StagedOutput staged(out, spec, s);
+  dispatch_dtype<GpuOutputTypes>(staged.store_dtype(), "output", [&](auto tag) {
+    using OType = typename decltype(tag)::type;
+    if constexpr (kBackward) {
+      clamped_swiglu_bwd_kernel<OType><<<grid_for(p), kThreads, 0, s>>>(p, staged.params());
+    } else {
+      clamped_swiglu_fwd_kernel<OType><<<grid_for(p), kThreads, 0, s>>>(p, staged.params());
+    }
+    NVTE_CHECK_LAUNCH();
+  });
+  staged.finish();
+}
+
 }  // namespace
+
+void launch_clamped_swiglu_fwd(const Tensor &input, float limit, float alpha, const Tensor &out,
+                               const OutputSpec &spec, void *stream) {
+  ActivationParams p;
+  p.input = input.data.dptr;
+  p.dtype = input.data.dtype;
+  p.rows = spec.rows;
+  p.cols = spec.cols;
+  p.gated = true;
+  p.limit = limit;
+  p.alpha = alpha;
+  launch_clamped<false>(p, out, spec, stream);
+}
+
+void launch_clamped_swiglu_bwd(const Tensor &grad, const Tensor &input, float limit, float alpha,
+                               const Tensor &out, const OutputSpec &spec, void *stream) {
+  ActivationParams p;
+  p.input = input.data.dptr;
+  p.grad = grad.data.dptr;
+  p.dtype = input.data.dtype;
+  p.rows = spec.rows;
+  p.cols = spec.cols;
+  p.gated = true;
+  p.limit = limit;
+  p.alpha = alpha;
+  launch_clamped<true>(p, out, spec, stream);
+}
 
 void launch_activation_fwd(Activation act, bool gated, const Tensor &input, const Tensor &out,
                            const OutputSpec &spec, void *stream) {

@@ -22,4 +22,11 @@ void launch_gated_activation_fwd(Activation act, const Tensor &input, const Outp
 void launch_gated_activation_bwd(Activation act, const Tensor &grad, const Tensor &input,
                                  const OutputEmitter &out);
 
+// Clamped SwiGLU (util/math.h ClampedSwiGLU): input [rows, 2H] = [a | b], output [rows, H].
+void launch_clamped_swiglu_fwd(const Tensor &input, float limit, float alpha,
+                               const OutputEmitter &out);
+// grad [rows, H], input [rows, 2H], output [rows, 2H] = [da | db].
+void launch_clamped_swiglu_bwd(const Tensor &grad, const Tensor &input, float limit, float alpha,
+                               const OutputEmitter &out);
+
 }  // namespace nvte

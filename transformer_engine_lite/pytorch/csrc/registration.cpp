@@ -56,6 +56,10 @@ TORCH_LIBRARY(te_lite, m) {
       "activation_fwd(Tensor x, str activation, ScalarType? out_dtype=None, Tensor? scale=None) -> "
       "(Tensor, Tensor, Tensor)");
   m.def("activation_bwd(Tensor grad, Tensor x, str activation) -> Tensor");
+  m.def(
+      "clamped_swiglu_fwd(Tensor x, float limit, float alpha, ScalarType? out_dtype=None, "
+      "Tensor? scale=None) -> (Tensor, Tensor, Tensor)");
+  m.def("clamped_swiglu_bwd(Tensor grad, Tensor x, float limit, float alpha) -> Tensor");
 
   // ---- GEMM (TE's nvte_cublas_gemm semantics)
   m.def(

@@ -72,11 +72,9 @@ def resolve_activation_params(owner: str, activation: str, params: Any) -> dict[
 
 def clamped_swiglu(h: torch.Tensor, limit: float, alpha: float) -> torch.Tensor:
     """TE's clamped SwiGLU (GPT-OSS) on [..., 2H] = [a | b]: a' = min(a, limit),
-    b' = clamp(b, -limit, limit); out = a' * sigmoid(alpha * a') * (b' + 1), in fp32, returned in
-    h's dtype. Composed of torch ops (autograd by torch): the core has no fused kernel for it."""
-    a, b = h.float().chunk(2, -1)
-    a = a.clamp(max=limit)
-    return (a * torch.sigmoid(alpha * a) * (b.clamp(-limit, limit) + 1.0)).to(h.dtype)
+    b' = clamp(b, -limit, limit); out = a' * sigmoid(alpha * a') * (b' + 1) (the core's
+    nvte_clamped_swiglu, fp32 math, differentiable)."""
+    return torch.ops.te_lite.clamped_swiglu_fwd(h.contiguous(), limit, alpha)[0]
 
 
 class LayerNormMLP(TransformerEngineBaseModule):

@@ -59,6 +59,16 @@ NVTE_API NVTEStatus nvte_dswiglu(const NVTETensor grad, const NVTETensor input, 
 NVTE_API NVTEStatus nvte_dglu(const NVTETensor grad, const NVTETensor input, NVTETensor output,
                               NVTEStream stream);
 
+/* Clamped SwiGLU (TE's, GPT-OSS): input [..., 2H] = [a | b], output [..., H] =
+ * min(a, limit) * sigmoid(alpha * min(a, limit)) * (clamp(b, -limit, limit) + 1), in fp32 then
+ * the output dtype (HP or FP8, per-tensor or MXFP8). Backward: output [..., 2H] = [da | db], zero
+ * where the clamp is active (a > limit; |b| > limit). limit: finite and > 0; alpha: finite. */
+NVTE_API NVTEStatus nvte_clamped_swiglu(const NVTETensor input, NVTETensor output, float limit,
+                                        float alpha, NVTEStream stream);
+NVTE_API NVTEStatus nvte_clamped_dswiglu(const NVTETensor grad, const NVTETensor input,
+                                         NVTETensor output, float limit, float alpha,
+                                         NVTEStream stream);
+
 #ifdef __cplusplus
 }
 #endif
