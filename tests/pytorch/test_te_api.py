@@ -36,7 +36,9 @@ def _grads(module, x, r, fn=None, loss_w=None):
     y = y[0] if isinstance(y, tuple) else y
     w = loss_w if loss_w is not None else torch.ones_like(y)
     (y * w).sum().backward()
-    grads = {n: p.grad.clone() if p.grad is not None else None for n, p in module.named_parameters()}
+    grads = {
+        n: p.grad.clone() if p.grad is not None else None for n, p in module.named_parameters()
+    }
     module.zero_grad(set_to_none=True)
     return y.detach(), x.grad, grads
 
@@ -110,8 +112,12 @@ def test_grouped_linear_single_params_return_bias_and_errors():
     gb = te.GroupedLinear(2, 16, 8, return_bias=True)
     out, biases = gb(x, [5, 5])
     assert len(biases) == 2 and torch.equal(biases[1], gb.bias1)
-    for bad, match in (([5, 4], "summing to the 10"), ([5], "2 entries"), ([11, -1], ">= 0"),
-                       (torch.tensor([5.0, 5.0]), "integer tensor")):
+    for bad, match in (
+        ([5, 4], "summing to the 10"),
+        ([5], "2 entries"),
+        ([11, -1], ">= 0"),
+        (torch.tensor([5.0, 5.0]), "integer tensor"),
+    ):
         with pytest.raises(ValueError, match=match):
             g(x, bad)
 
@@ -162,8 +168,13 @@ def test_recompute_queries():
     def body(t):
         outside = is_fp8_activation_recompute_enabled()
         with te.autocast(recipe=rc.DelayedScaling()):
-            seen.append((outside, is_fp8_activation_recompute_enabled(),
-                         in_fp8_activation_recompute_phase()))
+            seen.append(
+                (
+                    outside,
+                    is_fp8_activation_recompute_enabled(),
+                    in_fp8_activation_recompute_phase(),
+                )
+            )
             return layer(t)
 
     x = torch.randn(4, 16, requires_grad=True)
@@ -265,7 +276,9 @@ def test_float8_quantizers_and_tensor():
     assert torch.equal(t._data, ref.view(torch.uint8))
     torch.testing.assert_close(t.dequantize(), x, rtol=0.07, atol=0.0)
     # torch ops on a quantized tensor see its dequantized values
-    assert torch.equal(t + 0, t.dequantize()) and torch.equal(t.detach().dequantize(), t.dequantize())
+    assert torch.equal(t + 0, t.dequantize()) and torch.equal(
+        t.detach().dequantize(), t.dequantize()
+    )
     s, amax = torch.ones(1), torch.zeros(1)
     d = te.Float8Quantizer(s, amax, te.DType.kFloat8E5M2)(x)
     assert amax.item() == x.abs().max().item() and d._fp8_dtype == te.DType.kFloat8E5M2
@@ -361,8 +374,10 @@ def test_fuse_wgrad_accumulation_with_frozen_weight():
 
 def test_recipe_fields_te_has_are_applied_or_refused(monkeypatch):
     r = rc.Float8CurrentScaling(use_power_2_scales=True)
-    assert all(getattr(r, q).power_2_scale for q in
-               ("fp8_quant_fwd_inp", "fp8_quant_fwd_weight", "fp8_quant_bwd_grad"))
+    assert all(
+        getattr(r, q).power_2_scale
+        for q in ("fp8_quant_fwd_inp", "fp8_quant_fwd_weight", "fp8_quant_bwd_grad")
+    )
     monkeypatch.setenv("NVTE_FP8_CURRENT_SCALING_POWER_2_SCALES", "1")
     assert rc.Float8CurrentScaling().use_power_2_scales
     monkeypatch.setenv("NVTE_BACKWARD_OVERRIDE", "dequantized")
@@ -388,7 +403,7 @@ def test_recipe_fields_te_has_are_applied_or_refused(monkeypatch):
     assert s == 2.0 ** round(math.log2(s))
 
 
-# ------------------------------------------------------------------ MoE padding, RNG tracker, graphs
+# ------------------------------------------------------------------ MoE padding, RNG, graphs
 @pytest.mark.parametrize("name", ["bf16", "mxfp8"])
 def test_fp8_padding_round_trip_with_grouped_linear(name):
     torch.manual_seed(12)

@@ -262,4 +262,9 @@ from .checkpoint import (  # noqa: E402
     is_fp8_activation_recompute_enabled,
 )
 
-__all__ += ["CudaRNGStatesTracker", "checkpoint", "in_fp8_activation_recompute_phase", "is_fp8_activation_recompute_enabled"]
+__all__ += [
+    "CudaRNGStatesTracker",
+    "checkpoint",
+    "in_fp8_activation_recompute_phase",
+    "is_fp8_activation_recompute_enabled",
+]

@@ -36,10 +36,14 @@ def init_method_normal(sigma: float) -> Callable[[torch.Tensor], torch.Tensor]:
     return init_
 
 
-def scaled_init_method_normal(sigma: float, num_layers: int) -> Callable[[torch.Tensor], torch.Tensor]:
+def scaled_init_method_normal(
+    sigma: float, num_layers: int
+) -> Callable[[torch.Tensor], torch.Tensor]:
     """Init method drawing from N(0, sigma / sqrt(2 * num_layers)) (output projections)."""
     if not isinstance(num_layers, int) or num_layers < 1:
-        raise ValueError(f"scaled_init_method_normal: num_layers: expected an int >= 1, got {num_layers!r}")
+        raise ValueError(
+            f"scaled_init_method_normal: num_layers: expected an int >= 1, got {num_layers!r}"
+        )
     return init_method_normal(sigma / math.sqrt(2.0 * num_layers))
 
 
@@ -58,8 +62,11 @@ def get_default_init_method() -> Callable[[torch.Tensor], torch.Tensor]:
     return init_method_normal(0.023)
 
 
-def attention_mask_func(attention_scores: torch.Tensor, attention_mask: torch.Tensor) -> torch.Tensor:
-    """TE's mask function for the unfused softmax: masked positions (True) become -10000, in place."""
+def attention_mask_func(
+    attention_scores: torch.Tensor, attention_mask: torch.Tensor
+) -> torch.Tensor:
+    """TE's mask function for the unfused softmax: masked positions (True) become -10000, in
+    place."""
     attention_scores.masked_fill_(attention_mask, -10000.0)
     return attention_scores
 

@@ -65,26 +65,32 @@ def general_gemm(
     if ub is not None or ub_type is not None or extra_output is not None or bulk_overlap:
         raise NotImplementedError(
             "general_gemm: userbuffer communication overlap (ub, ub_type, extra_output, "
-            "bulk_overlap) is not supported by transformer_engine_lite")
+            "bulk_overlap) is not supported by transformer_engine_lite"
+        )
     if layout not in ("TN", "NN", "NT"):
         raise ValueError(f"general_gemm: layout: expected 'TN', 'NN' or 'NT', got {layout!r}")
     transa, transb = layout[0] == "T", layout[1] == "T"
     a, a_si = _operand("A", A, transa)
     b, b_si = _operand("B", B, not transb)
-    dtype = out_dtype if out_dtype is not None else (A.dtype if isinstance(A, torch.Tensor) else None)
+    dtype = (
+        out_dtype if out_dtype is not None else (A.dtype if isinstance(A, torch.Tensor) else None)
+    )
     if out is not None and out_dtype is None:
         dtype = out.dtype
     if not accumulate and beta not in (None, 0, 0.0):
         raise ValueError(f"general_gemm: beta: expected None or 0 without accumulate, got {beta!r}")
     if accumulate and out is None:
         raise ValueError("general_gemm: out: expected a tensor to accumulate into, got None")
-    d, pre_gelu, bias_grad, _, _ = ops().gemm(a, a_si, transa, b, b_si, transb, dtype, bias,
-                                               gelu, grad, gelu_in, None)
+    d, pre_gelu, bias_grad, _, _ = ops().gemm(
+        a, a_si, transa, b, b_si, transb, dtype, bias, gelu, grad, gelu_in, None
+    )
     if alpha != 1.0:
         d = d * alpha
     if out is not None:
         if tuple(out.shape) != tuple(d.shape):
-            raise ValueError(f"general_gemm: out: expected shape {tuple(d.shape)}, got {tuple(out.shape)}")
+            raise ValueError(
+                f"general_gemm: out: expected shape {tuple(d.shape)}, got {tuple(out.shape)}"
+            )
         if accumulate:
             b_ = 1.0 if beta is None else float(beta)
             out.copy_(out * b_ + d.to(out.dtype)) if b_ != 1.0 else out.add_(d.to(out.dtype))

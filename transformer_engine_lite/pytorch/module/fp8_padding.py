@@ -17,16 +17,19 @@ def align_size_for_recipe() -> int:
 
 
 def _check(owner: str, inp: torch.Tensor, m_splits: list[int], n: int, rows: int | None) -> None:
-    if not isinstance(m_splits, (list, tuple)) or len(m_splits) != n or any(
-        not isinstance(m, int) or m < 0 for m in m_splits
+    if (
+        not isinstance(m_splits, (list, tuple))
+        or len(m_splits) != n
+        or any(not isinstance(m, int) or m < 0 for m in m_splits)
     ):
         raise ValueError(f"{owner}: m_splits: expected {n} ints >= 0 (num_gemms), got {m_splits!r}")
     if not isinstance(inp, torch.Tensor) or inp.dim() != 2:
         got = tuple(inp.shape) if isinstance(inp, torch.Tensor) else type(inp).__name__
         raise ValueError(f"{owner}: inp: expected a 2-D tensor [tokens, features], got {got}")
     if rows is not None and inp.shape[0] != rows:
-        raise ValueError(f"{owner}: inp: expected {rows} rows for m_splits {list(m_splits)}, "
-                         f"got {inp.shape[0]}")
+        raise ValueError(
+            f"{owner}: inp: expected {rows} rows for m_splits {list(m_splits)}, got {inp.shape[0]}"
+        )
 
 
 class _PaddingBase(torch.nn.Module):
@@ -37,8 +40,10 @@ class _PaddingBase(torch.nn.Module):
                 f"{type(self).__name__}: num_gemms: expected an int >= 1, got {num_gemms!r}"
             )
         if align_size is not None and (not isinstance(align_size, int) or align_size < 1):
-            raise ValueError(f"{type(self).__name__}: align_size: expected None or an int >= 1, "
-                             f"got {align_size!r}")
+            raise ValueError(
+                f"{type(self).__name__}: align_size: expected None or an int >= 1, "
+                f"got {align_size!r}"
+            )
         self.num_gemms = num_gemms
         self.align_size = align_size
 

@@ -55,16 +55,21 @@ class GroupedLinear(TransformerEngineBaseModule):
         use_grouped_tensor: bool | None = None,
     ) -> None:
         owner = "GroupedLinear"
-        reject_unsupported(owner, ub_overlap_rs=ub_overlap_rs, ub_overlap_ag=ub_overlap_ag,
-                           ub_name=ub_name)
-        for arg, v in (("num_gemms", num_gemms), ("in_features", in_features),
-                       ("out_features", out_features)):
+        reject_unsupported(
+            owner, ub_overlap_rs=ub_overlap_rs, ub_overlap_ag=ub_overlap_ag, ub_name=ub_name
+        )
+        for arg, v in (
+            ("num_gemms", num_gemms),
+            ("in_features", in_features),
+            ("out_features", out_features),
+        ):
             if not isinstance(v, int) or isinstance(v, bool) or v < 1:
                 raise ValueError(f"{owner}: {arg}: expected an int >= 1, got {v!r}")
         if sequence_parallel:
             raise NotImplementedError(
                 f"{owner}: sequence_parallel=True is not supported by transformer_engine_lite "
-                "(per-expert token splits are not sequence-sharded here); leave it False")
+                "(per-expert token splits are not sequence-sharded here); leave it False"
+            )
         device = torch.device(device) if device is not None else default_device()
         super().__init__(num_gemms=num_gemms, device=device, name=name)
         self.tp = TPConfig(owner, parallel_mode, tp_group, tp_size, sequence_parallel)
@@ -84,10 +89,13 @@ class GroupedLinear(TransformerEngineBaseModule):
         tp = max(1, self.tp.size)
         self.out_features_local = (
             split_size(owner, "out_features", out_features, tp)
-            if parallel_mode == "column" else out_features
+            if parallel_mode == "column"
+            else out_features
         )
         self.in_features_local = (
-            split_size(owner, "in_features", in_features, tp) if parallel_mode == "row" else in_features
+            split_size(owner, "in_features", in_features, tp)
+            if parallel_mode == "row"
+            else in_features
         )
         n, o, i, dt = num_gemms, self.out_features_local, self.in_features_local, self.params_dtype
         if self.single_grouped_weight:
@@ -135,7 +143,7 @@ class GroupedLinear(TransformerEngineBaseModule):
             for w in self._weights():
                 self._init_weight(w, self.init_method, tracker, self.rng_tracker_name)
         with torch.no_grad():
-            for b in ([self.bias] if self.single_grouped_bias else self._biases()):
+            for b in [self.bias] if self.single_grouped_bias else self._biases():
                 if b is not None and b.device.type != "meta":
                     b.zero_()
 
@@ -143,18 +151,24 @@ class GroupedLinear(TransformerEngineBaseModule):
     def _splits(owner: str, m_splits: Any, rows: int, n: int) -> list[int]:
         if isinstance(m_splits, torch.Tensor):
             if m_splits.dim() != 1 or m_splits.is_floating_point() or m_splits.is_complex():
-                raise ValueError(f"{owner}: m_splits: expected a 1-D integer tensor, got "
-                                 f"{m_splits.dtype} of shape {tuple(m_splits.shape)}")
+                raise ValueError(
+                    f"{owner}: m_splits: expected a 1-D integer tensor, got "
+                    f"{m_splits.dtype} of shape {tuple(m_splits.shape)}"
+                )
             m_splits = m_splits.tolist()
         if not isinstance(m_splits, (list, tuple)) or any(
             not isinstance(m, int) or isinstance(m, bool) or m < 0 for m in m_splits
         ):
             raise ValueError(f"{owner}: m_splits: expected a list of ints >= 0, got {m_splits!r}")
         if len(m_splits) != n:
-            raise ValueError(f"{owner}: m_splits: expected {n} entries (num_gemms), got {len(m_splits)}")
+            raise ValueError(
+                f"{owner}: m_splits: expected {n} entries (num_gemms), got {len(m_splits)}"
+            )
         if sum(m_splits) != rows:
-            raise ValueError(f"{owner}: m_splits: expected entries summing to the {rows} input rows, "
-                             f"got {list(m_splits)} (sum {sum(m_splits)})")
+            raise ValueError(
+                f"{owner}: m_splits: expected entries summing to the {rows} input rows, "
+                f"got {list(m_splits)} (sum {sum(m_splits)})"
+            )
         return list(m_splits)
 
     def forward(
@@ -171,9 +185,19 @@ class GroupedLinear(TransformerEngineBaseModule):
         outs = []
         for g, part in enumerate(torch.split(x2, splits, dim=0)):
             main_grad = self._main_grad(owner, self.fuse_wgrad_accumulation, weights[g])
-            outs.append(self._run_linear(part, weights[g], biases[g], g, self.parallel_mode,
-                                         self.tp, fp8, add_bias=not self.return_bias,
-                                         main_grad=main_grad))
+            outs.append(
+                self._run_linear(
+                    part,
+                    weights[g],
+                    biases[g],
+                    g,
+                    self.parallel_mode,
+                    self.tp,
+                    fp8,
+                    add_bias=not self.return_bias,
+                    main_grad=main_grad,
+                )
+            )
         y = torch.cat(outs, 0).reshape(*x.shape[:-1], outs[0].shape[-1])
         if self.return_bias:
             return y, [b.to(x.dtype) if b is not None else None for b in biases]

@@ -53,17 +53,21 @@ def resolve_activation_params(owner: str, activation: str, params: Any) -> dict[
     if params is None:
         return dict(allowed)
     if not isinstance(params, dict):
-        raise TypeError(f"{owner}: activation_params: expected a dict or None, got {type(params).__name__}")
+        raise TypeError(
+            f"{owner}: activation_params: expected a dict or None, got {type(params).__name__}"
+        )
     unknown = sorted(k for k in params if k not in allowed)
     if unknown:
         raise ValueError(
-            f"{owner}: activation_params: {activation!r} takes {sorted(allowed) or 'no parameters'}, "
-            f"got {unknown}"
+            f"{owner}: activation_params: {activation!r} takes "
+            f"{sorted(allowed) or 'no parameters'}, got {unknown}"
         )
     out = dict(allowed)
     for k, v in params.items():
         if not isinstance(v, (int, float)) or isinstance(v, bool) or not math.isfinite(v):
-            raise ValueError(f"{owner}: activation_params[{k!r}]: expected a finite number, got {v!r}")
+            raise ValueError(
+                f"{owner}: activation_params[{k!r}]: expected a finite number, got {v!r}"
+            )
         out[k] = float(v)
     if activation == "clamped_swiglu" and out["limit"] <= 0:
         raise ValueError(f"{owner}: activation_params['limit']: expected > 0, got {out['limit']}")

@@ -22,10 +22,19 @@ class Float8Tensor(QuantizedTensor):
     """
 
     @staticmethod
-    def __new__(cls, *, shape: Any = None, dtype: torch.dtype = torch.float32,
-                data: torch.Tensor, fp8_scale_inv: torch.Tensor, fp8_dtype: Any,
-                data_transpose: torch.Tensor | None = None, quantizer: Quantizer | None = None,
-                requires_grad: bool = False, **_: Any) -> Float8Tensor:
+    def __new__(
+        cls,
+        *,
+        shape: Any = None,
+        dtype: torch.dtype = torch.float32,
+        data: torch.Tensor,
+        fp8_scale_inv: torch.Tensor,
+        fp8_dtype: Any,
+        data_transpose: torch.Tensor | None = None,
+        quantizer: Quantizer | None = None,
+        requires_grad: bool = False,
+        **_: Any,
+    ) -> Float8Tensor:
         shape = tuple(data.shape) if shape is None else tuple(shape)
         self = super().__new__(cls, shape, dtype, device=data.device, requires_grad=requires_grad)
         self._data = data if data.dtype == torch.uint8 else data.view(torch.uint8)
@@ -55,48 +64,83 @@ class Float8Tensor(QuantizedTensor):
         self._transpose_invalid = True
 
     def _shallow_copy(self) -> Float8Tensor:
-        return Float8Tensor(shape=self.shape, dtype=self.dtype, data=self._data,
-                            fp8_scale_inv=self._scale_inv, fp8_dtype=self._fp8_dtype,
-                            data_transpose=self._transpose, quantizer=self._quantizer)
+        return Float8Tensor(
+            shape=self.shape,
+            dtype=self.dtype,
+            data=self._data,
+            fp8_scale_inv=self._scale_inv,
+            fp8_dtype=self._fp8_dtype,
+            data_transpose=self._transpose,
+            quantizer=self._quantizer,
+        )
 
 
 class Float8Quantizer(Quantizer):
     """Delayed scaling: quantize with the given `scale` ([1] or scalar fp32); the amax of each
     quantized tensor is folded into `amax` (running max, as TE's cast kernel does)."""
 
-    def __init__(self, scale: torch.Tensor, amax: torch.Tensor, fp8_dtype: Any, *,
-                 rowwise: bool = True, columnwise: bool = True) -> None:
+    def __init__(
+        self,
+        scale: torch.Tensor,
+        amax: torch.Tensor,
+        fp8_dtype: Any,
+        *,
+        rowwise: bool = True,
+        columnwise: bool = True,
+    ) -> None:
         super().__init__(rowwise=rowwise, columnwise=columnwise)
         for name, t in (("scale", scale), ("amax", amax)):
             if not isinstance(t, torch.Tensor) or t.numel() != 1 or t.dtype != torch.float32:
-                got = (f"{t.dtype} with {t.numel()} elements" if isinstance(t, torch.Tensor)
-                       else type(t).__name__)
-                raise ValueError(f"Float8Quantizer: {name}: expected a 1-element float32 tensor, got {got}")
+                got = (
+                    f"{t.dtype} with {t.numel()} elements"
+                    if isinstance(t, torch.Tensor)
+                    else type(t).__name__
+                )
+                raise ValueError(
+                    f"Float8Quantizer: {name}: expected a 1-element float32 tensor, got {got}"
+                )
         self.scale, self.amax = scale, amax
         self.dtype = to_dtype_enum(fp8_torch_dtype("Float8Quantizer", fp8_dtype))
 
     def _quantize(self, tensor: torch.Tensor) -> Float8Tensor:
         fp8 = fp8_torch_dtype("Float8Quantizer", self.dtype)
-        data, amax, scale_inv = ops().quantize(tensor.contiguous().reshape(-1),
-                                               self.scale.reshape(1), fp8)
+        data, amax, scale_inv = ops().quantize(
+            tensor.contiguous().reshape(-1), self.scale.reshape(1), fp8
+        )
         with torch.no_grad():
             self.amax.copy_(torch.maximum(self.amax.reshape(1), amax).reshape(self.amax.shape))
-        return Float8Tensor(shape=tensor.shape, dtype=tensor.dtype, data=data.reshape(tensor.shape),
-                            fp8_scale_inv=scale_inv, fp8_dtype=fp8, quantizer=self)
+        return Float8Tensor(
+            shape=tensor.shape,
+            dtype=tensor.dtype,
+            data=data.reshape(tensor.shape),
+            fp8_scale_inv=scale_inv,
+            fp8_dtype=fp8,
+            quantizer=self,
+        )
 
 
 class Float8CurrentScalingQuantizer(Quantizer):
     """Current scaling: scale = fp8_max / amax(tensor) (epsilon floor, optional power of two)."""
 
-    def __init__(self, fp8_dtype: Any, device: Any = None, *, rowwise: bool = True,
-                 columnwise: bool = True, use_existing_amax: bool = False,
-                 with_amax_reduction: bool = False, amax_reduction_group: Any = None,
-                 force_pow_2_scales: bool = False, amax_epsilon: float = 0.0) -> None:
+    def __init__(
+        self,
+        fp8_dtype: Any,
+        device: Any = None,
+        *,
+        rowwise: bool = True,
+        columnwise: bool = True,
+        use_existing_amax: bool = False,
+        with_amax_reduction: bool = False,
+        amax_reduction_group: Any = None,
+        force_pow_2_scales: bool = False,
+        amax_epsilon: float = 0.0,
+    ) -> None:
         super().__init__(rowwise=rowwise, columnwise=columnwise)
         if use_existing_amax:
             raise NotImplementedError(
                 "Float8CurrentScalingQuantizer: use_existing_amax=True is not supported by "
-                "transformer_engine_lite (the amax is always computed from the tensor)")
+                "transformer_engine_lite (the amax is always computed from the tensor)"
+            )
         self.dtype = to_dtype_enum(fp8_torch_dtype("Float8CurrentScalingQuantizer", fp8_dtype))
         self.device = torch.device(device) if device is not None else None
         self.with_amax_reduction = bool(with_amax_reduction)
@@ -109,10 +153,21 @@ class Float8CurrentScalingQuantizer(Quantizer):
         fp8 = fp8_torch_dtype("Float8CurrentScalingQuantizer", self.dtype)
         x = tensor.contiguous().reshape(-1)
         amax = te.compute_amax(x)
-        if self.with_amax_reduction and torch.distributed.is_available() and torch.distributed.is_initialized():
-            torch.distributed.all_reduce(amax, op=torch.distributed.ReduceOp.MAX,
-                                         group=self.amax_reduction_group)
+        if (
+            self.with_amax_reduction
+            and torch.distributed.is_available()
+            and torch.distributed.is_initialized()
+        ):
+            torch.distributed.all_reduce(
+                amax, op=torch.distributed.ReduceOp.MAX, group=self.amax_reduction_group
+            )
         scale, _ = te.compute_scale_from_amax(amax, fp8, self.amax_epsilon, self.force_pow_2_scales)
         data, _, scale_inv = te.quantize(x, scale, fp8)
-        return Float8Tensor(shape=tensor.shape, dtype=tensor.dtype, data=data.reshape(tensor.shape),
-                            fp8_scale_inv=scale_inv, fp8_dtype=fp8, quantizer=self)
+        return Float8Tensor(
+            shape=tensor.shape,
+            dtype=tensor.dtype,
+            data=data.reshape(tensor.shape),
+            fp8_scale_inv=scale_inv,
+            fp8_dtype=fp8,
+            quantizer=self,
+        )

@@ -19,18 +19,30 @@ class MXFP8Tensor(QuantizedTensor):
     flattened leading dims); data are uint8 FP8 bytes, scales E8M0 bytes."""
 
     @staticmethod
-    def __new__(cls, *, shape: Any, dtype: torch.dtype, rowwise_data: torch.Tensor | None,
-                rowwise_scale_inv: torch.Tensor | None, columnwise_data: torch.Tensor | None,
-                columnwise_scale_inv: torch.Tensor | None, fp8_dtype: Any,
-                quantizer: Quantizer | None = None, requires_grad: bool = False,
-                **_: Any) -> MXFP8Tensor:
+    def __new__(
+        cls,
+        *,
+        shape: Any,
+        dtype: torch.dtype,
+        rowwise_data: torch.Tensor | None,
+        rowwise_scale_inv: torch.Tensor | None,
+        columnwise_data: torch.Tensor | None,
+        columnwise_scale_inv: torch.Tensor | None,
+        fp8_dtype: Any,
+        quantizer: Quantizer | None = None,
+        requires_grad: bool = False,
+        **_: Any,
+    ) -> MXFP8Tensor:
         ref = rowwise_data if rowwise_data is not None else columnwise_data
         if ref is None:
             raise ValueError("MXFP8Tensor: expected rowwise_data or columnwise_data, got neither")
         self = super().__new__(cls, shape, dtype, device=ref.device, requires_grad=requires_grad)
-        u8 = (lambda t: None if t is None else (t if t.dtype == torch.uint8 else t.view(torch.uint8)))
+        u8 = lambda t: None if t is None else (t if t.dtype == torch.uint8 else t.view(torch.uint8))
         self._rowwise_data, self._rowwise_scale_inv = u8(rowwise_data), rowwise_scale_inv
-        self._columnwise_data, self._columnwise_scale_inv = u8(columnwise_data), columnwise_scale_inv
+        self._columnwise_data, self._columnwise_scale_inv = (
+            u8(columnwise_data),
+            columnwise_scale_inv,
+        )
         self._fp8_dtype = to_dtype_enum(fp8_torch_dtype("MXFP8Tensor", fp8_dtype))
         self._quantizer = quantizer
         return self
@@ -48,8 +60,12 @@ class MXFP8Tensor(QuantizedTensor):
 
     def _assign_from(self, other: QuantizedTensor) -> None:
         assert isinstance(other, MXFP8Tensor)
-        for name in ("_rowwise_data", "_rowwise_scale_inv", "_columnwise_data",
-                     "_columnwise_scale_inv"):
+        for name in (
+            "_rowwise_data",
+            "_rowwise_scale_inv",
+            "_columnwise_data",
+            "_columnwise_scale_inv",
+        ):
             mine, theirs = getattr(self, name), getattr(other, name)
             if mine is not None and theirs is not None:
                 mine.copy_(theirs)
@@ -57,11 +73,16 @@ class MXFP8Tensor(QuantizedTensor):
                 setattr(self, name, theirs)
 
     def _shallow_copy(self) -> MXFP8Tensor:
-        return MXFP8Tensor(shape=self.shape, dtype=self.dtype, rowwise_data=self._rowwise_data,
-                           rowwise_scale_inv=self._rowwise_scale_inv,
-                           columnwise_data=self._columnwise_data,
-                           columnwise_scale_inv=self._columnwise_scale_inv,
-                           fp8_dtype=self._fp8_dtype, quantizer=self._quantizer)
+        return MXFP8Tensor(
+            shape=self.shape,
+            dtype=self.dtype,
+            rowwise_data=self._rowwise_data,
+            rowwise_scale_inv=self._rowwise_scale_inv,
+            columnwise_data=self._columnwise_data,
+            columnwise_scale_inv=self._columnwise_scale_inv,
+            fp8_dtype=self._fp8_dtype,
+            quantizer=self._quantizer,
+        )
 
 
 class MXFP8Quantizer(Quantizer):
@@ -79,10 +100,14 @@ class MXFP8Quantizer(Quantizer):
         fp8 = fp8_torch_dtype("MXFP8Quantizer", self.dtype)
         x2 = tensor.contiguous().reshape(-1, tensor.shape[-1])
         r, rs, c, cs = ops().quantize_mxfp8(x2, fp8, self.rowwise_usage, self.columnwise_usage)
-        keep = (lambda t, on: t if on else None)
-        return MXFP8Tensor(shape=tensor.shape, dtype=tensor.dtype,
-                           rowwise_data=keep(r, self.rowwise_usage),
-                           rowwise_scale_inv=keep(rs, self.rowwise_usage),
-                           columnwise_data=keep(c, self.columnwise_usage),
-                           columnwise_scale_inv=keep(cs, self.columnwise_usage),
-                           fp8_dtype=fp8, quantizer=self)
+        keep = lambda t, on: t if on else None
+        return MXFP8Tensor(
+            shape=tensor.shape,
+            dtype=tensor.dtype,
+            rowwise_data=keep(r, self.rowwise_usage),
+            rowwise_scale_inv=keep(rs, self.rowwise_usage),
+            columnwise_data=keep(c, self.columnwise_usage),
+            columnwise_scale_inv=keep(cs, self.columnwise_usage),
+            fp8_dtype=fp8,
+            quantizer=self,
+        )

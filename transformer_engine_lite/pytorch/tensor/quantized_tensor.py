@@ -34,9 +34,15 @@ def check_hp_input(owner: str, tensor: Any) -> torch.Tensor:
 
 def fp8_torch_dtype(owner: str, fp8_dtype: Any) -> torch.dtype:
     dt = dtype_to_torch(fp8_dtype, f"{owner}: fp8_dtype")
-    if dt not in (torch.float8_e4m3fn, torch.float8_e5m2, torch.float8_e4m3fnuz,
-                  torch.float8_e5m2fnuz):
-        raise ValueError(f"{owner}: fp8_dtype: expected an FP8 dtype (E4M3 or E5M2), got {fp8_dtype!r}")
+    if dt not in (
+        torch.float8_e4m3fn,
+        torch.float8_e5m2,
+        torch.float8_e4m3fnuz,
+        torch.float8_e5m2fnuz,
+    ):
+        raise ValueError(
+            f"{owner}: fp8_dtype: expected an FP8 dtype (E4M3 or E5M2), got {fp8_dtype!r}"
+        )
     return dt
 
 
@@ -58,7 +64,9 @@ class Quantizer:
     def __call__(self, tensor: torch.Tensor) -> QuantizedTensor:
         return self.quantize(tensor)
 
-    def quantize(self, tensor: torch.Tensor, *, out: QuantizedTensor | None = None) -> QuantizedTensor:
+    def quantize(
+        self, tensor: torch.Tensor, *, out: QuantizedTensor | None = None
+    ) -> QuantizedTensor:
         if out is not None:
             return self.update_quantized(tensor, out)
         return self._quantize(check_hp_input(type(self).__name__, tensor))
@@ -72,12 +80,20 @@ class Quantizer:
         check_hp_input(owner, src)
         if not isinstance(dst, QuantizedTensor) or tuple(dst.shape) != tuple(src.shape):
             got = tuple(dst.shape) if isinstance(dst, torch.Tensor) else type(dst).__name__
-            raise ValueError(f"{owner}: dst: expected a QuantizedTensor of shape {tuple(src.shape)}, got {got}")
+            raise ValueError(
+                f"{owner}: dst: expected a QuantizedTensor of shape {tuple(src.shape)}, got {got}"
+            )
         dst._assign_from(self._quantize(src))
         return dst
 
-    def make_empty(self, shape: Any, *, dtype: torch.dtype = torch.float32,
-                   device: Any = None, requires_grad: bool = False) -> QuantizedTensor:
+    def make_empty(
+        self,
+        shape: Any,
+        *,
+        dtype: torch.dtype = torch.float32,
+        device: Any = None,
+        requires_grad: bool = False,
+    ) -> QuantizedTensor:
         """A quantized tensor of `shape` holding zeros (fill it with update_quantized)."""
         zeros = torch.zeros(tuple(shape), dtype=dtype, device=device)
         q = self._quantize(zeros)
@@ -91,8 +107,15 @@ class QuantizedTensor(torch.Tensor):
     _quantizer: Quantizer | None
 
     @staticmethod
-    def __new__(cls, shape: Any, dtype: torch.dtype, *, device: Any = None,
-                requires_grad: bool = False, **_: Any) -> QuantizedTensor:
+    def __new__(
+        cls,
+        shape: Any,
+        dtype: torch.dtype,
+        *,
+        device: Any = None,
+        requires_grad: bool = False,
+        **_: Any,
+    ) -> QuantizedTensor:
         return torch.Tensor._make_wrapper_subclass(
             cls, tuple(shape), dtype=dtype, device=device, requires_grad=requires_grad
         )
@@ -107,8 +130,10 @@ class QuantizedTensor(torch.Tensor):
         raise NotImplementedError
 
     def __repr__(self, *, tensor_contents: Any = None) -> str:
-        return (f"{type(self).__name__}(shape={tuple(self.shape)}, dtype={self.dtype}, "
-                f"data={self.dequantize()})")
+        return (
+            f"{type(self).__name__}(shape={tuple(self.shape)}, dtype={self.dtype}, "
+            f"data={self.dequantize()})"
+        )
 
     def quantize_(self, tensor: torch.Tensor) -> QuantizedTensor:
         """Overwrite with `tensor` quantized by this tensor's quantizer."""
