@@ -453,3 +453,20 @@ def test_make_graphed_callables_is_gpu_only():
     with pytest.raises(NotImplementedError, match="CUDA graph"):
         te.make_graphed_callables(te.Linear(4, 4), (torch.randn(2, 4),))
     assert isinstance(te.get_default_recipe(), rc.DelayedScaling)
+
+
+@pytest.mark.parametrize("name", ["delayed", "current", "mxfp8"])
+def test_quantized_model_init_first_fp8_step_reproduces_weights(name):
+    """FP8 parameters hold what the recipe's first forward quantizes the weight to (TE's FP8
+    parameters: delayed scaling starts from scale 1), so the first FP8 step of a model built under
+    quantized_model_init equals that of the same model with high-precision weights, bitwise."""
+    torch.manual_seed(13)
+    with te.quantized_model_init(recipe=RECIPES[name]()):
+        a = te.Linear(64, 32)
+    torch.manual_seed(13)
+    b = te.Linear(64, 32)
+    assert not torch.equal(a.weight, b.weight)  # a's weights were rounded to FP8 values
+    x = torch.randn(8, 64)
+    ya, dxa, _ = _grads(a, x, RECIPES[name]())
+    yb, dxb, _ = _grads(b, x, RECIPES[name]())
+    assert torch.equal(ya, yb) and torch.equal(dxa, dxb)

@@ -478,8 +478,9 @@ def quantized_model_init(
     """Modules created inside keep FP8 primary weights.
 
     Here "FP8 weights" means: each weight is quantized with the recipe's forward format right after
-    initialization (per-tensor current scaling for DelayedScaling/Float8CurrentScaling, 1x32 blocks
-    for MXFP8) and stored dequantized, so it holds exactly FP8-representable values, and the
+    initialization (DelayedScaling: with the initial delayed-scaling scale 1.0, as TE's FP8
+    parameters; Float8CurrentScaling: per-tensor current scaling; MXFP8: 1x32 blocks) and stored
+    dequantized, so it holds exactly FP8-representable values, and the
     parameter is flagged `param.fp8_primary = True` (module attribute `primary_weights_in_fp8`).
     Memory is not reduced: there is no Float8Tensor subclass in TE-lite. With
     preserve_high_precision_init_val, `param.get_high_precision_init_val()` returns the

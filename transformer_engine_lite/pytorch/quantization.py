@@ -127,13 +127,18 @@ def quantize_operand(
 @torch.no_grad()
 def fake_quantize(w: torch.Tensor, recipe: Recipe) -> torch.Tensor:
     """w rounded to the values the recipe's forward FP8 format can hold (used by
-    quantized_model_init): MXFP8 row-wise blocks, otherwise per-tensor current scaling."""
+    quantized_model_init): MXFP8 row-wise blocks; delayed scaling: the weight's delayed-scaling
+    scale at initialization, 1.0 (TE's FP8 parameters start with it, so the first FP8 forward
+    reproduces these values exactly); current scaling: per-tensor current scaling."""
     te = ops()
     dtype = get_fp8_torch_dtype(recipe.fp8_format, True)
     w2 = w.reshape(-1, w.shape[-1]).contiguous()
     if isinstance(recipe, MXFP8BlockScaling):
         row, row_s, _, _ = te.quantize_mxfp8(w2, dtype, True, False)
         out = te.dequantize_mxfp8(row, row_s, False, w.dtype)
+    elif recipe.delayed():
+        data, _, scale_inv = te.quantize(w2, torch.ones(1, device=w.device), dtype)
+        out = te.dequantize(data, scale_inv, w.dtype)
     else:
         amax = te.compute_amax(w2)
         scale, _ = te.compute_scale_from_amax(amax, dtype, 0.0, False)
