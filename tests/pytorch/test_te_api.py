@@ -470,3 +470,14 @@ def test_quantized_model_init_first_fp8_step_reproduces_weights(name):
     ya, dxa, _ = _grads(a, x, RECIPES[name]())
     yb, dxb, _ = _grads(b, x, RECIPES[name]())
     assert torch.equal(ya, yb) and torch.equal(dxa, dxb)
+
+
+def test_transformer_layer_under_torch_autocast_outputs_autocast_dtype():
+    layer = te.TransformerLayer(32, 64, 4, hidden_dropout=0.0, attention_dropout=0.0)
+    x = torch.randn(6, 2, 32, requires_grad=True)
+    with torch.autocast("cpu", dtype=torch.bfloat16):
+        y = layer(x)
+    assert y.dtype == torch.bfloat16
+    y.float().sum().backward()
+    assert x.grad.dtype == torch.float32
+    assert all(p.grad.dtype == torch.float32 for p in layer.parameters())

@@ -277,6 +277,13 @@ class TransformerLayer(torch.nn.Module):
         cross-attention over encoder_output."""
         owner = "TransformerLayer"
         reject_unsupported(f"{owner}.forward", inference_params=inference_params)
+        dev = hidden_states.device.type if isinstance(hidden_states, torch.Tensor) else "cpu"
+        if torch.is_autocast_enabled(dev):
+            # As TE: under torch.autocast the block runs (residuals included) in the autocast dtype.
+            amp = torch.get_autocast_dtype(dev)
+            hidden_states = hidden_states.to(amp)
+            if encoder_output is not None:
+                encoder_output = encoder_output.to(amp)
         if self.layer_type == "encoder" and encoder_output is not None:
             raise ValueError(f"{owner}: encoder_output is only used by layer_type 'decoder'")
         seq = {
