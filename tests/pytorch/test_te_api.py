@@ -417,11 +417,12 @@ def test_fp8_padding_round_trip_with_grouped_linear(name):
         assert padded == [align * ((m + align - 1) // align) for m in splits]
         y = unpad(g(xp, padded), splits)
     assert y.shape == (sum(splits), 16)
-    # padding rows are zeros: each row's result is the same as without padding
+    # padding rows are zeros: each row's result is the same as without padding (up to the GEMM's
+    # summation order, which may depend on M: not bitwise at every CPU level)
     with te.autocast(enabled=name != "bf16", recipe=RECIPES[name]()):
         ref = g(x, splits)
     if name == "bf16":
-        assert torch.equal(y, ref)
+        torch.testing.assert_close(y, ref, rtol=1e-5, atol=1e-6)
     y.sum().backward()
     assert x.grad.shape == x.shape
     with pytest.raises(ValueError, match="m_splits"):
