@@ -28,6 +28,7 @@ from op_helpers import (
 )
 
 from transformer_engine_lite.common import capi
+from utils import ref_activation
 
 
 # ===================================================================================== cast
@@ -221,39 +222,13 @@ def test_norm_fp8_output(kind, fp8_dtype):
 
 
 # ===================================================================================== activations
-_SQRT_2_PI = math.sqrt(2 / math.pi)
-_ACT_REF = {
-    "gelu": lambda x: 0.5 * x * (1 + torch.tanh(_SQRT_2_PI * (x + 0.044715 * x**3))),
-    "qgelu": lambda x: x * torch.sigmoid(1.702 * x),
-    "relu": torch.relu,
-    "srelu": lambda x: torch.relu(x) ** 2,
-    "silu": lambda x: x * torch.sigmoid(x),
-    "sigmoid": torch.sigmoid,
-}
-_GATE_OF = {
-    "geglu": "gelu",
-    "qgeglu": "qgelu",
-    "reglu": "relu",
-    "sreglu": "srelu",
-    "swiglu": "silu",
-    "glu": "sigmoid",
-}
-
-
-def _act_ref(name, x64):
-    if name in _GATE_OF:
-        a, b = x64.chunk(2, dim=-1)
-        return _ACT_REF[_GATE_OF[name]](a) * b
-    return _ACT_REF[name](x64)
-
-
 @pytest.mark.parametrize("name", te_ops.ACTIVATIONS)
 @pytest.mark.parametrize("dtype", HP_DTYPES, ids=str)
 def test_activation_fwd_bwd_match_fp64(name, dtype):
     x = randn(3, 5, 66, dtype=dtype, scale=2.0, requires_grad=True)
     y, amax, scale_inv = ops.activation_fwd(x, name)
     x64 = x.detach().double().requires_grad_(True)
-    y_ref = _act_ref(name, x64)
+    y_ref = ref_activation(name, x64)
     assert y.dtype == dtype and amax.numel() == 0 and scale_inv.numel() == 0
     assert_close(y, y_ref, dtype, f"{name} fwd")
     dy = randn(*y.shape, seed=3)
@@ -270,9 +245,7 @@ def test_clamped_swiglu_matches_fp64(dtype):
     x = randn(3, 5, 66, dtype=dtype, scale=3.0, requires_grad=True)
     y = ops.clamped_swiglu_fwd(x, limit, alpha)[0]
     x64 = x.detach().double().requires_grad_(True)
-    a, b = x64.chunk(2, dim=-1)
-    a = a.clamp(max=limit)
-    y_ref = a * torch.sigmoid(alpha * a) * (b.clamp(-limit, limit) + 1)
+    y_ref = ref_activation("clamped_swiglu", x64, limit, alpha)
     assert_close(y, y_ref, dtype, "clamped_swiglu fwd")
     dy = randn(*y.shape, seed=3)
     (dx,) = torch.autograd.grad(y, x, dy.to(dtype))
@@ -321,7 +294,7 @@ def test_gemm_matches_fp64(dtype, layout):
 
 
 def _gelu64(x):
-    return _ACT_REF["gelu"](x)
+    return ref_activation("gelu", x)
 
 
 def test_gemm_bias_gelu_forward_and_3d_input():

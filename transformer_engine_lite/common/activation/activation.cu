@@ -1,5 +1,6 @@
-// GPU activation kernels: one template per direction over the util/math.h functors (element-wise
-// and gated share it), the CPU kernels' formulas term for term: every output byte as on the CPU.
+// GPU activation kernels: one kernel template over per-op element functors (forward / backward of
+// the util/math.h activations, element-wise or gated, and clamped SwiGLU), the CPU kernels'
+// formulas term for term: every output byte as on the CPU.
 #include <algorithm>
 
 #include "../cast/staged_output_gpu.cuh"
@@ -27,7 +28,7 @@ struct ActivationParams {
   float alpha = 0.0f;
 };
 
-// Both kernels run a flat grid-stride loop over the rows * cols outputs: every thread is busy
+// The kernel runs a flat grid-stride loop over the rows * cols outputs: every thread is busy
 // whatever the row length (a row of 8 elements would idle most of a per-row block), and the
 // division into (row, col) costs little next to GELU's ~60 flops.
 __device__ __forceinline__ size_t first_index() {
@@ -37,98 +38,75 @@ __device__ __forceinline__ size_t grid_stride() {
   return static_cast<size_t>(gridDim.x) * blockDim.x;
 }
 
-// y = act(a), times b when gated (the CPU's gated_fwd_span: act(a) * b).
-template <typename Act, typename OType>
-__global__ void __launch_bounds__(kThreads)
-    activation_fwd_kernel(const ActivationParams p, const OutputParams out) {
-  __shared__ float scratch[kThreads / kWarpSize];
-  const float scale = output_scale(out);
-  const size_t in_cols = p.gated ? 2 * p.cols : p.cols;
-  float thread_amax = 0.0f;
-  for (size_t e = first_index(); e < p.rows * p.cols; e += grid_stride()) {
-    const size_t row = e / p.cols, col = e - row * p.cols;
-    const size_t i = row * in_cols + col;
-    float y = Act::fwd(load_hp(p.input, p.dtype, i));
-    if (p.gated) y = y * load_hp(p.input, p.dtype, i + p.cols);
-    store_output<OType>(out, row, col, y, scale);
-    thread_amax = abs_max_update(thread_amax, y);
+// The value of output element (row, col) per op: the CPU spans' formulas term for term.
+// Forward, element-wise or gated: y = act(a), times b when gated (gated_fwd_span).
+template <typename Act>
+struct ActFwd {
+  __device__ static float at(const ActivationParams &p, size_t row, size_t col) {
+    const size_t i = row * (p.gated ? 2 * p.cols : p.cols) + col;
+    const float y = Act::fwd(load_hp(p.input, p.dtype, i));
+    return p.gated ? y * load_hp(p.input, p.dtype, i + p.cols) : y;
   }
-  record_amax(out, thread_amax, scratch);  // every thread of the block: it holds barriers
-  write_scale_inv(out);
-}
+};
 
-// Element-wise: y = grad * act'(x). Gated, output row [da | db] of width 2H from input row [a | b]
-// and grad row g of width H: da = g * b * act'(a), db = g * act(a) (the CPU's gated_bwd_span).
-template <typename Act, typename OType>
-__global__ void __launch_bounds__(kThreads)
-    activation_bwd_kernel(const ActivationParams p, const OutputParams out) {
-  __shared__ float scratch[kThreads / kWarpSize];
-  const float scale = output_scale(out);
-  const size_t h = p.cols / 2;
-  float thread_amax = 0.0f;
-  for (size_t e = first_index(); e < p.rows * p.cols; e += grid_stride()) {
-    const size_t row = e / p.cols, col = e - row * p.cols;
-    float y;
+// Backward. Element-wise: y = grad * act'(x). Gated, output row [da | db] of width 2H from input
+// row [a | b] and grad row g of width H: da = g * b * act'(a), db = g * act(a) (gated_bwd_span).
+template <typename Act>
+struct ActBwd {
+  __device__ static float at(const ActivationParams &p, size_t row, size_t col) {
     if (!p.gated) {
       const size_t i = row * p.cols + col;
-      y = load_hp(p.grad, p.dtype, i) * Act::bwd(load_hp(p.input, p.dtype, i));
-    } else {
-      const bool first = col < h;
-      const size_t k = first ? col : col - h;
-      const float av = load_hp(p.input, p.dtype, row * p.cols + k);
-      const float gv = load_hp(p.grad, p.dtype, row * h + k);
-      y = first ? gv * load_hp(p.input, p.dtype, row * p.cols + h + k) * Act::bwd(av)
-                : gv * Act::fwd(av);
+      return load_hp(p.grad, p.dtype, i) * Act::bwd(load_hp(p.input, p.dtype, i));
     }
-    store_output<OType>(out, row, col, y, scale);
-    thread_amax = abs_max_update(thread_amax, y);
+    const size_t h = p.cols / 2;
+    const bool first = col < h;
+    const size_t k = first ? col : col - h;
+    const float av = load_hp(p.input, p.dtype, row * p.cols + k);
+    const float gv = load_hp(p.grad, p.dtype, row * h + k);
+    return first ? gv * load_hp(p.input, p.dtype, row * p.cols + h + k) * Act::bwd(av)
+                 : gv * Act::fwd(av);
   }
-  record_amax(out, thread_amax, scratch);
-  write_scale_inv(out);
-}
+};
 
-// Clamped SwiGLU forward: y = ClampedSwiGLU::fwd(a, b) (the CPU's clamped_fwd_span).
-template <typename OType>
-__global__ void __launch_bounds__(kThreads)
-    clamped_swiglu_fwd_kernel(const ActivationParams p, const OutputParams out) {
-  __shared__ float scratch[kThreads / kWarpSize];
-  const float scale = output_scale(out);
-  float thread_amax = 0.0f;
-  for (size_t e = first_index(); e < p.rows * p.cols; e += grid_stride()) {
-    const size_t row = e / p.cols, col = e - row * p.cols;
+// Clamped SwiGLU (util/math.h ClampedSwiGLU; the CPU's clamped_fwd_span / clamped_bwd_span).
+struct ClampedFwd {
+  __device__ static float at(const ActivationParams &p, size_t row, size_t col) {
     const size_t i = row * 2 * p.cols + col;
-    const float y = ClampedSwiGLU::fwd(load_hp(p.input, p.dtype, i),
-                                       load_hp(p.input, p.dtype, i + p.cols), p.limit, p.alpha);
-    store_output<OType>(out, row, col, y, scale);
-    thread_amax = abs_max_update(thread_amax, y);
+    return ClampedSwiGLU::fwd(load_hp(p.input, p.dtype, i), load_hp(p.input, p.dtype, i + p.cols),
+                              p.limit, p.alpha);
   }
-  record_amax(out, thread_amax, scratch);
-  write_scale_inv(out);
-}
+};
 
-// Clamped SwiGLU backward: row [da | db] (the CPU's clamped_bwd_span).
-template <typename OType>
-__global__ void __launch_bounds__(kThreads)
-    clamped_swiglu_bwd_kernel(const ActivationParams p, const OutputParams out) {
-  __shared__ float scratch[kThreads / kWarpSize];
-  const float scale = output_scale(out);
-  const size_t h = p.cols / 2;
-  float thread_amax = 0.0f;
-  for (size_t e = first_index(); e < p.rows * p.cols; e += grid_stride()) {
-    const size_t row = e / p.cols, col = e - row * p.cols;
+struct ClampedBwd {
+  __device__ static float at(const ActivationParams &p, size_t row, size_t col) {
+    const size_t h = p.cols / 2;
     const bool first = col < h;
     const size_t k = first ? col : col - h;
     const float av = load_hp(p.input, p.dtype, row * p.cols + k);
     const float bv = load_hp(p.input, p.dtype, row * p.cols + h + k);
     const float gv = load_hp(p.grad, p.dtype, row * h + k);
-    const float y = first ? gv * ClampedSwiGLU::linear(bv, p.limit) *
-                                ClampedSwiGLU::dgate(av, p.limit, p.alpha)
-                          : gv * ClampedSwiGLU::gate(av, p.limit, p.alpha) *
-                                ClampedSwiGLU::dlinear(bv, p.limit);
+    return first ? gv * ClampedSwiGLU::linear(bv, p.limit) *
+                       ClampedSwiGLU::dgate(av, p.limit, p.alpha)
+                 : gv * ClampedSwiGLU::gate(av, p.limit, p.alpha) *
+                       ClampedSwiGLU::dlinear(bv, p.limit);
+  }
+};
+
+// One kernel for every op: a flat grid-stride loop over the rows * cols outputs, each computed by
+// Op::at and stored through the output (plain, per-tensor FP8 fused, MXFP8 staged) with its amax.
+template <typename Op, typename OType>
+__global__ void __launch_bounds__(kThreads)
+    activation_kernel(const ActivationParams p, const OutputParams out) {
+  __shared__ float scratch[kThreads / kWarpSize];
+  const float scale = output_scale(out);
+  float thread_amax = 0.0f;
+  for (size_t e = first_index(); e < p.rows * p.cols; e += grid_stride()) {
+    const size_t row = e / p.cols, col = e - row * p.cols;
+    const float y = Op::at(p, row, col);
     store_output<OType>(out, row, col, y, scale);
     thread_amax = abs_max_update(thread_amax, y);
   }
-  record_amax(out, thread_amax, scratch);
+  record_amax(out, thread_amax, scratch);  // every thread of the block: it holds barriers
   write_scale_inv(out);
 }
 
@@ -138,94 +116,59 @@ unsigned grid_for(const ActivationParams &p) {
   return static_cast<unsigned>(std::max<size_t>(1, std::min(blocks, kMaxBlocks)));
 }
 
-// Dispatches the functor and the stored element type, launches `kernel` and finishes the output.
-template <bool kBackward>
-void launch(Activation act, const ActivationParams &p, const Tensor &out, const OutputSpec &spec,
-            void *stream) {
-  const cudaStream_t s = as_stream(stream);
-  StagedOutput staged(out, spec, s);
-  dispatch_activation(act, [&](auto atag) {
-    using Act = typename decltype(atag)::type;
-    dispatch_dtype<GpuOutputTypes>(staged.store_dtype(), "output", [&](auto tag) {
-      using OType = typename decltype(tag)::type;
-      if constexpr (kBackward) {
-        activation_bwd_kernel<Act, OType><<<grid_for(p), kThreads, 0, s>>>(p, staged.params());
-      } else {
-        activation_fwd_kernel<Act, OType><<<grid_for(p), kThreads, 0, s>>>(p, staged.params());
-      }
-      NVTE_CHECK_LAUNCH();
-    });
-  });
-  staged.finish();
-}
-
-template <bool kBackward>
-void launch_clamped(const ActivationParams &p, const Tensor &out, const OutputSpec &spec,
-                    void *stream) {
+// Dispatches the stored element type, launches the kernel of Op and finishes the output.
+template <typename Op>
+void launch(const ActivationParams &p, const Tensor &out, const OutputSpec &spec, void *stream) {
   const cudaStream_t s = as_stream(stream);
   StagedOutput staged(out, spec, s);
   dispatch_dtype<GpuOutputTypes>(staged.store_dtype(), "output", [&](auto tag) {
     using OType = typename decltype(tag)::type;
-    if constexpr (kBackward) {
-      clamped_swiglu_bwd_kernel<OType><<<grid_for(p), kThreads, 0, s>>>(p, staged.params());
-    } else {
-      clamped_swiglu_fwd_kernel<OType><<<grid_for(p), kThreads, 0, s>>>(p, staged.params());
-    }
+    activation_kernel<Op, OType><<<grid_for(p), kThreads, 0, s>>>(p, staged.params());
     NVTE_CHECK_LAUNCH();
   });
   staged.finish();
 }
 
-}  // namespace
-
-void launch_clamped_swiglu_fwd(const Tensor &input, float limit, float alpha, const Tensor &out,
-                               const OutputSpec &spec, void *stream) {
+ActivationParams make_params(const Tensor &input, const Tensor *grad, const OutputSpec &spec,
+                             bool gated, float limit = 0.0f, float alpha = 0.0f) {
   ActivationParams p;
   p.input = input.data.dptr;
-  p.dtype = input.data.dtype;
-  p.rows = spec.rows;
-  p.cols = spec.cols;
-  p.gated = true;
-  p.limit = limit;
-  p.alpha = alpha;
-  launch_clamped<false>(p, out, spec, stream);
-}
-
-void launch_clamped_swiglu_bwd(const Tensor &grad, const Tensor &input, float limit, float alpha,
-                               const Tensor &out, const OutputSpec &spec, void *stream) {
-  ActivationParams p;
-  p.input = input.data.dptr;
-  p.grad = grad.data.dptr;
-  p.dtype = input.data.dtype;
-  p.rows = spec.rows;
-  p.cols = spec.cols;
-  p.gated = true;
-  p.limit = limit;
-  p.alpha = alpha;
-  launch_clamped<true>(p, out, spec, stream);
-}
-
-void launch_activation_fwd(Activation act, bool gated, const Tensor &input, const Tensor &out,
-                           const OutputSpec &spec, void *stream) {
-  ActivationParams p;
-  p.input = input.data.dptr;
+  p.grad = grad != nullptr ? grad->data.dptr : nullptr;
   p.dtype = input.data.dtype;
   p.rows = spec.rows;
   p.cols = spec.cols;
   p.gated = gated;
-  launch<false>(act, p, out, spec, stream);
+  p.limit = limit;
+  p.alpha = alpha;
+  return p;
+}
+
+}  // namespace
+
+void launch_activation_fwd(Activation act, bool gated, const Tensor &input, const Tensor &out,
+                           const OutputSpec &spec, void *stream) {
+  const ActivationParams p = make_params(input, nullptr, spec, gated);
+  dispatch_activation(act, [&](auto atag) {
+    launch<ActFwd<typename decltype(atag)::type>>(p, out, spec, stream);
+  });
 }
 
 void launch_activation_bwd(Activation act, bool gated, const Tensor &grad, const Tensor &input,
                            const Tensor &out, const OutputSpec &spec, void *stream) {
-  ActivationParams p;
-  p.input = input.data.dptr;
-  p.grad = grad.data.dptr;
-  p.dtype = input.data.dtype;
-  p.rows = spec.rows;
-  p.cols = spec.cols;
-  p.gated = gated;
-  launch<true>(act, p, out, spec, stream);
+  const ActivationParams p = make_params(input, &grad, spec, gated);
+  dispatch_activation(act, [&](auto atag) {
+    launch<ActBwd<typename decltype(atag)::type>>(p, out, spec, stream);
+  });
+}
+
+void launch_clamped_swiglu_fwd(const Tensor &input, float limit, float alpha, const Tensor &out,
+                               const OutputSpec &spec, void *stream) {
+  launch<ClampedFwd>(make_params(input, nullptr, spec, true, limit, alpha), out, spec, stream);
+}
+
+void launch_clamped_swiglu_bwd(const Tensor &grad, const Tensor &input, float limit, float alpha,
+                               const Tensor &out, const OutputSpec &spec, void *stream) {
+  launch<ClampedBwd>(make_params(input, &grad, spec, true, limit, alpha), out, spec, stream);
 }
 
 }  // namespace gpu

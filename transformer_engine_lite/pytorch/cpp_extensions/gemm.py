@@ -92,8 +92,9 @@ def general_gemm(
                 f"general_gemm: out: expected shape {tuple(d.shape)}, got {tuple(out.shape)}"
             )
         if accumulate:
-            b_ = 1.0 if beta is None else float(beta)
-            out.copy_(out * b_ + d.to(out.dtype)) if b_ != 1.0 else out.add_(d.to(out.dtype))
+            if beta not in (None, 1, 1.0):
+                out.mul_(float(beta))
+            out.add_(d.to(out.dtype))
         else:
             out.copy_(d)
         d = out

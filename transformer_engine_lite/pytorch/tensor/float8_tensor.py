@@ -75,6 +75,24 @@ class Float8Tensor(QuantizedTensor):
         )
 
 
+def _wrap(
+    src: torch.Tensor,
+    data: torch.Tensor,
+    scale_inv: torch.Tensor,
+    fp8: torch.dtype,
+    quantizer: Quantizer,
+) -> Float8Tensor:
+    """The Float8Tensor of `src` quantized to flat `data` by `quantizer`."""
+    return Float8Tensor(
+        shape=src.shape,
+        dtype=src.dtype,
+        data=data.reshape(src.shape),
+        fp8_scale_inv=scale_inv,
+        fp8_dtype=fp8,
+        quantizer=quantizer,
+    )
+
+
 class Float8Quantizer(Quantizer):
     """Delayed scaling: quantize with the given `scale` ([1] or scalar fp32); the amax of each
     quantized tensor is folded into `amax` (running max, as TE's cast kernel does)."""
@@ -109,14 +127,7 @@ class Float8Quantizer(Quantizer):
         )
         with torch.no_grad():
             self.amax.copy_(torch.maximum(self.amax.reshape(1), amax).reshape(self.amax.shape))
-        return Float8Tensor(
-            shape=tensor.shape,
-            dtype=tensor.dtype,
-            data=data.reshape(tensor.shape),
-            fp8_scale_inv=scale_inv,
-            fp8_dtype=fp8,
-            quantizer=self,
-        )
+        return _wrap(tensor, data, scale_inv, fp8, self)
 
 
 class Float8CurrentScalingQuantizer(Quantizer):
@@ -163,11 +174,4 @@ class Float8CurrentScalingQuantizer(Quantizer):
             )
         scale, _ = te.compute_scale_from_amax(amax, fp8, self.amax_epsilon, self.force_pow_2_scales)
         data, _, scale_inv = te.quantize(x, scale, fp8)
-        return Float8Tensor(
-            shape=tensor.shape,
-            dtype=tensor.dtype,
-            data=data.reshape(tensor.shape),
-            fp8_scale_inv=scale_inv,
-            fp8_dtype=fp8,
-            quantizer=self,
-        )
+        return _wrap(tensor, data, scale_inv, fp8, self)
