@@ -1,7 +1,9 @@
 """Builds libtransformer_engine_lite.so with CMake (build/cmake, reused between builds) and installs it
 inside the transformer_engine_lite package, then the framework extensions chosen by
 build_tools/utils.select_frameworks() (NVTE_FRAMEWORK; default: the importable ones), which link it:
-pytorch -> transformer_engine_lite/pytorch/_C*.so (build_tools/pytorch.py)."""
+pytorch -> transformer_engine_lite/pytorch/_C*.so (build_tools/pytorch.py);
+jax -> transformer_engine_lite/jax/libte_lite_jax.so, the XLA FFI handlers (build_tools/jax.py: g++
+against jax.ffi.include_dir(), objects cached in build/jax-ffi)."""
 
 from __future__ import annotations
 
@@ -19,9 +21,13 @@ from build_tools import utils  # noqa: E402
 
 LIB_NAME = "libtransformer_engine_lite.so"
 CORE_EXT_NAME = "transformer_engine_lite.libtransformer_engine_lite"
+JAX_EXT_NAME = "transformer_engine_lite.jax.libte_lite_jax"  # build_tools/jax.py
+PLAIN_LIBS = {CORE_EXT_NAME.split(".")[-1], JAX_EXT_NAME.split(".")[-1]}
 FRAMEWORKS = utils.select_frameworks()
 BACKEND = utils.detect_backend()
 
+if "jax" in FRAMEWORKS:
+    from build_tools import jax as jax_build
 if "pytorch" in FRAMEWORKS:
     from build_tools import pytorch as pytorch_build  # noqa: E402
 
@@ -35,17 +41,29 @@ class CMakeExtension(Extension):
         super().__init__(name, sources=[])
 
 
+class JaxFfiExtension(Extension):
+    """libte_lite_jax.so, built by build_tools/jax.py (its own Extension, so editable installs copy
+    it into the source tree like the others)."""
+
+    def __init__(self) -> None:
+        super().__init__(JAX_EXT_NAME, sources=[])
+
+
 class CMakeBuild(_BuildExtBase):
     """The core library first (CMake), then the framework extensions (listed after it)."""
 
     def get_ext_filename(self, ext_name: str) -> str:
         # Called with the full dotted name and with its last component alone.
-        if ext_name.split(".")[-1] != CORE_EXT_NAME.split(".")[-1]:
+        parts = ext_name.split(".")
+        if parts[-1] not in PLAIN_LIBS:
             return super().get_ext_filename(ext_name)
-        # A plain shared library loaded with ctypes, not a Python extension module.
-        return os.path.join(*ext_name.split(".")[:-1], LIB_NAME)
+        # A plain shared library loaded with ctypes, not a Python extension module: no ABI tag.
+        return os.path.join(*parts[:-1], parts[-1] + ".so")
 
     def build_extension(self, ext: Extension) -> None:
+        if isinstance(ext, JaxFfiExtension):
+            jax_build.build(utils.core_lib_dir(), Path(self.get_ext_fullpath(ext.name)))
+            return
         if not isinstance(ext, CMakeExtension):
             super().build_extension(ext)
             return
@@ -66,6 +84,8 @@ class CMakeBuild(_BuildExtBase):
 
 
 ext_modules: list[Extension] = [CMakeExtension(CORE_EXT_NAME)]
+if "jax" in FRAMEWORKS:
+    ext_modules.append(JaxFfiExtension())
 if "pytorch" in FRAMEWORKS:
     ext_modules.append(pytorch_build.extension(utils.core_lib_dir(), BACKEND.backend))
 

@@ -65,6 +65,10 @@ ENV_VARS: tuple[EnvVar, ...] = (
            "(backward GEMMs in FP8), high_precision (backward GEMMs on the unquantized inputs "
            "and weights) or dequantized (on the forward's quantized operands, dequantized; "
            "gradients unquantized); DelayedScaling accepts only unset"),
+    EnvVar("NVTE_JAX_CUSTOM_CALLS", None, "runtime",
+           "JAX front end: 'false' runs every primitive as its pure-JAX reference instead of the "
+           "XLA FFI handler; 'Name=false,Name2=true,...' per primitive (TE-JAX class names, e.g. "
+           "GemmPrimitive, NormFwdPrimitive, QuantizePrimitive, ActLuPrimitive); unset = all FFI"),
     # Attention backend selection (common/fused_attn/backend_select.cpp). Switches: only the exact
     # string 0 disables; logging: only the exact string 1 enables.
     EnvVar("NVTE_FUSED_ATTN", "1", "runtime",

@@ -1,0 +1,78 @@
+"""The GEMM steps shared by dense, layernorm_dense and layernorm_mlp: quantize the operands, the
+forward GEMM, and the two backward GEMMs (dgrad, wgrad) on the quantized residuals saved by the
+forward (TE's rule: FP8 operands are reused in the backward, never recomputed).
+
+Layout: x [batch..., K...] contracts its trailing `nc` dims with the leading `nc` dims of kernel
+[K..., N...]. Which copy each GEMM reads (MXFP8 blocks must run along the contracted dim):
+  forward  y  = x @ k        x row-wise, k column-wise
+  dgrad    dx = g @ k^T      g row-wise, k row-wise
+  wgrad    dk = x^T @ g      x column-wise, g column-wise
+Per-tensor FP8 has one copy (the GEMM transposes); MXFP8 copies are dequantized to the compute
+dtype (exact: E4M3/E5M2 values times a power of two fit bf16) and multiplied in high precision.
+"""
+
+from __future__ import annotations
+
+import jax
+import jax.numpy as jnp
+
+from . import cpp_extensions as tex
+from .quantize.scaling_modes import ScalingMode
+from .quantize.tensor import ScaledTensor1x, ScaledTensor2x
+
+
+def copy_quantizer(q):
+    """A fresh quantizer object (quantize() mutates; the caller's must stay as given)."""
+    return None if q is None else jax.tree_util.tree_map(lambda a: a, q)
+
+
+def quantize(quantizer, x, flatten_axis: int):
+    if quantizer is None:
+        return x
+    return quantizer.quantize(x, flatten_axis=flatten_axis, dq_dtype=x.dtype)
+
+
+def operand(t, colwise: bool, dtype):
+    """(array, scale_inv or None) for tex.gemm from a high-precision array or a ScaledTensor."""
+    if isinstance(t, ScaledTensor2x):
+        t = t.get_tensor(colwise)
+    if isinstance(t, ScaledTensor1x):
+        if t.scaling_mode == ScalingMode.MXFP8_1D_SCALING:
+            return t.dequantize(dtype), None
+        return t.data, t.scale_inv
+    return t.astype(dtype), None
+
+
+def forward(xq, kq, x_ndim: int, nc: int, bias, out_dtype):
+    lhs, lsi = operand(xq, False, out_dtype)
+    rhs, rsi = operand(kq, True, out_dtype)
+    dims = (tuple(range(x_ndim - nc, x_ndim)), tuple(range(nc)))
+    b = None if bias is None else bias.astype(out_dtype)
+    return tex.gemm(lhs, rhs, dims, lsi, rsi, bias=b, out_dtype=out_dtype)
+
+
+def backward(g, xq, kq, x_ndim: int, k_ndim: int, nc: int, dgrad_quantizer, x_dtype, k_dtype):
+    """(dx, dk, dbias, dgrad_quantizer after use)."""
+    n_free = k_ndim - nc
+    n_batch = x_ndim - nc
+    gq = quantize(dgrad_quantizer, g, g.ndim - n_free)
+    g_row, g_row_si = operand(gq, False, x_dtype)
+    k_row, k_row_si = operand(kq, False, x_dtype)
+    dx = tex.gemm(g_row, k_row, (tuple(range(n_batch, g.ndim)), tuple(range(nc, k_ndim))),
+                  g_row_si, k_row_si, out_dtype=x_dtype)
+    x_col, x_col_si = operand(xq, True, x_dtype)
+    g_col, g_col_si = operand(gq, True, x_dtype)
+    dk = tex.gemm(x_col, g_col, (tuple(range(n_batch)), tuple(range(n_batch))), x_col_si,
+                  g_col_si, out_dtype=k_dtype)
+    dbias = jnp.sum(g.astype(jnp.float32), axis=tuple(range(n_batch)))
+    return dx, dk, dbias, dgrad_quantizer
+
+
+class Static:
+    """Static (hashable) values carried in custom_vjp residuals as pytree aux data."""
+
+    def __init__(self, *values) -> None:
+        self.values = values
+
+
+jax.tree_util.register_pytree_node(Static, lambda s: ((), s.values), lambda aux, _: Static(*aux))

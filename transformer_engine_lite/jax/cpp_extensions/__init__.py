@@ -1,0 +1,53 @@
+"""Primitive level of the JAX front end (TE-JAX's `transformer_engine.jax.cpp_extensions`, usually
+imported as `tex`): one primitive per XLA FFI handler of libte_lite_jax.so, each with abstract
+evaluation, lowering, batching, sharding rules and a pure-JAX reference (`_jax_*`)."""
+
+from .activation import (  # noqa: F401
+    ActivationEnum,
+    ActivationParams,
+    ClampedSwigluParams,
+    _jax_act_lu,
+    act_lu,
+    activation_name,
+    dact_lu,
+    is_gated,
+)
+from .base import custom_calls_enabled, registrations  # noqa: F401
+from .gemm import gemm, gemm_core  # noqa: F401
+from .normalization import (  # noqa: F401
+    _jax_layernorm,
+    _jax_rmsnorm,
+    layernorm_bwd,
+    layernorm_fwd,
+    normalization_bwd,
+    normalization_fwd,
+    rmsnorm_bwd,
+    rmsnorm_fwd,
+)
+from .quantization import (  # noqa: F401
+    _jax_quantize,
+    calculate_amax,
+    cast_transpose,
+    compute_scale_from_amax,
+    delayed_scaling_update,
+    dequantize,
+    dequantize_mxfp8,
+    quantize,
+    quantize_mxfp8,
+    transpose,
+)
+from .rope import fused_rope_bwd, fused_rope_fwd  # noqa: F401
+from .softmax import (  # noqa: F401
+    is_softmax_kernel_available,
+    jax_scaled_masked_softmax,
+    jax_scaled_softmax,
+    jax_scaled_upper_triang_masked_softmax,
+    scaled_aligned_causal_masked_softmax_bwd,
+    scaled_aligned_causal_masked_softmax_fwd,
+    scaled_masked_softmax_bwd,
+    scaled_masked_softmax_fwd,
+    scaled_softmax_bwd,
+    scaled_softmax_fwd,
+    scaled_upper_triang_masked_softmax_bwd,
+    scaled_upper_triang_masked_softmax_fwd,
+)

@@ -1,0 +1,275 @@
+"""GEMM primitive with TE's nvte_cublas_gemm semantics, and `gemm` with jax-style contracting dims.
+
+In the core's (column-major) terms D = op(B) @ op(A) in row-major terms, op(A) = A^T if transa
+([k, m]), op(B) = B^T if transb ([n, k]); D is [*B.shape[:-1], m] (not transb) or [n, m]. FP8
+operands come with their scale_inv (float32 [1]); bias [m] and the GELU epilogue (D = gelu(Y),
+pre_gelu_out = Y) are fused; accumulation is float32 (ARCHITECTURE §6).
+
+`gemm(lhs, rhs, contracting_dims)` maps jax's dot_general view onto it: lhs = B, rhs = A.
+
+Sharding (`GemmRule`): M dims follow lhs, N follows rhs, a contracting dim sharded the same way on
+both operands stays sharded and the float32 partial products are summed over it (row-parallel TP,
+and the DP reduction of weight gradients), with bias and GELU applied after the sum.
+"""
+
+from __future__ import annotations
+
+import math
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+from jax.experimental.custom_partitioning import custom_partitioning
+from jax.sharding import NamedSharding, PartitionSpec as P
+
+from .base import FFIOp
+from .misc import FP8_DTYPES, HIGH_PRECISION, check_dtype, check_scalar_f32, is_fp8
+from .partitioning import mesh_axes_of, spec_of
+
+__all__ = ["gemm", "gemm_core", "GemmPrimitive"]
+
+_F32 = jnp.float32
+
+
+def _sds(shape, dtype):
+    return jax.ShapeDtypeStruct(tuple(shape), dtype)
+
+
+def _rows(shape):
+    return math.prod(shape[:-1])
+
+
+def _dims(a_shape, transa, b_shape, transb):
+    a_rows, a_cols = _rows(a_shape), a_shape[-1]
+    b_rows, b_cols = _rows(b_shape), b_shape[-1]
+    m, k = (a_rows, a_cols) if transa else (a_cols, a_rows)
+    n, kb = (b_cols, b_rows) if transb else (b_rows, b_cols)
+    return m, n, k, kb
+
+
+def _gemm_abstract(A, A_si, B, B_si, bias, gelu_input, out_scale, *, transa, transb, gelu, grad,
+                   out_dtype):
+    op = "gemm"
+    for name, t, si in (("A", A, A_si), ("B", B, B_si)):
+        check_dtype(op, name, t.dtype, (*HIGH_PRECISION, *FP8_DTYPES))
+        if is_fp8(t.dtype):
+            check_scalar_f32(op, f"{name}_scale_inv", si)
+        elif tuple(si.shape) != (0,):
+            raise ValueError(f"te_lite::{op}: argument '{name}_scale_inv': expected none for a "
+                             f"{np.dtype(t.dtype).name} operand, got shape {tuple(si.shape)}")
+        if len(t.shape) < 2 and not (name == "B" and len(t.shape) >= 1):
+            raise ValueError(f"te_lite::{op}: argument '{name}': expected a 2-D array, got shape "
+                             f"{tuple(t.shape)}")
+    if (transb and len(B.shape) != 2) or len(A.shape) != 2:
+        raise ValueError(f"te_lite::{op}: arguments 'A', 'B': expected 2-D A (and 2-D B when "
+                         f"transb), got A {tuple(A.shape)}, B {tuple(B.shape)}")
+    m, n, k, kb = _dims(A.shape, transa, B.shape, transb)
+    if k != kb:
+        raise ValueError(f"te_lite::{op}: argument 'B': expected inner dim {k} (that of op(A), A "
+                         f"{tuple(A.shape)}, transa={transa}), got {kb} (B {tuple(B.shape)}, "
+                         f"transb={transb})")
+    d_shape = (n, m) if transb else (*B.shape[:-1], m)
+    fp8_out = is_fp8(out_dtype)
+    check_dtype(op, "out_dtype", out_dtype, (*HIGH_PRECISION, *FP8_DTYPES))
+    has_bias = int(np.prod(bias.shape)) > 0
+    if has_bias and not grad and tuple(bias.shape) != (m,):
+        raise ValueError(f"te_lite::{op}: argument 'bias': expected shape ({m},), got "
+                         f"{tuple(bias.shape)}")
+    if fp8_out:
+        check_scalar_f32(op, "out_scale", out_scale)
+    if has_bias:
+        pre_dtype = bias.dtype
+    elif not fp8_out:
+        pre_dtype = out_dtype
+    else:
+        pre_dtype = A.dtype if not is_fp8(A.dtype) else jnp.bfloat16
+    pre = _sds(d_shape, pre_dtype) if gelu and not grad else _sds((0,), _F32)
+    bias_grad = _sds(bias.shape, bias.dtype) if grad and has_bias else _sds((0,), _F32)
+    n_side = 1 if fp8_out else 0
+    return (_sds(d_shape, out_dtype), pre, bias_grad, _sds((n_side,), _F32),
+            _sds((n_side,), _F32))
+
+
+def _gelu(y):
+    return 0.5 * y * (1.0 + jnp.tanh(0.7978845608028654 * (y + 0.044715 * y * y * y)))
+
+
+def _jax_gemm(A, A_si, B, B_si, bias, gelu_input, out_scale, transa, transb, gelu, grad,
+              out_dtype):
+    """Reference (forward mode, no FP8 output): float32 accumulation of the dequantized operands."""
+    if grad or is_fp8(out_dtype):
+        raise NotImplementedError("the pure-JAX gemm reference covers forward, non-FP8 outputs")
+    a = A.astype(_F32) * (A_si[0] if is_fp8(A.dtype) else 1.0)
+    b = B.astype(_F32) * (B_si[0] if is_fp8(B.dtype) else 1.0)
+    opa = a.T if transa else a
+    opb = b.T if transb else b.reshape(-1, b.shape[-1])
+    y = jnp.matmul(opb, opa, precision=jax.lax.Precision.HIGHEST)
+    if transb:
+        shape = y.shape
+    else:
+        shape = (*B.shape[:-1], y.shape[-1])
+    y = y.reshape(shape)
+    shapes = _gemm_abstract(A, A_si, B, B_si, bias, gelu_input, out_scale, transa=transa,
+                            transb=transb, gelu=gelu, grad=grad, out_dtype=out_dtype)
+    if bias.size:
+        y = y + bias.astype(_F32)
+    z = jnp.zeros((0,), _F32)
+    pre = z
+    if gelu:
+        pre = y.astype(shapes[1].dtype)
+        y = _gelu(y)
+    return y.astype(out_dtype), pre, z, z, z
+
+
+class GemmRule:
+    """Sharding of GemmPrimitive in forward mode (see the module docstring)."""
+
+    def _plan(self, mesh, arg_shapes, transa, transb):
+        A, B = arg_shapes[0], arg_shapes[2]
+        a_spec, b_spec = spec_of(A, 2), spec_of(B, len(B.shape))
+        k_a = a_spec[1] if transa else a_spec[0]
+        n_a = a_spec[0] if transa else a_spec[1]
+        if transb:
+            k_b, m_b = b_spec[0], [b_spec[1]]
+        else:
+            k_b, m_b = b_spec[-1], list(b_spec[:-1])
+        k = k_a if k_a == k_b else None
+        used = set(mesh_axes_of(m_b + [k]))
+        if n_a is not None and set(mesh_axes_of([n_a])) & used:
+            n_a = None
+        a_new = [n_a, k] if transa else [k, n_a]
+        b_new = [k, *m_b] if transb else [*m_b, k]
+        d_spec = [*m_b, n_a]
+        return P(*a_new), P(*b_new), P(*d_spec), k
+
+    def wrap(self, op, params: dict, nargs: int):
+        transa, transb = params["transa"], params["transb"]
+        cp = custom_partitioning(lambda *args: op.ffi(*args, **params))
+
+        def shardings(mesh, arg_shapes, result_shape):
+            a_p, b_p, d_p, k = self._plan(mesh, arg_shapes, transa, transb)
+            rep = lambda s: NamedSharding(mesh, P(*([None] * len(s.shape))))  # noqa: E731
+            args = [rep(s) for s in arg_shapes]
+            args[0], args[2] = NamedSharding(mesh, a_p), NamedSharding(mesh, b_p)
+            if int(np.prod(arg_shapes[4].shape)) > 0:
+                args[4] = NamedSharding(mesh, P(d_p[-1]))
+            results = [rep(s) for s in result_shape]
+            results[0] = NamedSharding(mesh, d_p)
+            if len(result_shape[1].shape) == len(d_p):
+                results[1] = NamedSharding(mesh, d_p)
+            return args, results, k
+
+        def infer(mesh, arg_shapes, result_shape):
+            return tuple(shardings(mesh, arg_shapes, result_shape)[1])
+
+        def partition(mesh, arg_shapes, result_shape):
+            args, results, k = shardings(mesh, arg_shapes, result_shape)
+            out_dtype = params["out_dtype"]
+            if k is None:
+                return mesh, lambda *local: op.ffi(*local, **params), tuple(results), tuple(args)
+            k_axes = mesh_axes_of([k])
+            pre_dtype = result_shape[1].dtype
+
+            def lower(A, A_si, B, B_si, bias, gelu_input, out_scale):
+                part = dict(params, gelu=False, out_dtype=np.dtype(_F32))
+                y = op.ffi(A, A_si, B, B_si, jnp.zeros((0,), _F32), gelu_input, out_scale,
+                           **part)[0]
+                y = jax.lax.psum(y, k_axes)
+                if bias.size:
+                    y = y + bias.astype(_F32)
+                z = jnp.zeros((0,), _F32)
+                pre = z
+                if params["gelu"]:
+                    pre = y.astype(pre_dtype)
+                    y = _gelu(y)
+                return y.astype(out_dtype), pre, z, z, z
+
+            return mesh, lower, tuple(results), tuple(args)
+
+        def rule(mesh, arg_types, result_types):
+            A, B = arg_types[0].shape, arg_types[2].shape
+            names = iter(f"g{i}" for i in range(1000))
+            ms = [next(names) for _ in range(1 if transb else len(B) - 1)]
+            k, n = next(names), next(names)
+            fresh = lambda s: " ".join(next(names) for _ in s)  # noqa: E731
+            a = f"{n} {k}" if transa else f"{k} {n}"
+            b = f"{k} {ms[0]}" if transb else " ".join([*ms, k])
+            bias = n if len(arg_types[4].shape) == 1 and arg_types[4].shape[0] > 0 else fresh(
+                arg_types[4].shape)
+            ins = [a, fresh(arg_types[1].shape), b, fresh(arg_types[3].shape), bias,
+                   fresh(arg_types[5].shape), fresh(arg_types[6].shape)]
+            d = " ".join([*ms, n])
+            pre = d if len(result_types[1].shape) == len(ms) + 1 else fresh(result_types[1].shape)
+            outs = [d, pre] + [fresh(r.shape) for r in result_types[2:]]
+            return f"{', '.join(ins)} -> {', '.join(outs)}"
+
+        cp.def_partition(partition=partition, infer_sharding_from_operands=infer,
+                         sharding_rule=rule)
+        return cp
+
+
+def _gemm_attrs(p):
+    return {k: v for k, v in p.items() if k != "out_dtype"}
+
+
+GemmPrimitive = FFIOp("GemmPrimitive", "te_lite_gemm_ffi", _gemm_abstract, _jax_gemm,
+                      attrs=_gemm_attrs, partition=GemmRule())
+
+
+def gemm_core(A, B, *, transa=False, transb=False, A_scale_inv=None, B_scale_inv=None, bias=None,
+              gelu=False, out_dtype=None):
+    """TE's nvte_cublas_gemm in forward mode: (D, pre_gelu_out) = op(B) @ op(A) (+ bias)(GELU)."""
+    z = jnp.zeros((0,), _F32)
+    if out_dtype is None:
+        hp = [t.dtype for t in (A, B) if not is_fp8(t.dtype)]
+        out_dtype = hp[0] if hp else jnp.bfloat16
+    out = GemmPrimitive(
+        A, z if A_scale_inv is None else A_scale_inv.reshape(1).astype(_F32),
+        B, z if B_scale_inv is None else B_scale_inv.reshape(1).astype(_F32),
+        z if bias is None else bias, z, z,
+        transa=bool(transa), transb=bool(transb), gelu=bool(gelu), grad=False,
+        out_dtype=np.dtype(out_dtype))
+    return out[0], (out[1] if gelu else None)
+
+
+def _normalize(dims, ndim):
+    return tuple(sorted(d % ndim for d in dims))
+
+
+def gemm(lhs, rhs, contracting_dims=((-1,), (0,)), lhs_scale_inv=None, rhs_scale_inv=None,
+         bias=None, fuse_gelu=False, out_dtype=None):
+    """dot_general(lhs, rhs, contracting_dims) (+ bias)(GELU) through the core GEMM.
+
+    The contracting dims of each operand must be its leading or its trailing dims (other orders
+    are transposed first). Output: lhs's free dims, then rhs's. FP8 operands need their scale_inv.
+    Returns D, or (D, pre_gelu_out) with fuse_gelu.
+    """
+    lc, rc = _normalize(contracting_dims[0], lhs.ndim), _normalize(contracting_dims[1], rhs.ndim)
+    if len(lc) != len(rc) or [lhs.shape[i] for i in lc] != [rhs.shape[i] for i in rc]:
+        raise ValueError(f"gemm: argument 'contracting_dims': expected dims of equal sizes, got "
+                         f"lhs {tuple(lhs.shape)} dims {lc} and rhs {tuple(rhs.shape)} dims {rc}")
+    nl, nr = lhs.ndim, rhs.ndim
+    lhs_free = [lhs.shape[i] for i in range(nl) if i not in lc]
+    rhs_free = [rhs.shape[i] for i in range(nr) if i not in rc]
+    k = math.prod(lhs.shape[i] for i in lc)
+    if lc == tuple(range(nl - len(lc), nl)):
+        B, transb = lhs.reshape(*lhs_free, k) if lhs_free else lhs.reshape(1, k), False
+    elif lc == tuple(range(len(lc))):
+        B, transb = lhs.reshape(k, math.prod(lhs_free)), True
+    else:
+        perm = [i for i in range(nl) if i not in lc] + list(lc)
+        B, transb = jnp.transpose(lhs, perm).reshape(*lhs_free, k), False
+    if rc == tuple(range(len(rc))):
+        A, transa = rhs.reshape(k, math.prod(rhs_free)), False
+    elif rc == tuple(range(nr - len(rc), nr)):
+        A, transa = rhs.reshape(math.prod(rhs_free), k), True
+    else:
+        perm = list(rc) + [i for i in range(nr) if i not in rc]
+        A, transa = jnp.transpose(rhs, perm).reshape(k, math.prod(rhs_free)), False
+    if B.ndim == 1:
+        B = B.reshape(1, -1)
+    d, pre = gemm_core(A, B, transa=transa, transb=transb, A_scale_inv=rhs_scale_inv,
+                       B_scale_inv=lhs_scale_inv, bias=bias, gelu=fuse_gelu, out_dtype=out_dtype)
+    shape = (*lhs_free, *rhs_free)
+    d = d.reshape(shape)
+    return (d, pre.reshape(shape)) if fuse_gelu else d

@@ -1,0 +1,80 @@
+"""dtype tables and argument checks shared by the primitives (errors name op, argument, expected, got)."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+import jax.numpy as jnp
+import numpy as np
+
+FP8_DTYPES = (jnp.float8_e4m3fn, jnp.float8_e5m2, jnp.float8_e4m3fnuz, jnp.float8_e5m2fnuz)
+HIGH_PRECISION = (jnp.float32, jnp.float16, jnp.bfloat16)
+# recipe.Format names -> jnp dtypes
+FORMAT_DTYPES = {
+    "e4m3": jnp.float8_e4m3fn,
+    "e5m2": jnp.float8_e5m2,
+    "e4m3fnuz": jnp.float8_e4m3fnuz,
+    "e5m2fnuz": jnp.float8_e5m2fnuz,
+}
+F32_0 = (0,)
+
+
+def dtype_name(dtype) -> str:
+    return np.dtype(dtype).name
+
+
+def is_fp8(dtype) -> bool:
+    return any(np.dtype(dtype) == np.dtype(d) for d in FP8_DTYPES)
+
+
+def fp8_max(dtype) -> float:
+    return float(jnp.finfo(dtype).max)
+
+
+def check_dtype(op: str, arg: str, dtype, allowed: Sequence) -> None:
+    if not any(np.dtype(dtype) == np.dtype(a) for a in allowed):
+        names = ", ".join(dtype_name(a) for a in allowed)
+        raise TypeError(
+            f"te_lite::{op}: argument '{arg}': expected dtype in {{{names}}}, got {dtype_name(dtype)}"
+        )
+
+
+def check_shape(op: str, arg: str, shape, expected, what: str = "") -> None:
+    if tuple(shape) != tuple(expected):
+        raise ValueError(
+            f"te_lite::{op}: argument '{arg}': expected shape {tuple(expected)}{what}, "
+            f"got {tuple(shape)}"
+        )
+
+
+def check_min_ndim(op: str, arg: str, shape, ndim: int) -> None:
+    if len(shape) < ndim:
+        raise ValueError(
+            f"te_lite::{op}: argument '{arg}': expected at least {ndim} dims, got shape "
+            f"{tuple(shape)}"
+        )
+
+
+def check_scalar_f32(op: str, arg: str, x) -> None:
+    if np.dtype(x.dtype) != np.dtype(jnp.float32) or int(np.prod(x.shape)) != 1:
+        raise ValueError(
+            f"te_lite::{op}: argument '{arg}': expected a float32 array with one element, got "
+            f"{dtype_name(x.dtype)} of shape {tuple(x.shape)}"
+        )
+
+
+def fp8_dtype_of(op: str, arg: str, dtype):
+    """Canonical jnp FP8 dtype; accepts jnp dtypes or their names."""
+    if isinstance(dtype, str):
+        if dtype in FORMAT_DTYPES:
+            return FORMAT_DTYPES[dtype]
+        dtype = getattr(jnp, dtype, dtype)
+    try:
+        d = np.dtype(dtype)
+    except TypeError:
+        d = None
+    for f in FP8_DTYPES:
+        if d == np.dtype(f):
+            return f
+    names = ", ".join(dtype_name(f) for f in FP8_DTYPES)
+    raise TypeError(f"te_lite::{op}: argument '{arg}': expected an FP8 dtype in {{{names}}}, got {dtype!r}")

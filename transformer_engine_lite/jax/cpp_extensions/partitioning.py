@@ -1,0 +1,151 @@
+"""Sharding rules of the primitives (`custom_partitioning`): each op runs on its local shards.
+
+Two rule families cover every handler:
+- `RowRule` for ops over rows of a token tensor (quantize, norms, activations, softmax, RoPE): the
+  leading dims of the token arguments keep their sharding, the trailing `trailing` dims (the hidden
+  / feature dims the kernel reduces or mixes over) are gathered, weights and scalars are replicated.
+  Results that reduce over rows are combined across the mesh axes that shard the rows: `amax` with a
+  max (TE: all_reduce_max_along_all_axes_except_PP), `sum` (dgamma, dbeta) with a sum (TE:
+  all_reduce_sum_along_dp_fsdp).
+- `GemmRule` for D = op(lhs) @ op(rhs): M dims follow lhs, N dims follow rhs, a sharded contracting
+  dim is kept sharded on both sides and the partial products are summed (row-parallel TP; TE psums
+  the GEMM output over the TP axis), with bias and GELU applied after the sum.
+
+Both give Shardy a rule string built from the shapes, and GSPMD an `infer_sharding_from_operands`.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Any
+
+import jax
+from jax.experimental.custom_partitioning import custom_partitioning
+from jax.sharding import NamedSharding, PartitionSpec as P
+
+__all__ = ["RowRule", "spec_of", "mesh_axes_of"]
+
+
+def spec_of(shape_with_sharding, ndim: int) -> list:
+    """The PartitionSpec entries of an argument (padded to `ndim`), None where unknown."""
+    sharding = getattr(shape_with_sharding, "sharding", None)
+    spec = list(getattr(sharding, "spec", ()) or ())
+    return (spec + [None] * ndim)[:ndim]
+
+
+def mesh_axes_of(entries: Sequence[Any]) -> tuple[str, ...]:
+    axes: list[str] = []
+    for e in entries:
+        if e is None:
+            continue
+        for a in (e if isinstance(e, tuple) else (e,)):
+            if a not in axes:
+                axes.append(a)
+    return tuple(axes)
+
+
+class _Names:
+    def __init__(self) -> None:
+        self.n = 0
+
+    def fresh(self, k: int) -> list[str]:
+        out = [f"f{self.n + i}" for i in range(k)]
+        self.n += k
+        return out
+
+
+class RowRule:
+    """Sharding of an op over rows (see the module docstring).
+
+    arg_roles: per argument "x" (token tensor: leading dims = those of argument 0, trailing dims
+        gathered), "row" (the leading dims only: mu, rsigma), "lead0" (dim 0 follows argument 0's
+        dim 0 when the sizes agree: a softmax mask [b or 1, 1, sq, sk]) or "rep" (replicated).
+    result_roles: per result "x", "row", "rep", "amax" (max over the row axes) or "sum".
+    trailing: how many trailing dims of argument 0 are gathered.
+    """
+
+    def __init__(self, arg_roles: Sequence[str], result_roles: Sequence[str], trailing: int = 1):
+        self.arg_roles = tuple(arg_roles)
+        self.result_roles = tuple(result_roles)
+        self.trailing = trailing
+
+    # -- the shardings
+    def _lead(self, x_shape) -> list:
+        nd = len(x_shape.shape)
+        spec = spec_of(x_shape, nd)
+        return spec[: max(nd - self.trailing, 0)]
+
+    def _spec_for(self, role: str, shape, lead: list, lead0_size: int | None) -> P:
+        nd = len(shape)
+        if role in ("x", "row"):
+            return P(*(lead + [None] * (nd - len(lead)))[:nd])
+        if role == "lead0" and nd and lead and shape[0] == lead0_size and shape[0] != 1:
+            return P(lead[0], *([None] * (nd - 1)))
+        return P(*([None] * nd))
+
+    def shardings(self, mesh, arg_shapes, result_shapes):
+        lead = self._lead(arg_shapes[0])
+        size0 = arg_shapes[0].shape[0] if arg_shapes[0].shape else None
+        args = [
+            NamedSharding(mesh, self._spec_for(r, a.shape, lead, size0))
+            for r, a in zip(self.arg_roles, arg_shapes)
+        ]
+        results = [
+            NamedSharding(mesh, self._spec_for(r, s.shape, lead, size0))
+            for r, s in zip(self.result_roles, result_shapes)
+        ]
+        return args, results, mesh_axes_of(lead)
+
+    def rule(self, arg_types, result_types) -> str:
+        """Shardy rule string: shared factors for the leading dims, fresh ones elsewhere."""
+        names = _Names()
+        x_nd = len(arg_types[0].shape)
+        n_lead = max(x_nd - self.trailing, 0)
+        lead = names.fresh(n_lead)
+        size0 = arg_types[0].shape[0] if x_nd else None
+
+        def factors(role: str, shape) -> str:
+            nd = len(shape)
+            if role in ("x", "row") and nd >= n_lead:
+                f = lead + names.fresh(nd - n_lead)
+            elif role == "lead0" and nd and n_lead and shape[0] == size0 and shape[0] != 1:
+                f = lead[:1] + names.fresh(nd - 1)
+            else:
+                f = names.fresh(nd)
+            return " ".join(f) if f else ""
+
+        lhs = ", ".join(factors(r, a.shape) for r, a in zip(self.arg_roles, arg_types))
+        rhs = ", ".join(factors(r, s.shape) for r, s in zip(self.result_roles, result_types))
+        return f"{lhs} -> {rhs}"
+
+    # -- custom_partitioning
+    def wrap(self, op, params: dict, nargs: int):
+        def impl(*args):
+            return op.ffi(*args, **params)
+
+        cp = custom_partitioning(impl)
+
+        def infer(mesh, arg_shapes, result_shape):
+            return tuple(self.shardings(mesh, arg_shapes, result_shape)[1])
+
+        def partition(mesh, arg_shapes, result_shape):
+            args, results, axes = self.shardings(mesh, arg_shapes, result_shape)
+
+            def lower(*local):
+                outs = list(op.ffi(*local, **params))
+                for i, role in enumerate(self.result_roles):
+                    if axes and role == "amax":
+                        outs[i] = jax.lax.pmax(outs[i], axes)
+                    elif axes and role == "sum":
+                        outs[i] = jax.lax.psum(outs[i], axes)
+                return tuple(outs)
+
+            return mesh, lower, tuple(results), tuple(args)
+
+        def rule(mesh, arg_types, result_types):
+            return self.rule(arg_types, result_types)
+
+        cp.def_partition(
+            partition=partition, infer_sharding_from_operands=infer, sharding_rule=rule
+        )
+        return cp

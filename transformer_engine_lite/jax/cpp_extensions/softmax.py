@@ -1,0 +1,161 @@
+"""Fused softmax primitives (TE's scaled / scaled_masked / scaled_upper_triang_masked /
+scaled_aligned_causal_masked), forward and backward, and their pure-JAX references.
+
+x is [b, h, sq, sk] ([b*h, sq, sq] for upper_triang); the mask (bool/uint8, nonzero = masked) is
+[b or 1, 1, sq, sk]. Sharding: batch and heads keep theirs, (sq, sk) are gathered.
+"""
+
+from __future__ import annotations
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from .base import FFIOp
+from .misc import HIGH_PRECISION, check_dtype
+from .partitioning import RowRule
+
+__all__ = ["scaled_softmax_fwd", "scaled_softmax_bwd", "scaled_masked_softmax_fwd",
+           "scaled_masked_softmax_bwd", "scaled_upper_triang_masked_softmax_fwd",
+           "scaled_upper_triang_masked_softmax_bwd", "scaled_aligned_causal_masked_softmax_fwd",
+           "scaled_aligned_causal_masked_softmax_bwd", "is_softmax_kernel_available",
+           "jax_scaled_softmax", "jax_scaled_masked_softmax", "jax_scaled_upper_triang_masked_softmax"]
+
+_F32 = jnp.float32
+_RANK = {"scaled": 4, "scaled_masked": 4, "scaled_upper_triang_masked": 3,
+         "scaled_aligned_causal_masked": 4}
+
+
+def _causal_keep(sq, sk, aligned):
+    i = jnp.arange(sq)[:, None]
+    j = jnp.arange(sk)[None, :]
+    return j <= i + (sk - sq) if aligned else j <= i
+
+
+def _softmax32(logits, keep):
+    m = jnp.max(jnp.where(keep, logits, -jnp.inf), axis=-1, keepdims=True)
+    m = jnp.where(jnp.isfinite(m), m, 0.0)
+    e = jnp.where(keep, jnp.exp(logits - m), 0.0)
+    s = jnp.sum(e, axis=-1, keepdims=True)
+    return jnp.where(s > 0, e / jnp.where(s > 0, s, 1.0), 0.0)
+
+
+def _jax_fwd(variant, x, mask, scale):
+    logits = x.astype(_F32) * jnp.float32(scale)
+    sq, sk = x.shape[-2], x.shape[-1]
+    if variant == "scaled":
+        keep = jnp.ones_like(logits, dtype=bool)
+    elif variant == "scaled_masked":
+        keep = jnp.broadcast_to(mask == 0, logits.shape)
+    else:
+        keep = jnp.broadcast_to(
+            _causal_keep(sq, sk, variant == "scaled_aligned_causal_masked"), logits.shape)
+    return _softmax32(logits, keep).astype(x.dtype)
+
+
+def _jax_bwd(dy, y, scale):
+    dy32, y32 = dy.astype(_F32), y.astype(_F32)
+    dx = y32 * (dy32 - jnp.sum(dy32 * y32, axis=-1, keepdims=True)) * jnp.float32(scale)
+    return dx.astype(y.dtype)
+
+
+def jax_scaled_softmax(logits, scale_factor):
+    return _jax_fwd("scaled", logits, None, scale_factor)
+
+
+def jax_scaled_masked_softmax(logits, mask, scale_factor):
+    return _jax_fwd("scaled_masked", logits, mask, scale_factor)
+
+
+def jax_scaled_upper_triang_masked_softmax(logits, scale_factor):
+    return _jax_fwd("scaled_upper_triang_masked", logits, None, scale_factor)
+
+
+def _check_x(op, variant, x):
+    check_dtype(op, "x", x.dtype, (jnp.float16, jnp.bfloat16, jnp.float32))
+    if len(x.shape) != _RANK[variant]:
+        raise ValueError(f"te_lite::{op}: argument 'x': expected a {_RANK[variant]}-D array, got "
+                         f"shape {tuple(x.shape)}")
+    if variant == "scaled_upper_triang_masked" and x.shape[-1] != x.shape[-2]:
+        raise ValueError(f"te_lite::{op}: argument 'x': expected sq == sk, got shape "
+                         f"{tuple(x.shape)}")
+
+
+def _make(variant):
+    fwd_name, bwd_name = f"{variant}_softmax_fwd", f"{variant}_softmax_bwd"
+    masked = variant == "scaled_masked"
+
+    def fwd_abstract(x, *rest, scale):
+        _check_x(fwd_name, variant, x)
+        if masked:
+            (mask,) = rest
+            check_dtype(fwd_name, "mask", mask.dtype, (jnp.bool_, jnp.uint8))
+            b, _, sq, sk = x.shape
+            if (len(mask.shape) != 4 or mask.shape[0] not in (1, b) or mask.shape[1] != 1
+                    or tuple(mask.shape[2:]) != (sq, sk)):
+                raise ValueError(f"te_lite::{fwd_name}: argument 'mask': expected shape "
+                                 f"[{b} or 1, 1, {sq}, {sk}], got {tuple(mask.shape)}")
+        return (jax.ShapeDtypeStruct(x.shape, x.dtype),)
+
+    def bwd_abstract(dy, y, *, scale):
+        _check_x(bwd_name, variant, y)
+        if tuple(dy.shape) != tuple(y.shape) or np.dtype(dy.dtype) != np.dtype(y.dtype):
+            raise ValueError(f"te_lite::{bwd_name}: argument 'dy': expected {tuple(y.shape)} "
+                             f"{np.dtype(y.dtype).name} (y's), got {tuple(dy.shape)} "
+                             f"{np.dtype(dy.dtype).name}")
+        return (jax.ShapeDtypeStruct(y.shape, y.dtype),)
+
+    if masked:
+        ref = lambda x, mask, scale: (_jax_fwd(variant, x, mask, scale),)  # noqa: E731
+        roles = ("x", "lead0")
+    else:
+        ref = lambda x, scale: (_jax_fwd(variant, x, None, scale),)  # noqa: E731
+        roles = ("x",)
+    camel = "".join(p.capitalize() for p in variant.split("_"))
+    fwd = FFIOp(f"{camel}SoftmaxFwdPrimitive", f"te_lite_{fwd_name}_ffi", fwd_abstract, ref,
+                row_args=(0,) if not masked else (), partition=RowRule(roles, ("x",), trailing=2))
+    bwd = FFIOp(f"{camel}SoftmaxBwdPrimitive", f"te_lite_{bwd_name}_ffi", bwd_abstract,
+                lambda dy, y, scale: (_jax_bwd(dy, y, scale),), row_args=(0, 1),
+                partition=RowRule(("x", "x"), ("x",), trailing=2))
+    return fwd, bwd
+
+
+_PRIMS = {v: _make(v) for v in _RANK}
+
+
+def scaled_softmax_fwd(x, scale_factor):
+    return _PRIMS["scaled"][0](x, scale=float(scale_factor))[0]
+
+
+def scaled_softmax_bwd(dy, y, scale_factor):
+    return _PRIMS["scaled"][1](dy, y, scale=float(scale_factor))[0]
+
+
+def scaled_masked_softmax_fwd(x, mask, scale_factor):
+    return _PRIMS["scaled_masked"][0](x, mask, scale=float(scale_factor))[0]
+
+
+def scaled_masked_softmax_bwd(dy, y, scale_factor):
+    return _PRIMS["scaled_masked"][1](dy, y, scale=float(scale_factor))[0]
+
+
+def scaled_upper_triang_masked_softmax_fwd(x, scale_factor):
+    return _PRIMS["scaled_upper_triang_masked"][0](x, scale=float(scale_factor))[0]
+
+
+def scaled_upper_triang_masked_softmax_bwd(dy, y, scale_factor):
+    return _PRIMS["scaled_upper_triang_masked"][1](dy, y, scale=float(scale_factor))[0]
+
+
+def scaled_aligned_causal_masked_softmax_fwd(x, scale_factor):
+    return _PRIMS["scaled_aligned_causal_masked"][0](x, scale=float(scale_factor))[0]
+
+
+def scaled_aligned_causal_masked_softmax_bwd(dy, y, scale_factor):
+    return _PRIMS["scaled_aligned_causal_masked"][1](dy, y, scale=float(scale_factor))[0]
+
+
+def is_softmax_kernel_available(softmax_fusion_type, batch, heads, q_seqlen, k_seqlen, dtype):
+    """The CPU kernels take any shape and fp32/fp16/bf16; kept for TE's signature."""
+    del softmax_fusion_type, batch, heads, q_seqlen, k_seqlen
+    return np.dtype(dtype) in (np.dtype(d) for d in HIGH_PRECISION)

@@ -1,0 +1,17 @@
+"""Flax (linen) modules of the JAX front end, with TE-JAX's names, fields, defaults and parameter
+names (`import transformer_engine_lite.jax.flax as te_flax`)."""
+
+from .module import (  # noqa: F401
+    DenseGeneral,
+    LayerNorm,
+    LayerNormDenseGeneral,
+    LayerNormMLP,
+    Softmax,
+    TransformerEngineBase,
+    extend_logical_axis_rules,
+    make_dot_general_cls,
+    wrap_function_in_te_state_module,
+)
+
+__all__ = ["DenseGeneral", "LayerNorm", "LayerNormDenseGeneral", "LayerNormMLP",
+           "wrap_function_in_te_state_module", "make_dot_general_cls", "extend_logical_axis_rules"]

@@ -1,0 +1,264 @@
+"""The quantization context: `autocast` / `fp8_autocast`, the global recipe, per-recipe configs
+(scaling modes per tensor source, Flax state), support queries and QuantizerFactory.
+
+Recipes are those of transformer_engine_lite.common.recipe (shared with PyTorch). As in TE-JAX:
+DelayedScaling honours margin, fp8_format, amax_history_len and amax_compute_algo ("max" /
+"most_recent"); scaling_factor_compute_algo must be None and reduce_amax True. Every recipe is
+supported on the CPU (emulated bit-exactly), so the support queries answer True there.
+"""
+
+from __future__ import annotations
+
+import warnings
+from contextlib import contextmanager
+from typing import Any
+
+import jax.numpy as jnp
+
+from transformer_engine_lite.common import recipe as _recipe
+
+from ..cpp_extensions.misc import FORMAT_DTYPES
+from ..sharding import MeshResource, global_shard_guard
+from .quantizer import (
+    BlockScaleQuantizer,
+    CurrentScaleQuantizer,
+    DelayedScaleQuantizer,
+    QuantizeMeta,
+    QuantizeMetaSet,
+    QuantizerSet,
+    noop_quantizer_set,
+)
+from .scaling_modes import AmaxComputeAlgo, QuantizeLayout, ScalingMode, TensorSource
+
+__all__ = ["autocast", "fp8_autocast", "get_global_quantize_recipe", "get_quantize_config",
+           "get_quantize_config_with_recipe", "is_scaling_mode_supported", "is_fp8_available",
+           "is_quantize_recipe_supported", "get_supported_scaling_modes",
+           "get_supported_quantization_recipes", "get_quantization_recipe", "QuantizerFactory",
+           "NVTE_FP8_COLLECTION_NAME", "update_collections"]
+
+NVTE_FP8_COLLECTION_NAME = "fp8_metas"
+
+_GLOBAL_RECIPE: list = [None]
+
+
+def get_global_quantize_recipe():
+    """The recipe of the innermost enabled autocast, or None."""
+    return _GLOBAL_RECIPE[0]
+
+
+def _check_recipe(r) -> None:
+    if isinstance(r, _recipe.DelayedScaling):
+        if r.scaling_factor_compute_algo is not None:
+            raise ValueError("DelayedScaling: scaling_factor_compute_algo: expected None (TE-JAX "
+                             f"computes the scale itself), got {r.scaling_factor_compute_algo!r}")
+        if not r.reduce_amax:
+            raise ValueError("DelayedScaling: reduce_amax: expected True in JAX (amaxes are "
+                             "reduced across the mesh), got False")
+        if r.amax_compute_algo not in ("max", "most_recent"):
+            raise ValueError("DelayedScaling: amax_compute_algo: expected 'max' or 'most_recent' "
+                             f"in JAX, got {r.amax_compute_algo!r}")
+    elif isinstance(r, _recipe.MXFP8BlockScaling):
+        if r.fp8_format not in (_recipe.Format.E4M3, _recipe.Format.HYBRID, _recipe.Format.E5M2):
+            raise ValueError("MXFP8BlockScaling: fp8_format: expected an OCP format (E4M3, E5M2, "
+                             f"HYBRID), got {r.fp8_format}")
+    elif not isinstance(r, _recipe.Float8CurrentScaling):
+        raise ValueError(f"recipe: expected DelayedScaling, Float8CurrentScaling or "
+                         f"MXFP8BlockScaling in JAX, got {type(r).__name__}")
+    if getattr(r, "backward_override", None) is not None:
+        raise NotImplementedError(f"{type(r).__name__}: backward_override="
+                                  f"{r.backward_override!r} is not supported by the JAX front end")
+
+
+@contextmanager
+def autocast(enabled: bool = False, recipe=None, mesh_resource: MeshResource | None = None):
+    """Quantized GEMMs inside (TE-JAX's autocast). recipe None -> DelayedScaling()."""
+    if recipe is None:
+        recipe = _recipe.DelayedScaling()
+    if enabled:
+        _check_recipe(recipe)
+    previous = _GLOBAL_RECIPE[0]
+    with global_shard_guard(mesh_resource or MeshResource()):
+        _GLOBAL_RECIPE[0] = recipe if enabled else None
+        try:
+            yield
+        finally:
+            _GLOBAL_RECIPE[0] = previous
+
+
+@contextmanager
+def fp8_autocast(enabled: bool = False, fp8_recipe=None, mesh_resource=None):
+    """Deprecated alias of autocast (TE-JAX's)."""
+    warnings.warn("fp8_autocast is deprecated; use autocast(enabled, recipe, mesh_resource)",
+                  DeprecationWarning, stacklevel=3)
+    with autocast(enabled, fp8_recipe, mesh_resource):
+        yield
+
+
+def update_collections(new: dict, original: dict):
+    """Merges `new` into `original`, keeping original's type (dict or FrozenDict)."""
+    from flax.core import frozen_dict
+
+    merged = {**frozen_dict.unfreeze(original), **frozen_dict.unfreeze(new)}
+    if isinstance(original, frozen_dict.FrozenDict):
+        return frozen_dict.freeze(merged)
+    return merged
+
+
+# ------------------------------------------------------------------------------ configs
+class QuantizeConfig:
+    """What a recipe means for the GEMMs: dtypes and scaling modes per tensor source, Flax state."""
+
+    COLLECTION_NAME = NVTE_FP8_COLLECTION_NAME
+
+    def __init__(self, recipe=None) -> None:
+        self.recipe = recipe
+
+    def is_fp8_enabled(self) -> bool:
+        return self.recipe is not None
+
+    def get_scaling_mode(self, tensor_source: TensorSource) -> ScalingMode:
+        r = self.recipe
+        if r is None:
+            return ScalingMode.NO_SCALING
+        if isinstance(r, _recipe.DelayedScaling):
+            return ScalingMode.DELAYED_TENSOR_SCALING
+        if isinstance(r, _recipe.Float8CurrentScaling):
+            return ScalingMode.CURRENT_TENSOR_SCALING
+        return ScalingMode.MXFP8_1D_SCALING
+
+    def dtype(self, tensor_source: TensorSource):
+        fmt = self.recipe.fp8_format
+        return FORMAT_DTYPES[fmt.dtype_name(tensor_source != TensorSource.DGRAD)]
+
+    def get_quantize_flax_meta(self, module, collection_name, postfix, tensor_source,
+                               quantizer_name) -> QuantizeMeta:
+        """Delayed scaling: the variables `{name}{postfix}_scale` (1,) and
+        `{name}{postfix}_amax_history` (amax_history_len,) in `collection_name`."""
+        if not isinstance(self.recipe, _recipe.DelayedScaling):
+            return QuantizeMeta()
+        n = self.recipe.amax_history_len
+        scale = module.variable(collection_name, f"{quantizer_name}{postfix}_scale",
+                                jnp.ones, (1,), jnp.float32)
+        hist = module.variable(collection_name, f"{quantizer_name}{postfix}_amax_history",
+                               jnp.zeros, (n,), jnp.float32)
+        return QuantizeMeta(scale=scale.value, amax_history=hist.value)
+
+    def is_supported(self) -> tuple[bool, str | None]:
+        return True, None
+
+
+def get_quantize_config_with_recipe(recipe) -> QuantizeConfig:
+    return QuantizeConfig(recipe)
+
+
+def get_quantize_config() -> QuantizeConfig:
+    return QuantizeConfig(get_global_quantize_recipe())
+
+
+# ------------------------------------------------------------------------------ support queries
+_CPU_MODES = (ScalingMode.NO_SCALING, ScalingMode.DELAYED_TENSOR_SCALING,
+              ScalingMode.CURRENT_TENSOR_SCALING, ScalingMode.MXFP8_1D_SCALING)
+
+
+def is_scaling_mode_supported(scaling_mode=ScalingMode.NO_SCALING, gpu_id=None):
+    """(supported, reason): every mode but NVFP4 runs (bit-exactly) in this build."""
+    del gpu_id
+    if ScalingMode(scaling_mode) in _CPU_MODES:
+        return True, None
+    return False, f"{ScalingMode(scaling_mode).name} is not implemented by transformer_engine_lite"
+
+
+def is_fp8_available(scaling_mode=ScalingMode.DELAYED_TENSOR_SCALING, gpu_id=None):
+    warnings.warn("is_fp8_available is deprecated; use is_scaling_mode_supported",
+                  DeprecationWarning, stacklevel=2)
+    return is_scaling_mode_supported(scaling_mode, gpu_id)
+
+
+_RECIPES = {"DelayedScaling": _recipe.DelayedScaling,
+            "Float8CurrentScaling": _recipe.Float8CurrentScaling,
+            "MXFP8BlockScaling": _recipe.MXFP8BlockScaling}
+
+
+def get_supported_scaling_modes():
+    return [m for m in _CPU_MODES if m != ScalingMode.NO_SCALING]
+
+
+def get_supported_quantization_recipes():
+    return [cls() for cls in _RECIPES.values()]
+
+
+def is_quantize_recipe_supported(name: str) -> bool:
+    return name in _RECIPES
+
+
+def get_quantization_recipe(name: str):
+    if name not in _RECIPES:
+        raise ValueError(f"get_quantization_recipe: name: expected one of {list(_RECIPES)}, got "
+                         f"{name!r}")
+    return _RECIPES[name]()
+
+
+# ------------------------------------------------------------------------------ factory
+class QuantizerFactory:
+    @staticmethod
+    def create(scaling_mode, q_dtype, q_layout=QuantizeLayout.ROWWISE_COLWISE, recipe=None,
+               meta: QuantizeMeta | None = None, tensor_source=TensorSource.X):
+        mode = ScalingMode(scaling_mode)
+        if mode == ScalingMode.NO_SCALING:
+            return None
+        if mode == ScalingMode.DELAYED_TENSOR_SCALING:
+            n = recipe.amax_history_len if recipe is not None else 1024
+            meta = meta or QuantizeMeta()
+            return DelayedScaleQuantizer(
+                q_dtype=q_dtype, q_layout=q_layout,
+                margin=float(recipe.margin) if recipe is not None else 0.0,
+                amax_compute_algo=AmaxComputeAlgo(recipe.amax_compute_algo if recipe else "max"),
+                scale=meta.scale if meta.scale is not None else jnp.ones((1,), jnp.float32),
+                amax_history=(meta.amax_history if meta.amax_history is not None
+                              else jnp.zeros((n,), jnp.float32)))
+        if mode == ScalingMode.CURRENT_TENSOR_SCALING:
+            q = None
+            if recipe is not None:
+                q = {TensorSource.X: recipe.fp8_quant_fwd_inp,
+                     TensorSource.KERNEL: recipe.fp8_quant_fwd_weight,
+                     TensorSource.DGRAD: recipe.fp8_quant_bwd_grad}[tensor_source]
+            pow2 = bool(recipe.use_power_2_scales or (q is not None and q.power_2_scale)) if recipe \
+                else False
+            return CurrentScaleQuantizer(q_dtype=q_dtype, q_layout=q_layout, power_2_scale=pow2,
+                                         amax_epsilon=float(q.amax_epsilon) if q else 0.0)
+        if mode == ScalingMode.MXFP8_1D_SCALING:
+            return BlockScaleQuantizer(q_dtype=q_dtype, q_layout=q_layout)
+        raise NotImplementedError(f"QuantizerFactory.create: scaling_mode {mode.name} is not "
+                                  "implemented by transformer_engine_lite")
+
+    @staticmethod
+    def create_set(n_quantizer_sets: int = 1, scaling_mode=None, fwd_dtype=None, bwd_dtype=None,
+                   is_2x2x=None, fp8_recipe=None, quantize_meta_set: QuantizeMetaSet | None = None,
+                   **kwargs):
+        """QuantizerSet(s) for the given recipe (default: the global one; none -> noop)."""
+        del kwargs
+        recipe = fp8_recipe if fp8_recipe is not None else get_global_quantize_recipe()
+        if recipe is None and scaling_mode is None:
+            sets = [noop_quantizer_set] * n_quantizer_sets
+            return sets[0] if n_quantizer_sets == 1 else tuple(sets)
+        cfg = QuantizeConfig(recipe)
+        metas = quantize_meta_set or QuantizeMetaSet()
+        layout = QuantizeLayout.ROWWISE_COLWISE if is_2x2x in (None, True) else \
+            QuantizeLayout.ROWWISE
+
+        def make(src, meta):
+            mode = scaling_mode if scaling_mode is not None else cfg.get_scaling_mode(src)
+            if recipe is not None:
+                dt = cfg.dtype(src)
+            else:
+                dt = bwd_dtype if src == TensorSource.DGRAD else fwd_dtype
+            if src == TensorSource.DGRAD and bwd_dtype is not None:
+                dt = bwd_dtype
+            elif src != TensorSource.DGRAD and fwd_dtype is not None:
+                dt = fwd_dtype
+            return QuantizerFactory.create(mode, dt, layout, recipe, meta, src)
+
+        sets = [QuantizerSet(make(TensorSource.X, metas.x), make(TensorSource.KERNEL, metas.kernel),
+                             make(TensorSource.DGRAD, metas.grad))
+                for _ in range(n_quantizer_sets)]
+        return sets[0] if n_quantizer_sets == 1 else tuple(sets)

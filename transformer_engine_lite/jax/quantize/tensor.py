@@ -1,0 +1,109 @@
+"""Quantized tensors as pytrees: ScaledTensor1x (one FP8 copy + its scale_inv), ScaledTensor2x
+(row-wise and column-wise copies), NoScaleTensor (high precision + optional amax)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+import jax.numpy as jnp
+from jax.tree_util import register_pytree_node_class
+
+from .. import cpp_extensions as tex
+from .scaling_modes import ScalingMode
+
+__all__ = ["ScaledTensor", "ScaledTensor1x", "ScaledTensor2x", "NoScaleTensor",
+           "ScaledTensorFactory"]
+
+
+class ScaledTensor:
+    """Base class of the quantized tensors."""
+
+
+@register_pytree_node_class
+@dataclass
+class NoScaleTensor(ScaledTensor):
+    data: Any
+    amax: Any = None
+
+    def tree_flatten(self):
+        return (self.data, self.amax), ()
+
+    @classmethod
+    def tree_unflatten(cls, aux, children):
+        return cls(*children)
+
+    def dequantize(self):
+        return self.data
+
+    @property
+    def ndim(self):
+        return self.data.ndim
+
+
+@register_pytree_node_class
+@dataclass
+class ScaledTensor1x(ScaledTensor):
+    """data (FP8), scale_inv (float32 [1] per tensor, or uint8 E8M0 blocks for MXFP8).
+
+    Per-tensor data keeps the source shape; MXFP8 column-wise data too (blocks run along the first
+    dim of the 2-D view), so `is_colwise` only says which scales these are."""
+
+    data: Any
+    scale_inv: Any
+    scaling_mode: ScalingMode = ScalingMode.DELAYED_TENSOR_SCALING
+    dq_dtype: Any = jnp.bfloat16
+    is_colwise: bool = False
+    amax: Any = None
+    orig_shape: tuple | None = None  # MXFP8: data is the 2-D view, this the tensor's shape
+
+    def tree_flatten(self):
+        return (self.data, self.scale_inv, self.amax), (self.scaling_mode, self.dq_dtype,
+                                                         self.is_colwise, self.orig_shape)
+
+    @classmethod
+    def tree_unflatten(cls, aux, children):
+        data, scale_inv, amax = children
+        return cls(data, scale_inv, aux[0], aux[1], aux[2], amax, aux[3])
+
+    @property
+    def ndim(self):
+        return self.data.ndim
+
+    def dequantize(self, dtype=None):
+        dtype = dtype or self.dq_dtype
+        if self.scaling_mode == ScalingMode.MXFP8_1D_SCALING:
+            out = tex.dequantize_mxfp8(self.data, self.scale_inv, self.is_colwise, dtype)
+            return out.reshape(self.orig_shape) if self.orig_shape is not None else out
+        return tex.dequantize(self.data, self.scale_inv, dtype)
+
+
+@register_pytree_node_class
+@dataclass
+class ScaledTensor2x(ScaledTensor):
+    rowwise_tensor: ScaledTensor1x
+    colwise_tensor: ScaledTensor1x
+
+    def tree_flatten(self):
+        return (self.rowwise_tensor, self.colwise_tensor), ()
+
+    @classmethod
+    def tree_unflatten(cls, aux, children):
+        return cls(*children)
+
+    def get_tensor(self, colwise: bool) -> ScaledTensor1x:
+        return self.colwise_tensor if colwise else self.rowwise_tensor
+
+    def dequantize(self, dtype=None):
+        return self.rowwise_tensor.dequantize(dtype)
+
+
+class ScaledTensorFactory:
+    @staticmethod
+    def create_1x(data, scale_inv, scaling_mode=ScalingMode.DELAYED_TENSOR_SCALING,
+                  dq_dtype=jnp.bfloat16, is_colwise=False, amax=None, **_):
+        return ScaledTensor1x(data, scale_inv, scaling_mode, dq_dtype, is_colwise, amax)
+
+    @staticmethod
+    def create_2x(rowwise, colwise):
+        return ScaledTensor2x(rowwise, colwise)
