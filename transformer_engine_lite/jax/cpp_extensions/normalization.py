@@ -138,7 +138,7 @@ def _jax_ln_bwd(dz, x, mu, rsigma, gamma, zero_centered_gamma):
 LayerNormBwdPrimitive = FFIOp(
     "NormBwdPrimitive", "te_lite_layernorm_bwd_ffi", _ln_bwd_abstract, _jax_ln_bwd,
     row_args=(0, 1, 2, 3), reducing_results=(1, 2),
-    partition=RowRule(("x", "x", "row", "row", "rep"), ("x", "sum", "sum")),
+    partition=RowRule(("x", "x", "row", "row", "rep"), ("x", "sum", "sum"), f32_args=(4,)),
 )
 
 
@@ -197,7 +197,7 @@ def _jax_rms_bwd(dz, x, rsigma, gamma, zero_centered_gamma):
 RMSNormBwdPrimitive = FFIOp(
     "RMSNormBwdPrimitive", "te_lite_rmsnorm_bwd_ffi", _rms_bwd_abstract, _jax_rms_bwd,
     row_args=(0, 1, 2), reducing_results=(1,),
-    partition=RowRule(("x", "x", "row", "rep"), ("x", "sum")),
+    partition=RowRule(("x", "x", "row", "rep"), ("x", "sum"), f32_args=(3,)),
 )
 
 

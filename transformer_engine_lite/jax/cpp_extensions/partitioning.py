@@ -20,6 +20,7 @@ from collections.abc import Sequence
 from typing import Any
 
 import jax
+import jax.numpy as jnp
 from jax.experimental.custom_partitioning import custom_partitioning
 from jax.sharding import NamedSharding, PartitionSpec as P
 
@@ -62,12 +63,17 @@ class RowRule:
         dim 0 when the sizes agree: a softmax mask [b or 1, 1, sq, sk]) or "rep" (replicated).
     result_roles: per result "x", "row", "rep", "amax" (max over the row axes) or "sum".
     trailing: how many trailing dims of argument 0 are gathered.
+    f32_args: arguments cast to float32 on a sharded run (the weight whose dtype the "sum" results
+        take: gamma of a norm backward), so that the partial sums are float32 and the sum over
+        the shards is rounded once, as the unsharded kernel's is; results keep their dtypes.
     """
 
-    def __init__(self, arg_roles: Sequence[str], result_roles: Sequence[str], trailing: int = 1):
+    def __init__(self, arg_roles: Sequence[str], result_roles: Sequence[str], trailing: int = 1,
+                 f32_args: Sequence[int] = ()):
         self.arg_roles = tuple(arg_roles)
         self.result_roles = tuple(result_roles)
         self.trailing = trailing
+        self.f32_args = tuple(f32_args)
 
     # -- the shardings
     def _lead(self, x_shape) -> list:
@@ -132,12 +138,16 @@ class RowRule:
             args, results, axes = self.shardings(mesh, arg_shapes, result_shape)
 
             def lower(*local):
+                if axes and "sum" in self.result_roles:
+                    local = [a.astype(jnp.float32) if i in self.f32_args else a
+                             for i, a in enumerate(local)]
                 outs = list(op.ffi(*local, **params))
                 for i, role in enumerate(self.result_roles):
                     if axes and role == "amax":
                         outs[i] = jax.lax.pmax(outs[i], axes)
                     elif axes and role == "sum":
                         outs[i] = jax.lax.psum(outs[i], axes)
+                    outs[i] = outs[i].astype(result_shape[i].dtype)
                 return tuple(outs)
 
             return mesh, lower, tuple(results), tuple(args)

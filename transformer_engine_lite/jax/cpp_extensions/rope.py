@@ -51,7 +51,7 @@ def _rotate(x32, f, interleaved, sign):
 
 
 def _jax_rope(t, freqs, cu_seqlens, tensor_format, interleaved, sign=1.0):
-    """Reference; sign=-1 is the inverse rotation (the backward)."""
+    """Reference of the forward (float32 math, t's dtype)."""
     x32 = t.astype(_F32)
     f = freqs.astype(_F32)[:, 0, 0, :]
     if tensor_format == "sbhd":
@@ -68,13 +68,19 @@ def _jax_rope(t, freqs, cu_seqlens, tensor_format, interleaved, sign=1.0):
     return out.astype(t.dtype)
 
 
+def _jax_rope_bwd(g, freqs, cu_seqlens, tensor_format, interleaved):
+    """The transpose of the forward (freqs need not pair up, so it is not the inverse rotation)."""
+    _, vjp = jax.vjp(lambda t: _jax_rope(t, freqs, cu_seqlens, tensor_format, interleaved), g)
+    return vjp(g)[0]
+
+
 RopeFwdPrimitive = FFIOp(
     "FusedRopeFwdPrimitive", "te_lite_fused_rope_fwd_ffi", _abstract("fused_rope_fwd"),
     lambda t, f, cu, tensor_format, interleaved: (_jax_rope(t, f, cu, tensor_format, interleaved),))
 RopeBwdPrimitive = FFIOp(
     "FusedRopeBwdPrimitive", "te_lite_fused_rope_bwd_ffi", _abstract("fused_rope_bwd"),
-    lambda g, f, cu, tensor_format, interleaved: (
-        _jax_rope(g, f, cu, tensor_format, interleaved, -1.0),))
+    lambda g, f, cu, tensor_format, interleaved: (_jax_rope_bwd(g, f, cu, tensor_format,
+                                                                 interleaved),))
 
 
 def _cu(cu_seqlens):

@@ -1,0 +1,8 @@
+import os
+import sys
+
+sys.path.insert(0, os.path.dirname(__file__))
+# The suites compare against fp64 references.
+import jax  # noqa: E402
+
+jax.config.update("jax_enable_x64", False)
