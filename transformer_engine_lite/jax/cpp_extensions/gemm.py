@@ -268,6 +268,11 @@ def gemm(lhs, rhs, contracting_dims=((-1,), (0,)), lhs_scale_inv=None, rhs_scale
         A, transa = jnp.transpose(rhs, perm).reshape(k, math.prod(rhs_free)), False
     if B.ndim == 1:
         B = B.reshape(1, -1)
+    if bias is not None:
+        if tuple(bias.shape) != tuple(rhs_free):
+            raise ValueError(f"gemm: argument 'bias': expected shape {tuple(rhs_free)} (rhs's free "
+                             f"dims), got {tuple(bias.shape)}")
+        bias = bias.reshape(-1)
     d, pre = gemm_core(A, B, transa=transa, transb=transb, A_scale_inv=rhs_scale_inv,
                        B_scale_inv=lhs_scale_inv, bias=bias, gelu=fuse_gelu, out_dtype=out_dtype)
     shape = (*lhs_free, *rhs_free)
