@@ -21,14 +21,15 @@ if jax.device_count() < 8:
                 "--xla_force_host_platform_device_count=8 before jax is first imported)",
                 allow_module_level=True)
 
-import jax.numpy as jnp  # noqa: E402
-from jax.sharding import AxisType, NamedSharding, PartitionSpec as P  # noqa: E402
+import jax.numpy as jnp
+from jax.sharding import AxisType, NamedSharding
+from jax.sharding import PartitionSpec as P
 
-import transformer_engine_lite.jax as te  # noqa: E402
-from transformer_engine_lite.common import recipe as te_recipe  # noqa: E402
-from transformer_engine_lite.jax import cpp_extensions as tex  # noqa: E402
-from transformer_engine_lite.jax import sharding as te_sh  # noqa: E402
-from transformer_engine_lite.jax.quantize import QuantizerFactory  # noqa: E402
+import transformer_engine_lite.jax as te
+from transformer_engine_lite.common import recipe as te_recipe
+from transformer_engine_lite.jax import cpp_extensions as tex
+from transformer_engine_lite.jax import sharding as te_sh
+from transformer_engine_lite.jax.quantize import QuantizerFactory
 
 # (atol, rtol) of a sharded result against the unsharded one, by dtype. FP8 and integer results
 # must be bit-identical.
@@ -196,7 +197,7 @@ def test_gemm_wgrad(mesh_name):
     """dk = x^T @ g contracting the dp-sharded token dim: partial products summed over dp."""
     mesh = mesh_of(mesh_name)
     x, g = rand(13, (8, 8, 64), BF16), rand(14, (8, 8, 96), BF16)
-    fn = lambda x, g: tex.gemm(x, g, ((0, 1), (0, 1)), out_dtype=F32)  # noqa: E731
+    fn = lambda x, g: tex.gemm(x, g, ((0, 1), (0, 1)), out_dtype=F32)
     f, args = check(fn, (x, g), (("dp",), ("dp", None, "tp")), mesh, "wgrad")
     assert f(*args).shape == (64, 96)
 

@@ -195,10 +195,8 @@ def test_activation(act, dtype):
 
 def test_activation_fp8_output():
     x = randn(11, (8, 64), jnp.bfloat16, 2.0)
-    q, amax, si = tex.act_lu(x, ("gelu",), jnp.float8_e4m3fn, jnp.array([16.0], jnp.float32))
+    q, amax, _ = tex.act_lu(x, ("gelu",), jnp.float8_e4m3fn, jnp.array([16.0], jnp.float32))
     y = tex.act_lu(x.astype(jnp.float32), ("gelu",))[0]
-    assert_bytes_equal(q, tex._jax_quantize(y.astype(jnp.float32), jnp.array([16.0]),
-                                            jnp.float8_e4m3fn)[0]) if False else None
     assert_close(q.astype(jnp.float32) / 16.0, y, "fp8")
     assert_close(amax[0], jnp.max(jnp.abs(y)), "bfloat16")
 

@@ -14,20 +14,20 @@ from .cpp_extensions.base import register_targets as _register_targets
 
 _register_targets()
 
-from . import quantize, sharding  # noqa: E402,F401
-from .activation import activation  # noqa: E402,F401
-from .dense import dense  # noqa: E402,F401
-from .layernorm import layernorm  # noqa: E402,F401
-from .layernorm_dense import layernorm_dense  # noqa: E402,F401
-from .layernorm_mlp import layernorm_mlp  # noqa: E402,F401
-from .quantize import (  # noqa: E402,F401
+from . import quantize, sharding  # noqa: F401
+from .activation import activation  # noqa: F401
+from .dense import dense  # noqa: F401
+from .layernorm import layernorm  # noqa: F401
+from .layernorm_dense import layernorm_dense  # noqa: F401
+from .layernorm_mlp import layernorm_mlp  # noqa: F401
+from .quantize import (
     NVTE_FP8_COLLECTION_NAME,
     autocast,
     fp8_autocast,
     update_collections,
 )
-from .sharding import MeshResource  # noqa: E402,F401
-from .softmax import softmax  # noqa: E402,F401
+from .sharding import MeshResource
+from .softmax import softmax  # noqa: F401
 
 
 def __getattr__(name):
@@ -38,5 +38,12 @@ def __getattr__(name):
     raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
 
 
-__all__ = ["NVTE_FP8_COLLECTION_NAME", "autocast", "fp8_autocast", "update_collections",
-           "MeshResource", "flax", "quantize"]
+__all__ = [
+    "NVTE_FP8_COLLECTION_NAME",
+    "MeshResource",
+    "autocast",
+    "flax",
+    "fp8_autocast",
+    "quantize",
+    "update_collections",
+]

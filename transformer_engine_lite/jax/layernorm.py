@@ -13,7 +13,7 @@ from . import cpp_extensions as tex
 from .quantize.scaling_modes import ScalingMode
 from .quantize.tensor import ScaledTensor1x
 
-__all__ = ["layernorm", "canonicalize_norm_type"]
+__all__ = ["canonicalize_norm_type", "layernorm"]
 
 
 def canonicalize_norm_type(norm_type: str) -> str:

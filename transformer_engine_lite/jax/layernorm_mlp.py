@@ -82,7 +82,7 @@ def _fwd(x, gamma, beta, k1, k2, b1, b2, qsets, cfg):
 
 
 def _bwd(cfg, res, g):
-    norm_type, zcg, eps, act, act_params, *_ = cfg
+    norm_type, zcg, _eps, act, act_params, *_ = cfg
     x, mu, rs, gamma, z, k1q, h1, aq, k2q, static, (s1, s2) = res
     x_dtype, k1_dtype, k2_dtype, x_ndim, b1_dtype, b2_dtype, beta_dtype = static.values
     da, dk2, db2, qg2 = core.backward(g, aq, k2q, x_ndim, 2, 1, s2.dgrad, x_dtype, k2_dtype)

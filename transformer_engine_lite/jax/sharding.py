@@ -15,13 +15,33 @@ from dataclasses import dataclass
 import jax
 from jax.sharding import NamedSharding, PartitionSpec
 
-__all__ = ["MeshResource", "global_shard_guard", "global_mesh_resource", "BATCH_AXES",
-           "SEQLEN_AXES", "SEQLEN_TP_AXES", "SEQLEN_CP_AXES", "HEAD_AXES", "HIDDEN_AXES",
-           "HIDDEN_TP_AXES", "JOINED_AXES", "W_NO_SHARD_AXES", "W_FSDP_AXES", "W_TP_AXES",
-           "W_JOINED_AXES", "get_sharding_map_logic_axis_to_mesh_axis", "with_sharding_constraint",
-           "with_sharding_constraint_by_logical_axes", "get_all_mesh_axes", "num_of_devices",
-           "get_mesh_axis_size", "get_mesh_axis_rank", "all_reduce_sum_along_dp_fsdp",
-           "all_reduce_max_along_all_axes_except_PP", "generate_pspec"]
+__all__ = [
+    "BATCH_AXES",
+    "HEAD_AXES",
+    "HIDDEN_AXES",
+    "HIDDEN_TP_AXES",
+    "JOINED_AXES",
+    "SEQLEN_AXES",
+    "SEQLEN_CP_AXES",
+    "SEQLEN_TP_AXES",
+    "W_FSDP_AXES",
+    "W_JOINED_AXES",
+    "W_NO_SHARD_AXES",
+    "W_TP_AXES",
+    "MeshResource",
+    "all_reduce_max_along_all_axes_except_PP",
+    "all_reduce_sum_along_dp_fsdp",
+    "generate_pspec",
+    "get_all_mesh_axes",
+    "get_mesh_axis_rank",
+    "get_mesh_axis_size",
+    "get_sharding_map_logic_axis_to_mesh_axis",
+    "global_mesh_resource",
+    "global_shard_guard",
+    "num_of_devices",
+    "with_sharding_constraint",
+    "with_sharding_constraint_by_logical_axes",
+]
 
 BATCH_AXES = "nvte_batch"
 SEQLEN_AXES = "nvte_seqlen"

@@ -10,7 +10,7 @@ import jax
 
 from . import cpp_extensions as tex
 
-__all__ = ["softmax", "SoftmaxFusionType"]
+__all__ = ["SoftmaxFusionType", "softmax"]
 
 
 class SoftmaxFusionType(Enum):
@@ -52,7 +52,7 @@ def _softmax_fwd(logits, mask, scale, kind):
 
 
 def _softmax_bwd(scale, kind, res, g):
-    y, mask = res
+    y, _mask = res
     g = g.astype(y.dtype)
     if kind is SoftmaxFusionType.SCALED:
         dx = tex.scaled_softmax_bwd(g, y, scale)

@@ -16,12 +16,20 @@ import jax.numpy as jnp
 import numpy as np
 
 from .base import FFIOp
-from .misc import HIGH_PRECISION, check_dtype, check_min_ndim, check_scalar_f32, is_fp8
+from .misc import HIGH_PRECISION, as_scalar, check_dtype, check_min_ndim, check_scalar_f32, is_fp8
 from .partitioning import RowRule
 from .quantization import _jax_quantize
 
-__all__ = ["ActivationEnum", "ActivationParams", "ClampedSwigluParams", "act_lu", "dact_lu",
-           "activation_name", "_jax_act_lu", "is_gated"]
+__all__ = [
+    "ActivationEnum",
+    "ActivationParams",
+    "ClampedSwigluParams",
+    "_jax_act_lu",
+    "act_lu",
+    "activation_name",
+    "dact_lu",
+    "is_gated",
+]
 
 _F32 = jnp.float32
 
@@ -60,7 +68,7 @@ class ActivationParams:
     clamped_swiglu: ClampedSwigluParams = ClampedSwigluParams()
 
     @staticmethod
-    def create(activation_type, **kwargs) -> "ActivationParams":
+    def create(activation_type, **kwargs) -> ActivationParams:
         if activation_name(activation_type) == "clamped_swiglu":
             return ActivationParams(ClampedSwigluParams(**kwargs))
         return ActivationParams()
@@ -199,7 +207,7 @@ def act_lu(x, activation_type, out_dtype=None, scale=None, act_params=None):
         return x.astype(out_dtype), z, z
     xc = _core_layout(x, name)
     prim = ClampedActLuPrimitive if name == "clamped_swiglu" else ActLuPrimitive
-    scale = scale.reshape(1) if scale is not None else jnp.zeros((0,), _F32)
+    scale = as_scalar(scale) if scale is not None else jnp.zeros((0,), _F32)
     return prim(xc, scale, activation=name, limit=limit, alpha=alpha, out_dtype=out_dtype)
 
 

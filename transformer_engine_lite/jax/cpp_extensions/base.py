@@ -22,7 +22,7 @@ import ctypes
 import os
 import warnings
 from collections.abc import Callable, Sequence
-from functools import lru_cache, partial
+from functools import cache, lru_cache, partial
 from pathlib import Path
 from typing import Any
 
@@ -35,7 +35,7 @@ from jax.interpreters import mlir
 
 from transformer_engine_lite.common import build_info, config, get_lib
 
-__all__ = ["FFIOp", "registrations", "custom_calls_enabled", "extension_path"]
+__all__ = ["FFIOp", "custom_calls_enabled", "extension_path", "registrations"]
 
 
 def extension_path() -> Path:
@@ -237,7 +237,7 @@ def warn_once(message: str, category=UserWarning) -> None:
     _warn_once(message, category)
 
 
-@lru_cache(maxsize=None)
+@cache
 def _warn_once(message: str, category) -> None:
     warnings.warn(message, category, stacklevel=3)
 

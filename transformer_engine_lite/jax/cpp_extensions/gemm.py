@@ -20,13 +20,14 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 from jax.experimental.custom_partitioning import custom_partitioning
-from jax.sharding import NamedSharding, PartitionSpec as P
+from jax.sharding import NamedSharding
+from jax.sharding import PartitionSpec as P
 
 from .base import FFIOp
-from .misc import FP8_DTYPES, HIGH_PRECISION, check_dtype, check_scalar_f32, is_fp8
+from .misc import FP8_DTYPES, HIGH_PRECISION, as_scalar, check_dtype, check_scalar_f32, is_fp8
 from .partitioning import mesh_axes_of, spec_of
 
-__all__ = ["gemm", "gemm_core", "GemmPrimitive"]
+__all__ = ["GemmPrimitive", "gemm", "gemm_core"]
 
 _F32 = jnp.float32
 
@@ -148,7 +149,7 @@ class GemmRule:
 
         def shardings(mesh, arg_shapes, result_shape):
             a_p, b_p, d_p, k = self._plan(mesh, arg_shapes, transa, transb)
-            rep = lambda s: NamedSharding(mesh, P(*([None] * len(s.shape))))  # noqa: E731
+            rep = lambda s: NamedSharding(mesh, P(*([None] * len(s.shape))))
             args = [rep(s) for s in arg_shapes]
             args[0], args[2] = NamedSharding(mesh, a_p), NamedSharding(mesh, b_p)
             if int(np.prod(arg_shapes[4].shape)) > 0:
@@ -191,7 +192,7 @@ class GemmRule:
             names = iter(f"g{i}" for i in range(1000))
             ms = [next(names) for _ in range(1 if transb else len(B) - 1)]
             k, n = next(names), next(names)
-            fresh = lambda s: " ".join(next(names) for _ in s)  # noqa: E731
+            fresh = lambda s: " ".join(next(names) for _ in s)
             a = f"{n} {k}" if transa else f"{k} {n}"
             b = f"{k} {ms[0]}" if transb else " ".join([*ms, k])
             bias = n if len(arg_types[4].shape) == 1 and arg_types[4].shape[0] > 0 else fresh(
@@ -224,8 +225,8 @@ def gemm_core(A, B, *, transa=False, transb=False, A_scale_inv=None, B_scale_inv
         hp = [t.dtype for t in (A, B) if not is_fp8(t.dtype)]
         out_dtype = hp[0] if hp else jnp.bfloat16
     out = GemmPrimitive(
-        A, z if A_scale_inv is None else A_scale_inv.reshape(1).astype(_F32),
-        B, z if B_scale_inv is None else B_scale_inv.reshape(1).astype(_F32),
+        A, z if A_scale_inv is None else as_scalar(A_scale_inv),
+        B, z if B_scale_inv is None else as_scalar(B_scale_inv),
         z if bias is None else bias, z, z,
         transa=bool(transa), transb=bool(transb), gelu=bool(gelu), grad=False,
         out_dtype=np.dtype(out_dtype))

@@ -10,12 +10,28 @@ import jax.numpy as jnp
 import numpy as np
 
 from .base import FFIOp
-from .misc import HIGH_PRECISION, check_dtype, check_min_ndim, check_scalar_f32, check_shape, is_fp8
+from .misc import (
+    HIGH_PRECISION,
+    as_scalar,
+    check_dtype,
+    check_min_ndim,
+    check_scalar_f32,
+    check_shape,
+    is_fp8,
+)
 from .partitioning import RowRule
 from .quantization import _jax_quantize
 
-__all__ = ["layernorm_fwd", "layernorm_bwd", "rmsnorm_fwd", "rmsnorm_bwd", "normalization_fwd",
-           "normalization_bwd", "_jax_layernorm", "_jax_rmsnorm"]
+__all__ = [
+    "_jax_layernorm",
+    "_jax_rmsnorm",
+    "layernorm_bwd",
+    "layernorm_fwd",
+    "normalization_bwd",
+    "normalization_fwd",
+    "rmsnorm_bwd",
+    "rmsnorm_fwd",
+]
 
 _F32 = jnp.float32
 
@@ -105,7 +121,7 @@ def layernorm_fwd(x, gamma, beta, eps=1e-6, zero_centered_gamma=False, out_dtype
     """(z, mu, rsigma, amax, scale_inv); z in out_dtype (default x's). An FP8 out_dtype needs
     `scale` (float32 [1]) and gives amax / scale_inv float32 [1]; otherwise they are float32 [0]."""
     out_dtype = np.dtype(out_dtype if out_dtype is not None else x.dtype)
-    scale = scale.reshape(1) if scale is not None else jnp.zeros((0,), _F32)
+    scale = as_scalar(scale) if scale is not None else jnp.zeros((0,), _F32)
     return LayerNormFwdPrimitive(x, gamma, beta, scale, eps=float(eps),
                                  zero_centered_gamma=bool(zero_centered_gamma),
                                  out_dtype=out_dtype)
@@ -170,7 +186,7 @@ RMSNormFwdPrimitive = FFIOp(
 def rmsnorm_fwd(x, gamma, eps=1e-6, zero_centered_gamma=False, out_dtype=None, scale=None):
     """(z, rsigma, amax, scale_inv), as layernorm_fwd."""
     out_dtype = np.dtype(out_dtype if out_dtype is not None else x.dtype)
-    scale = scale.reshape(1) if scale is not None else jnp.zeros((0,), _F32)
+    scale = as_scalar(scale) if scale is not None else jnp.zeros((0,), _F32)
     return RMSNormFwdPrimitive(x, gamma, scale, eps=float(eps),
                                zero_centered_gamma=bool(zero_centered_gamma), out_dtype=out_dtype)
 

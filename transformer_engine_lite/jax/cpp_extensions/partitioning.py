@@ -22,9 +22,10 @@ from typing import Any
 import jax
 import jax.numpy as jnp
 from jax.experimental.custom_partitioning import custom_partitioning
-from jax.sharding import NamedSharding, PartitionSpec as P
+from jax.sharding import NamedSharding
+from jax.sharding import PartitionSpec as P
 
-__all__ = ["RowRule", "spec_of", "mesh_axes_of"]
+__all__ = ["RowRule", "mesh_axes_of", "spec_of"]
 
 
 def spec_of(shape_with_sharding, ndim: int) -> list:

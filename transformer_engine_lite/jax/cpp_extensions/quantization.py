@@ -18,6 +18,7 @@ from .base import FFIOp
 from .misc import (
     FP8_DTYPES,
     HIGH_PRECISION,
+    as_scalar,
     check_dtype,
     check_min_ndim,
     check_scalar_f32,
@@ -28,16 +29,16 @@ from .misc import (
 from .partitioning import RowRule
 
 __all__ = [
-    "quantize",
-    "dequantize",
+    "MX_BLOCK",
     "calculate_amax",
+    "cast_transpose",
     "compute_scale_from_amax",
     "delayed_scaling_update",
-    "quantize_mxfp8",
+    "dequantize",
     "dequantize_mxfp8",
+    "quantize",
+    "quantize_mxfp8",
     "transpose",
-    "cast_transpose",
-    "MX_BLOCK",
 ]
 
 MX_BLOCK = 32
@@ -131,7 +132,7 @@ def _quantize_abstract(x, scale, *, q_dtype):
 
 QuantizePrimitive = FFIOp(
     "QuantizePrimitive", "te_lite_quantize_ffi", _quantize_abstract,
-    lambda x, scale, q_dtype: _jax_quantize(x, scale.reshape(1), q_dtype),
+    lambda x, scale, q_dtype: _jax_quantize(x, as_scalar(scale), q_dtype),
     attrs=_no_dtypes, row_args=(0,), reducing_results=(1,),
     partition=RowRule(("x", "rep"), ("x", "amax", "rep"), trailing=0),
 )
@@ -140,7 +141,7 @@ QuantizePrimitive = FFIOp(
 def quantize(x, scale, q_dtype):
     """(data, amax, scale_inv): data = encode(x * scale); amax = max|x| before scaling."""
     q_dtype = fp8_dtype_of("quantize", "q_dtype", q_dtype)
-    return QuantizePrimitive(x, scale.reshape(1).astype(scale.dtype), q_dtype=q_dtype)
+    return QuantizePrimitive(x, as_scalar(scale), q_dtype=q_dtype)
 
 
 def _dequantize_abstract(data, scale_inv, *, out_dtype):
@@ -159,7 +160,7 @@ DequantizePrimitive = FFIOp(
 
 
 def dequantize(data, scale_inv, out_dtype=jnp.float32):
-    (out,) = DequantizePrimitive(data, scale_inv.reshape(1), out_dtype=np.dtype(out_dtype))
+    (out,) = DequantizePrimitive(data, as_scalar(scale_inv), out_dtype=np.dtype(out_dtype))
     return out
 
 
@@ -197,7 +198,7 @@ ScalePrimitive = FFIOp(
 def compute_scale_from_amax(amax, fp8_dtype, epsilon: float = 0.0, force_pow_2_scales=False):
     """Current scaling (ARCHITECTURE §5): (scale, scale_inv) from amax, float32 [1] each."""
     name = dtype_name(fp8_dtype_of("compute_scale_from_amax", "fp8_dtype", fp8_dtype))
-    return ScalePrimitive(amax.reshape(1), fp8_dtype=name, epsilon=float(epsilon),
+    return ScalePrimitive(as_scalar(amax), fp8_dtype=name, epsilon=float(epsilon),
                           force_pow_2_scales=bool(force_pow_2_scales))
 
 
@@ -352,4 +353,4 @@ CastTransposePrimitive = FFIOp("CastTransposePrimitive", "te_lite_cast_transpose
 def cast_transpose(x, scale, q_dtype):
     """(data, data_t, amax, scale_inv) of a 2-D x: both copies of encode(x * scale)."""
     q_dtype = fp8_dtype_of("cast_transpose", "q_dtype", q_dtype)
-    return CastTransposePrimitive(x, scale.reshape(1), q_dtype=q_dtype)
+    return CastTransposePrimitive(x, as_scalar(scale), q_dtype=q_dtype)

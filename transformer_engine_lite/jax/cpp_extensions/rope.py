@@ -11,7 +11,7 @@ import jax.numpy as jnp
 from .base import FFIOp
 from .misc import HIGH_PRECISION, check_dtype
 
-__all__ = ["fused_rope_fwd", "fused_rope_bwd", "_jax_rope"]
+__all__ = ["_jax_rope", "fused_rope_bwd", "fused_rope_fwd"]
 
 _F32 = jnp.float32
 

@@ -15,11 +15,20 @@ from .base import FFIOp
 from .misc import HIGH_PRECISION, check_dtype
 from .partitioning import RowRule
 
-__all__ = ["scaled_softmax_fwd", "scaled_softmax_bwd", "scaled_masked_softmax_fwd",
-           "scaled_masked_softmax_bwd", "scaled_upper_triang_masked_softmax_fwd",
-           "scaled_upper_triang_masked_softmax_bwd", "scaled_aligned_causal_masked_softmax_fwd",
-           "scaled_aligned_causal_masked_softmax_bwd", "is_softmax_kernel_available",
-           "jax_scaled_softmax", "jax_scaled_masked_softmax", "jax_scaled_upper_triang_masked_softmax"]
+__all__ = [
+    "is_softmax_kernel_available",
+    "jax_scaled_masked_softmax",
+    "jax_scaled_softmax",
+    "jax_scaled_upper_triang_masked_softmax",
+    "scaled_aligned_causal_masked_softmax_bwd",
+    "scaled_aligned_causal_masked_softmax_fwd",
+    "scaled_masked_softmax_bwd",
+    "scaled_masked_softmax_fwd",
+    "scaled_softmax_bwd",
+    "scaled_softmax_fwd",
+    "scaled_upper_triang_masked_softmax_bwd",
+    "scaled_upper_triang_masked_softmax_fwd",
+]
 
 _F32 = jnp.float32
 _RANK = {"scaled": 4, "scaled_masked": 4, "scaled_upper_triang_masked": 3,
@@ -106,10 +115,10 @@ def _make(variant):
         return (jax.ShapeDtypeStruct(y.shape, y.dtype),)
 
     if masked:
-        ref = lambda x, mask, scale: (_jax_fwd(variant, x, mask, scale),)  # noqa: E731
+        ref = lambda x, mask, scale: (_jax_fwd(variant, x, mask, scale),)
         roles = ("x", "lead0")
     else:
-        ref = lambda x, scale: (_jax_fwd(variant, x, None, scale),)  # noqa: E731
+        ref = lambda x, scale: (_jax_fwd(variant, x, None, scale),)
         roles = ("x",)
     camel = "".join(p.capitalize() for p in variant.split("_"))
     fwd = FFIOp(f"{camel}SoftmaxFwdPrimitive", f"te_lite_{fwd_name}_ffi", fwd_abstract, ref,

@@ -13,5 +13,12 @@ from .module import (  # noqa: F401
     wrap_function_in_te_state_module,
 )
 
-__all__ = ["DenseGeneral", "LayerNorm", "LayerNormDenseGeneral", "LayerNormMLP",
-           "wrap_function_in_te_state_module", "make_dot_general_cls", "extend_logical_axis_rules"]
+__all__ = [
+    "DenseGeneral",
+    "LayerNorm",
+    "LayerNormDenseGeneral",
+    "LayerNormMLP",
+    "extend_logical_axis_rules",
+    "make_dot_general_cls",
+    "wrap_function_in_te_state_module",
+]

@@ -12,14 +12,11 @@ this implementation does not support raise NotImplementedError when the module i
 from __future__ import annotations
 
 from collections.abc import Callable, Iterable, Sequence
-
 from typing import Any
 
 import flax.linen as nn
 import jax
 import jax.numpy as jnp
-
-
 
 from .. import cpp_extensions as tex
 from ..activation import activation as _activation
@@ -38,9 +35,17 @@ from ..quantize.scaling_modes import TensorSource
 from ..sharding import get_sharding_map_logic_axis_to_mesh_axis
 from ..softmax import SoftmaxFusionType, softmax
 
-__all__ = ["LayerNorm", "DenseGeneral", "LayerNormDenseGeneral", "LayerNormMLP", "Softmax",
-           "TransformerEngineBase", "make_dot_general_cls", "wrap_function_in_te_state_module",
-           "extend_logical_axis_rules"]
+__all__ = [
+    "DenseGeneral",
+    "LayerNorm",
+    "LayerNormDenseGeneral",
+    "LayerNormMLP",
+    "Softmax",
+    "TransformerEngineBase",
+    "extend_logical_axis_rules",
+    "make_dot_general_cls",
+    "wrap_function_in_te_state_module",
+]
 
 Array = Any
 Initializer = Callable[..., Array]

@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import warnings
 from contextlib import contextmanager
-from typing import Any
 
 import jax.numpy as jnp
 
@@ -30,11 +29,22 @@ from .quantizer import (
 )
 from .scaling_modes import AmaxComputeAlgo, QuantizeLayout, ScalingMode, TensorSource
 
-__all__ = ["autocast", "fp8_autocast", "get_global_quantize_recipe", "get_quantize_config",
-           "get_quantize_config_with_recipe", "is_scaling_mode_supported", "is_fp8_available",
-           "is_quantize_recipe_supported", "get_supported_scaling_modes",
-           "get_supported_quantization_recipes", "get_quantization_recipe", "QuantizerFactory",
-           "NVTE_FP8_COLLECTION_NAME", "update_collections"]
+__all__ = [
+    "NVTE_FP8_COLLECTION_NAME",
+    "QuantizerFactory",
+    "autocast",
+    "fp8_autocast",
+    "get_global_quantize_recipe",
+    "get_quantization_recipe",
+    "get_quantize_config",
+    "get_quantize_config_with_recipe",
+    "get_supported_quantization_recipes",
+    "get_supported_scaling_modes",
+    "is_fp8_available",
+    "is_quantize_recipe_supported",
+    "is_scaling_mode_supported",
+    "update_collections",
+]
 
 NVTE_FP8_COLLECTION_NAME = "fp8_metas"
 

@@ -25,9 +25,17 @@ from .. import cpp_extensions as tex
 from .scaling_modes import AmaxComputeAlgo, QuantizeLayout, ScalingMode
 from .tensor import ScaledTensor1x, ScaledTensor2x
 
-__all__ = ["Quantizer", "CurrentScaleQuantizer", "DelayedScaleQuantizer", "BlockScaleQuantizer",
-           "QuantizerSet", "noop_quantizer_set", "QuantizeMeta", "QuantizeMetaSet",
-           "compute_scale_from_amax"]
+__all__ = [
+    "BlockScaleQuantizer",
+    "CurrentScaleQuantizer",
+    "DelayedScaleQuantizer",
+    "QuantizeMeta",
+    "QuantizeMetaSet",
+    "Quantizer",
+    "QuantizerSet",
+    "compute_scale_from_amax",
+    "noop_quantizer_set",
+]
 
 
 def compute_scale_from_amax(amax, q_dtype, margin=0.0, scale=None):

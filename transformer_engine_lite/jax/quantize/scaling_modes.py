@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from enum import Enum, IntEnum
 
-__all__ = ["ScalingMode", "QuantizeLayout", "TensorSource", "AmaxComputeAlgo"]
+__all__ = ["AmaxComputeAlgo", "QuantizeLayout", "ScalingMode", "TensorSource"]
 
 
 class ScalingMode(IntEnum):

@@ -12,8 +12,13 @@ from jax.tree_util import register_pytree_node_class
 from .. import cpp_extensions as tex
 from .scaling_modes import ScalingMode
 
-__all__ = ["ScaledTensor", "ScaledTensor1x", "ScaledTensor2x", "NoScaleTensor",
-           "ScaledTensorFactory"]
+__all__ = [
+    "NoScaleTensor",
+    "ScaledTensor",
+    "ScaledTensor1x",
+    "ScaledTensor2x",
+    "ScaledTensorFactory",
+]
 
 
 class ScaledTensor:
