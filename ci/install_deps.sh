@@ -49,6 +49,9 @@ te_venv_create
 te_venv_activate
 pip_quiet install --disable-pip-version-check setuptools wheel torch==2.13.0 onednn-cpu-gomp \
   onednn-devel-cpu-gomp numpy ml_dtypes pytest matplotlib tqdm
+# The JAX front end (CPU jaxlib; its XLA FFI headers build transformer_engine_lite/jax/csrc).
+# Pinned: the primitives use jax internals (custom_partitioning, batching) checked on this version.
+pip_quiet install --disable-pip-version-check jax==0.10.2 jaxlib==0.10.2 flax==0.12.8
 # The build picks CUDA where nvcc is on PATH (build_tools/utils.py); its GEMM uses cuBLASLt, whose
 # headers come from PyPI. Best effort: without it the build uses the tiled GEMM and says so.
 backend=$(python -c "import sys; sys.path.insert(0, '$REPO_ROOT'); from build_tools import utils; print(utils.detect_backend().backend)")
@@ -58,4 +61,5 @@ if [ "$backend" = cuda ] && ! python -m pip show -q nvidia-cublas >/dev/null 2>&
 fi
 pip_quiet install --disable-pip-version-check --no-build-isolation -e "$REPO_ROOT"
 python -c "import transformer_engine_lite as te; i = te.build_info(); print('transformer_engine_lite', te.__version__, i['device_backends'], 'gpu_gemm', i['gpu_gemm'], 'cpu_isa', i['cpu_isa']['level'], 'onednn_isa', i['onednn_isa'], 'python', __import__('sys').prefix)"
+python -c "import transformer_engine_lite.jax as te; print('transformer_engine_lite.jax:', len(te.cpp_extensions.registrations()), 'XLA FFI handlers')"
 echo "ci/install_deps.sh: done in $((SECONDS - start)) s"

@@ -7,6 +7,8 @@
 #                        transpose, normalization, activation, softmax, fused attention, RoPE)
 #   isa.<level>.pytorch  PyTorch smoke subset: Linear / LayerNormMLP / TransformerLayer fwd+bwd in
 #                        bf16 and under each FP8 recipe, against the fp64 references
+#   isa.<level>.jax      JAX smoke subset: dense / layernorm_mlp values and gradients in bf16 and
+#                        under each FP8 recipe, FP8 bytes and state equal to the PyTorch path
 # Levels (NVTE_CI_ISA_LEVELS): avx2 avx512_core avx512_core_bf16 avx512_core_fp16 native; a level
 # above this CPU's is reported as skipped (a cap cannot raise a CPU). Also:
 #   isa.native.gemm_fp32   test_gemm with every operand widened to fp32 (NVTE_CPU_GEMM_COMPUTE=fp32),
@@ -88,6 +90,12 @@ run_pytorch_smoke() {
     -k "test_linear or test_layernorm_mlp or test_fp8_recipes_vs_reference or test_fp8_linear_matches_emulation or test_transformer_layer"
 }
 
+run_jax_smoke() {
+  OMP_NUM_THREADS=${OMP_NUM_THREADS:-2} run_pytest "$REPO_ROOT/tests/jax/test_functional.py" \
+    "$REPO_ROOT/tests/jax/test_vs_pytorch.py" \
+    -k "test_dense or test_layernorm_mlp or fp8 or delayed or pytorch"
+}
+
 # at_level LEVEL CMD...: CMD with the level's caps (native: none).
 at_level() {
   local level=$1
@@ -110,6 +118,7 @@ for level in $LEVELS; do
   run_tagged "isa.$level.info" at_level "$level" check_info "$level"
   run_tagged "isa.$level.core" at_level "$level" run_gtests
   run_tagged "isa.$level.pytorch" at_level "$level" run_pytorch_smoke
+  run_tagged "isa.$level.jax" at_level "$level" run_jax_smoke
 done
 
 gemm_fp32() { (export NVTE_CPU_GEMM_COMPUTE=fp32; CORE_TESTS=(test_gemm); run_gtests); }

@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # The README's test command: installs everything (into the virtual environment of ci/_venv.sh), builds
-# once, runs every suite, the CPU-level matrix (ci/isa_matrix.sh) and the C++ suites under ASan + UBSan
+# once, runs every suite (core, python, pytorch, jax), the CPU-level matrix (ci/isa_matrix.sh) and the C++ suites under ASan + UBSan
 # (ci/sanitize.sh), then compiles the CUDA
 # and ROCm backends with warnings as errors (build.cuda.*, build.rocm.*: no GPU needed); exits non-zero
 # on any failure. TEST_FILTER / TEST_LEVEL (see ci/_utils.sh) narrow what runs.
@@ -18,6 +18,7 @@ suite() {  # suite NAME: runs ci/NAME.sh, records its time
 suite core
 suite python
 suite pytorch
+suite jax
 suite isa_matrix
 suite sanitize
 suite build_cuda
