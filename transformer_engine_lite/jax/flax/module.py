@@ -177,6 +177,8 @@ class DenseGeneral(TransformerEngineBase):
 
     @nn.compact
     def __call__(self, inputs):
+        _refuse(self, quantization_checkpoint_name=(self.quantization_checkpoint_name,
+                                                    self.quantization_checkpoint_name is None))
         features = _canon_tuple(self.features)
         axis = _normalize_axes(self.axis, inputs.ndim)
         if axis != tuple(range(inputs.ndim - len(axis), inputs.ndim)):
@@ -234,7 +236,9 @@ class LayerNormDenseGeneral(TransformerEngineBase):
     @nn.compact
     def __call__(self, inputs):
         axis = _normalize_axes(self.axis, inputs.ndim)
-        _refuse(self, axis=(self.axis, axis == (inputs.ndim - 1,)))
+        _refuse(self, axis=(self.axis, axis == (inputs.ndim - 1,)),
+                quantization_checkpoint_name=(self.quantization_checkpoint_name,
+                                              self.quantization_checkpoint_name is None))
         features = _canon_tuple(self.features)
         norm_type = canonicalize_norm_type(self.layernorm_type)
         hidden = inputs.shape[-1]
@@ -323,9 +327,14 @@ class LayerNormMLP(TransformerEngineBase):
     def __call__(self, inputs, deterministic: bool = False):
         _refuse(self, axis=(self.axis, _normalize_axes(self.axis, inputs.ndim)
                             == (inputs.ndim - 1,)),
-                activations=(self.activations, all(isinstance(a, str) for a in self.activations)))
+                activations=(self.activations, all(isinstance(a, str) for a in self.activations)),
+                quantization_checkpoint_name=(self.quantization_checkpoint_name,
+                                              self.quantization_checkpoint_name is None))
         act = tuple(a.lower() for a in self.activations)
         tex.activation_name(act)
+        act_params = self.activation_params
+        if isinstance(act_params, dict):  # TE passes e.g. {"limit": 7.0, "alpha": 1.702}
+            act_params = tex.ActivationParams.create(act, **act_params)
         n_act = 2 if tex.is_gated(act) else 1
         norm_type = canonicalize_norm_type(self.layernorm_type)
         hidden = inputs.shape[-1]
@@ -366,7 +375,7 @@ class LayerNormMLP(TransformerEngineBase):
                                 kernel_1_axes=self.kernel_axes_1, kernel_2_axes=self.kernel_axes_2,
                                 ffn1_ckpt_name=self.ffn1_ckpt_name,
                                 ffn2_ckpt_name=self.ffn2_ckpt_name, activation_type=act,
-                                activation_params=self.activation_params, quantizer_sets=(q1, q2))
+                                activation_params=act_params, quantizer_sets=(q1, q2))
             return out, None
         # Unfused path: dropout between the GEMMs, LoRA, or the layernorm output requested.
         if self.enable_layernorm:
@@ -379,7 +388,7 @@ class LayerNormMLP(TransformerEngineBase):
             h = h + _lora(self, ln_out, 1, (n_act, self.intermediate_dim),
                           self.low_rank_adaptation_dim, self.low_rank_adaptation_alpha,
                           self.dtype, None, "wi_")
-        a = _activation(h if n_act == 2 else h[..., 0, :], act, act_params=self.activation_params)
+        a = _activation(h if n_act == 2 else h[..., 0, :], act, act_params=act_params)
         if dropout:
             a = nn.Dropout(rate=self.intermediate_dropout_rate,
                            broadcast_dims=tuple(self.intermediate_hidden_dropout_dims),
