@@ -99,6 +99,26 @@ TEST(GemmOneDnnWorkarounds, Fp16BiasOnBf16Operands) {
     }
 }
 
+// Concurrent executions of one cached oneDNN primitive (the JAX front end runs one GEMM per host
+// device at once, from XLA's threads). Regression: with oneDNN's library-managed scratchpad a cached
+// primitive is tied to the thread that created it, and brgemm kernels run from several threads at
+// once returned wrong values; each execution now brings its own scratchpad.
+TEST(GemmConcurrency, OneCachedPrimitiveFromManyThreads) {
+  if (!have_gemm()) GTEST_SKIP() << "built without the CPU GEMM";
+  for (NVTEDType in : {kBF16, kE4M3, kF32}) {
+    SCOPED_TRACE(test::dtype_tag(in));
+    const Config c{{256, 192, 512}, true, false, in, in, kF32, kPlain, kF32};
+    run_case(c, 1);  // creates and caches the primitive on this thread
+    std::vector<std::thread> threads;
+    for (int t = 0; t < 4; ++t) {
+      threads.emplace_back([&c, t] {
+        for (int r = 0; r < 4; ++r) run_case(c, 100 + 10 * t + r);
+      });
+    }
+    for (std::thread &t : threads) t.join();
+  }
+}
+
 // Empty products: k = 0 (D = epilogue of zeros), and empty outputs (n = 0, m = 0).
 std::vector<Config> empty_configs() {
   std::vector<Config> cs;

@@ -96,14 +96,16 @@ def global_mesh_resource() -> MeshResource:
 
 
 def _active_mesh():
-    """The concrete mesh of `with mesh:`, else the abstract mesh of jax.set_mesh, else None."""
-    try:
-        from jax._src.interpreters import pxla
+    """The concrete mesh of `with mesh:` or `jax.set_mesh(mesh)`, else the abstract mesh (inside
+    `jax.sharding.use_abstract_mesh`), else None."""
+    try:  # private API (jax.sharding.get_mesh refuses to answer inside jit)
+        from jax._src import mesh as mesh_lib
 
-        mesh = pxla.thread_resources.env.physical_mesh
-        if not mesh.empty:
-            return mesh
-    except Exception:  # noqa: BLE001 - private API; fall through to the public one
+        for mesh in (mesh_lib.thread_resources.env.physical_mesh,  # `with mesh:`
+                     mesh_lib.get_concrete_mesh()):  # jax.set_mesh
+            if mesh is not None and not mesh.empty:
+                return mesh
+    except (ImportError, AttributeError):
         pass
     mesh = jax.sharding.get_abstract_mesh()
     return None if mesh is None or mesh.empty else mesh

@@ -8,17 +8,19 @@
 #include "../platform/cpu_isa.h"
 
 #include <array>
+#include <cstdint>
 #include <cstdlib>
 #include <list>
 #include <mutex>
 #include <unordered_map>
+#include <vector>
 
 namespace nvte {
 namespace gemm {
 
 struct MatmulPrimitive {
   dnnl::matmul prim;
-  dnnl::memory::desc src, wei, dst, bias;
+  dnnl::memory::desc src, wei, dst, bias, scratchpad;
   MatmulDesc desc;
   std::string impl;
 };
@@ -156,9 +158,15 @@ std::shared_ptr<const MatmulPrimitive> create(const MatmulDesc &d) {
   }
   if (d.accumulate) po.append_sum(1.0f);
   attr.set_post_ops(po);
+  // The primitives are cached for every thread (JAX runs one GEMM per device concurrently). oneDNN's
+  // library scratchpad (ONEDNN_ENABLE_CONCURRENT_EXEC=OFF builds) ties a primitive to the thread
+  // that created it: run from other threads at once, brgemm kernels gave wrong values. With a user
+  // scratchpad, each execution brings its own (run_matmul: one per thread).
+  attr.set_scratchpad_mode(dnnl::scratchpad_mode::user);
   try {
     dnnl::matmul::primitive_desc pd(cpu_engine(), prim->src, prim->wei, prim->dst, attr);
     prim->impl = pd.impl_info_str();
+    prim->scratchpad = pd.scratchpad_desc();
     prim->prim = dnnl::matmul(pd);
   } catch (const dnnl::error &e) {
     if (e.status == dnnl_unimplemented) return nullptr;
@@ -212,6 +220,15 @@ void run_matmul(const MatmulPrimitive &p, const MatmulArgs &a) {
   if (p.desc.bias) {
     args.emplace(DNNL_ARG_ATTR_MULTIPLE_POST_OP(0) | DNNL_ARG_SRC_1,
                  dnnl::memory(p.bias, eng, const_cast<void *>(a.bias)));
+  }
+  const size_t scratch_bytes = p.scratchpad.get_size();
+  if (scratch_bytes > 0) {
+    constexpr size_t kAlign = 64;
+    thread_local std::vector<unsigned char> scratch;  // this thread's; grown on demand, kept
+    if (scratch.size() < scratch_bytes + kAlign) scratch.resize(scratch_bytes + kAlign);
+    const uintptr_t base = reinterpret_cast<uintptr_t>(scratch.data());
+    void *aligned = reinterpret_cast<void *>((base + kAlign - 1) / kAlign * kAlign);
+    args.emplace(DNNL_ARG_SCRATCHPAD, dnnl::memory(p.scratchpad, eng, aligned));
   }
   // A stream per call: creating one on the CPU is cheap (no device queue), and a shared stream would
   // need a lock around every execution.

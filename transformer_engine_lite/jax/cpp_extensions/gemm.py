@@ -25,7 +25,7 @@ from jax.sharding import PartitionSpec as P
 
 from .base import FFIOp
 from .misc import FP8_DTYPES, HIGH_PRECISION, as_scalar, check_dtype, check_scalar_f32, is_fp8
-from .partitioning import mesh_axes_of, spec_of
+from .partitioning import lowering_mesh, mesh_axes_of, named_shapes, spec_of
 
 __all__ = ["GemmPrimitive", "gemm", "gemm_core"]
 
@@ -146,8 +146,10 @@ class GemmRule:
     def wrap(self, op, params: dict, nargs: int):
         transa, transb = params["transa"], params["transb"]
         cp = custom_partitioning(lambda *args: op.ffi(*args, **params))
+        context = lowering_mesh()
 
         def shardings(mesh, arg_shapes, result_shape):
+            mesh, arg_shapes = named_shapes(mesh, arg_shapes, context)
             a_p, b_p, d_p, k = self._plan(mesh, arg_shapes, transa, transb)
             rep = lambda s: NamedSharding(mesh, P(*([None] * len(s.shape))))
             args = [rep(s) for s in arg_shapes]
@@ -158,13 +160,13 @@ class GemmRule:
             results[0] = NamedSharding(mesh, d_p)
             if len(result_shape[1].shape) == len(d_p):
                 results[1] = NamedSharding(mesh, d_p)
-            return args, results, k
+            return mesh, args, results, k
 
         def infer(mesh, arg_shapes, result_shape):
-            return tuple(shardings(mesh, arg_shapes, result_shape)[1])
+            return tuple(shardings(mesh, arg_shapes, result_shape)[2])
 
         def partition(mesh, arg_shapes, result_shape):
-            args, results, k = shardings(mesh, arg_shapes, result_shape)
+            mesh, args, results, k = shardings(mesh, arg_shapes, result_shape)
             out_dtype = params["out_dtype"]
             if k is None:
                 return mesh, lambda *local: op.ffi(*local, **params), tuple(results), tuple(args)
@@ -188,7 +190,7 @@ class GemmRule:
             return mesh, lower, tuple(results), tuple(args)
 
         def rule(mesh, arg_types, result_types):
-            A, B = arg_types[0].shape, arg_types[2].shape
+            B = arg_types[2].shape
             names = iter(f"g{i}" for i in range(1000))
             ms = [next(names) for _ in range(1 if transb else len(B) - 1)]
             k, n = next(names), next(names)

@@ -12,20 +12,63 @@ Two rule families cover every handler:
   the GEMM output over the TP axis), with bias and GELU applied after the sum.
 
 Both give Shardy a rule string built from the shapes, and GSPMD an `infer_sharding_from_operands`.
+Both see the operands' shardings as NamedShardings of a named mesh (`named_shapes`), also when the
+jit only knows its mesh from `jax.set_mesh`.
 """
 
 from __future__ import annotations
 
+import math
 from collections.abc import Sequence
 from typing import Any
 
 import jax
 import jax.numpy as jnp
+import numpy as np
+from jax._src.sharding_impls import parse_flatten_op_sharding
 from jax.experimental.custom_partitioning import custom_partitioning
 from jax.sharding import NamedSharding
 from jax.sharding import PartitionSpec as P
 
-__all__ = ["RowRule", "mesh_axes_of", "spec_of"]
+__all__ = ["RowRule", "lowering_mesh", "mesh_axes_of", "named_shapes", "spec_of"]
+
+
+def lowering_mesh():
+    """The mesh active while an op is lowered (`with mesh:` or `jax.set_mesh`), or None."""
+    from ..sharding import _active_mesh
+
+    return _active_mesh()
+
+
+def named_shapes(mesh, shapes, context=None):
+    """(mesh, shapes) with every sharding a NamedSharding of a mesh with axis names.
+
+    Under `jax.set_mesh` with sharding constraints on uncommitted inputs, jax gives the
+    custom_partitioning rules an empty Mesh and GSPMDShardings (its lowering finds no abstract mesh
+    in the context), and reading no spec from them would replicate every operand. The axis names
+    then come from `context` (the mesh active when the op was lowered) and the devices from the
+    shardings, as jax builds the mesh itself when it has one.
+    """
+    if context is None or not getattr(mesh, "empty", True):
+        return mesh, shapes
+    found = [getattr(s, "sharding", None) for s in shapes]
+    found = [sh for sh in found if sh is not None and not isinstance(sh, NamedSharding)]
+    if not found:
+        return mesh, shapes
+    devices = list(found[0]._device_assignment)
+    sizes = tuple(context.axis_sizes)
+    if len(devices) != math.prod(sizes):
+        return mesh, shapes
+    named = jax.sharding.Mesh(np.array(devices, dtype=object).reshape(sizes),
+                              tuple(context.axis_names))
+    out = []
+    for s in shapes:
+        sh = getattr(s, "sharding", None)
+        if sh is not None and not isinstance(sh, NamedSharding):
+            spec = parse_flatten_op_sharding(sh._to_xla_hlo_sharding(len(s.shape)), named)[0]
+            sh = NamedSharding(named, P(*spec))
+        out.append(jax.ShapeDtypeStruct(s.shape, s.dtype, sharding=sh))
+    return named, type(shapes)(out) if isinstance(shapes, (list, tuple)) else out
 
 
 def spec_of(shape_with_sharding, ndim: int) -> list:
@@ -131,11 +174,14 @@ class RowRule:
             return op.ffi(*args, **params)
 
         cp = custom_partitioning(impl)
+        context = lowering_mesh()
 
         def infer(mesh, arg_shapes, result_shape):
+            mesh, arg_shapes = named_shapes(mesh, arg_shapes, context)
             return tuple(self.shardings(mesh, arg_shapes, result_shape)[1])
 
         def partition(mesh, arg_shapes, result_shape):
+            mesh, arg_shapes = named_shapes(mesh, arg_shapes, context)
             args, results, axes = self.shardings(mesh, arg_shapes, result_shape)
 
             def lower(*local):
