@@ -342,3 +342,22 @@ def test_flax_layernorm_mlp(recipe):
     wi = v["params"]["wi_kernel"]
     assert getattr(wi, "value", wi).sharding.spec == P(None, None, "tp"), "wi_kernel not TP-sharded"
     assert_same(out, out_ref, f"LayerNormMLP {recipe}")
+
+
+@pytest.mark.parametrize("act", [("gelu",), ("gelu", "linear")])
+def test_tensor_parallel_mlp_stays_local(act):
+    """Megatron-style TP MLP (kernel_1 column-parallel on I, kernel_2 row-parallel): forward and
+    backward run on local shards, with no all-gather (only the row-parallel reductions)."""
+    mesh = mesh_of("dp_tp")
+    n = len(act)
+    x = put(mesh, rand(1, (8, 16, 64), jnp.bfloat16), P("dp"))
+    k1 = put(mesh, rand(2, (64, n, 128), jnp.bfloat16, 0.1), P(None, None, "tp"))
+    k2 = put(mesh, rand(3, (128, 64), jnp.bfloat16, 0.1), P("tp", None))
+    g, b = jnp.ones((64,), jnp.bfloat16), jnp.zeros((64,), jnp.bfloat16)
+
+    def f(x, k1, k2):
+        y = te.layernorm_mlp(x, g, b, [k1, k2], [None, None], activation_type=act)
+        return jnp.sum(y.astype(F32) ** 2)
+
+    gathers = all_gathers(jax.jit(jax.grad(f, (0, 1, 2))), (x, k1, k2))
+    assert not gathers, f"TP MLP {act}: all-gathers {gathers}"

@@ -43,11 +43,21 @@ def operand(t, colwise: bool, dtype):
     return t.astype(dtype), None
 
 
+def _paired(k_ndim: int, nc: int) -> bool:
+    """A kernel [K, n_act, I] (LayerNormMLP's first GEMM): one GEMM per n_act slice, so that a
+    tensor-parallel I stays sharded (flattening (n_act, I) into one dim would gather it)."""
+    return nc == 1 and k_ndim == 3
+
+
 def forward(xq, kq, x_ndim: int, nc: int, bias, out_dtype):
     lhs, lsi = operand(xq, False, out_dtype)
     rhs, rsi = operand(kq, True, out_dtype)
     dims = (tuple(range(x_ndim - nc, x_ndim)), tuple(range(nc)))
     b = None if bias is None else bias.astype(out_dtype)
+    if _paired(rhs.ndim, nc):
+        return jnp.stack([
+            tex.gemm(lhs, rhs[:, j, :], dims, lsi, rsi, bias=None if b is None else b[j],
+                     out_dtype=out_dtype) for j in range(rhs.shape[1])], axis=-2)
     return tex.gemm(lhs, rhs, dims, lsi, rsi, bias=b, out_dtype=out_dtype)
 
 
@@ -58,12 +68,20 @@ def backward(g, xq, kq, x_ndim: int, k_ndim: int, nc: int, dgrad_quantizer, x_dt
     gq = quantize(dgrad_quantizer, g, g.ndim - n_free)
     g_row, g_row_si = operand(gq, False, x_dtype)
     k_row, k_row_si = operand(kq, False, x_dtype)
-    dx = tex.gemm(g_row, k_row, (tuple(range(n_batch, g.ndim)), tuple(range(nc, k_ndim))),
-                  g_row_si, k_row_si, out_dtype=x_dtype)
     x_col, x_col_si = operand(xq, True, x_dtype)
     g_col, g_col_si = operand(gq, True, x_dtype)
-    dk = tex.gemm(x_col, g_col, (tuple(range(n_batch)), tuple(range(n_batch))), x_col_si,
-                  g_col_si, out_dtype=k_dtype)
+    batch = tuple(range(n_batch))
+    if _paired(k_ndim, nc):
+        n_act = k_row.shape[1]
+        parts = [tex.gemm(g_row[..., j, :], k_row[:, j, :], ((n_batch,), (1,)), g_row_si,
+                          k_row_si, out_dtype=jnp.float32) for j in range(n_act)]
+        dx = sum(parts[1:], parts[0]).astype(x_dtype)
+        dk = jnp.stack([tex.gemm(x_col, g_col[..., j, :], (batch, batch), x_col_si, g_col_si,
+                                 out_dtype=k_dtype) for j in range(n_act)], axis=1)
+    else:
+        dx = tex.gemm(g_row, k_row, (tuple(range(n_batch, g.ndim)), tuple(range(nc, k_ndim))),
+                      g_row_si, k_row_si, out_dtype=x_dtype)
+        dk = tex.gemm(x_col, g_col, (batch, batch), x_col_si, g_col_si, out_dtype=k_dtype)
     dbias = jnp.sum(g.astype(jnp.float32), axis=tuple(range(n_batch)))
     return dx, dk, dbias, dgrad_quantizer
 

@@ -116,6 +116,7 @@ def _jax_act_fwd32(x32, name, limit, alpha):
 
 
 def _jax_act_fwd(x, scale, activation, limit, alpha, out_dtype):
+    x = _core_layout(x, activation)
     y = _jax_act_fwd32(x.astype(_F32), activation, limit, alpha)
     if is_fp8(out_dtype):
         return _jax_quantize(y, scale, out_dtype)
@@ -124,8 +125,9 @@ def _jax_act_fwd(x, scale, activation, limit, alpha, out_dtype):
 
 
 def _jax_act_bwd(grad, x, activation, limit, alpha):
-    _, vjp = jax.vjp(lambda v: _jax_act_fwd32(v, activation, limit, alpha), x.astype(_F32))
-    return (vjp(grad.astype(_F32))[0].astype(x.dtype),)
+    xc = _core_layout(x, activation)
+    _, vjp = jax.vjp(lambda v: _jax_act_fwd32(v, activation, limit, alpha), xc.astype(_F32))
+    return (vjp(grad.astype(_F32))[0].reshape(x.shape).astype(x.dtype),)
 
 
 # ------------------------------------------------------------------------------ primitives
@@ -134,12 +136,10 @@ def _fwd_abstract(x, scale, *, activation, limit, alpha, out_dtype):
     check_dtype(op, "x", x.dtype, HIGH_PRECISION)
     shape = list(x.shape)
     if activation in _GATED:
-        check_min_ndim(op, "x", x.shape, 1)
-        if shape[-1] % 2:
-            raise ValueError(f"te_lite::{op}: argument 'x': expected an even last dim for gated "
-                             f"activation '{activation}' ([..., 2H] = [a | b]), got shape "
-                             f"{tuple(x.shape)}")
-        shape[-1] //= 2
+        if len(shape) < 2 or shape[-2] != 2:
+            raise ValueError(f"te_lite::{op}: argument 'x': expected shape [..., 2, H] for gated "
+                             f"activation '{activation}', got {tuple(x.shape)}")
+        del shape[-2]
     n = 1 if is_fp8(out_dtype) else 0
     if n:
         check_scalar_f32(op, "scale", scale)
@@ -163,20 +163,53 @@ def _bwd_abstract(grad, x, *, activation, limit, alpha):
     return (jax.ShapeDtypeStruct(x.shape, x.dtype),)
 
 
-def _make(name, ffi_fwd, ffi_bwd):
-    fwd = FFIOp(name[0], ffi_fwd, _fwd_abstract, _jax_act_fwd, attrs=_fwd_attrs, row_args=(0,),
-                reducing_results=(1,),
-                partition=RowRule(("x", "rep"), ("x", "amax", "rep")))
-    bwd = FFIOp(name[1], ffi_bwd, _bwd_abstract, _jax_act_bwd, attrs=_fwd_attrs,
-                row_args=(0, 1), partition=RowRule(("x", "x"), ("x",)))
+class _ActOp(FFIOp):
+    """Gated activations keep TE-JAX's [..., 2, H] layout in the graph (so H can stay sharded, the
+    pair dim gathered) and hand the handler the same memory as [..., 2H]."""
+
+    def __init__(self, *args, x_arg: int, **kwargs) -> None:
+        super().__init__(*args, **kwargs)
+        self.x_arg = x_arg
+
+    def ffi(self, *args, **params) -> tuple:
+        if params["activation"] not in _GATED:
+            return super().ffi(*args, **params)
+        outs = list(self.abstract(*[jax.ShapeDtypeStruct(a.shape, a.dtype) for a in args],
+                                  **params))
+        x = args[self.x_arg]
+        core = list(args)
+        core[self.x_arg] = x.reshape(*x.shape[:-2], 2 * x.shape[-1])
+        bwd = self.x_arg == 1
+        if bwd:  # dx comes back in the core's layout
+            outs[0] = jax.ShapeDtypeStruct(core[1].shape, outs[0].dtype)
+        res = list(jax.ffi.ffi_call(self.ffi_name, tuple(outs))(*core, **self._attrs(params)))
+        if bwd:
+            res[0] = res[0].reshape(x.shape)
+        return tuple(res)
+
+
+def _make(name, ffi_fwd, ffi_bwd, gated):
+    gather = (-2,) if gated else ()
+    fwd = _ActOp(name[0], ffi_fwd, _fwd_abstract, _jax_act_fwd, attrs=_fwd_attrs, row_args=(0,),
+                 reducing_results=(1,), x_arg=0,
+                 partition=RowRule(("x", "rep"), ("x", "amax", "rep"), trailing=0, gather=gather))
+    bwd = _ActOp(name[1], ffi_bwd, _bwd_abstract, _jax_act_bwd, attrs=_fwd_attrs,
+                 row_args=(0, 1), x_arg=1,
+                 partition=RowRule(("x", "x"), ("x",), trailing=0, gather=gather))
     return fwd, bwd
 
 
+# Element-wise and gated activations are separate primitives (their sharding rules differ) under
+# TE's names, so NVTE_JAX_CUSTOM_CALLS=ActLuPrimitive=false switches both.
 ActLuPrimitive, DActLuPrimitive = _make(("ActLuPrimitive", "DActLuPrimitive"),
-                                        "te_lite_activation_fwd_ffi", "te_lite_activation_bwd_ffi")
+                                        "te_lite_activation_fwd_ffi", "te_lite_activation_bwd_ffi",
+                                        gated=False)
+GatedActLuPrimitive, GatedDActLuPrimitive = _make(
+    ("ActLuPrimitive", "DActLuPrimitive"), "te_lite_activation_fwd_ffi",
+    "te_lite_activation_bwd_ffi", gated=True)
 ClampedActLuPrimitive, ClampedDActLuPrimitive = _make(
     ("ClampedSwigluPrimitive", "ClampedDSwigluPrimitive"),
-    "te_lite_clamped_swiglu_fwd_ffi", "te_lite_clamped_swiglu_bwd_ffi")
+    "te_lite_clamped_swiglu_fwd_ffi", "te_lite_clamped_swiglu_bwd_ffi", gated=True)
 
 
 def _params(activation_type, act_params):
@@ -205,10 +238,11 @@ def act_lu(x, activation_type, out_dtype=None, scale=None, act_params=None):
             return quantize(x, scale, out_dtype)
         z = jnp.zeros((0,), _F32)
         return x.astype(out_dtype), z, z
-    xc = _core_layout(x, name)
-    prim = ClampedActLuPrimitive if name == "clamped_swiglu" else ActLuPrimitive
+    _core_layout(x, name)  # checks the [..., 2, H] layout of gated activations
+    prim = (ClampedActLuPrimitive if name == "clamped_swiglu"
+            else GatedActLuPrimitive if name in _GATED else ActLuPrimitive)
     scale = as_scalar(scale) if scale is not None else jnp.zeros((0,), _F32)
-    return prim(xc, scale, activation=name, limit=limit, alpha=alpha, out_dtype=out_dtype)
+    return prim(x, scale, activation=name, limit=limit, alpha=alpha, out_dtype=out_dtype)
 
 
 def dact_lu(grad, x, activation_type, act_params=None):
@@ -216,10 +250,11 @@ def dact_lu(grad, x, activation_type, act_params=None):
     name, limit, alpha = _params(activation_type, act_params)
     if name == "identity":
         return grad.astype(x.dtype)
-    xc = _core_layout(x, name)
-    prim = ClampedDActLuPrimitive if name == "clamped_swiglu" else DActLuPrimitive
-    (dx,) = prim(grad, xc, activation=name, limit=limit, alpha=alpha)
-    return dx.reshape(x.shape)
+    _core_layout(x, name)
+    prim = (ClampedDActLuPrimitive if name == "clamped_swiglu"
+            else GatedDActLuPrimitive if name in _GATED else DActLuPrimitive)
+    (dx,) = prim(grad, x, activation=name, limit=limit, alpha=alpha)
+    return dx
 
 
 def _jax_act_lu(x, activation_type, act_params=None):

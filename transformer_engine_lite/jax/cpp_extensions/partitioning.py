@@ -107,13 +107,17 @@ class RowRule:
         dim 0 when the sizes agree: a softmax mask [b or 1, 1, sq, sk]) or "rep" (replicated).
     result_roles: per result "x", "row", "rep", "amax" (max over the row axes) or "sum".
     trailing: how many trailing dims of argument 0 are gathered.
+    gather: with trailing=0 (element-wise ops), dims of argument 0 (negative) gathered anyway; an
+        "x" tensor one dim shorter or longer than argument 0 lacks / has an extra dim -2 (gated
+        activations: [..., 2, I] in, [..., I] out, the pair dim gathered, I kept sharded).
     f32_args: arguments cast to float32 on a sharded run (the weight whose dtype the "sum" results
         take: gamma of a norm backward), so that the partial sums are float32 and the sum over
         the shards is rounded once, as the unsharded kernel's is; results keep their dtypes.
     """
 
     def __init__(self, arg_roles: Sequence[str], result_roles: Sequence[str], trailing: int = 1,
-                 f32_args: Sequence[int] = ()):
+                 f32_args: Sequence[int] = (), gather: Sequence[int] = ()):
+        self.gather = tuple(gather)
         self.arg_roles = tuple(arg_roles)
         self.result_roles = tuple(result_roles)
         self.trailing = trailing
@@ -123,10 +127,25 @@ class RowRule:
     def _lead(self, x_shape) -> list:
         nd = len(x_shape.shape)
         spec = spec_of(x_shape, nd)
+        for d in self.gather:
+            spec[d] = None
         return spec[: max(nd - self.trailing, 0)]
+
+    @staticmethod
+    def _adjust(entries: list, nd: int, fill):
+        """Entries of argument 0's full spec / factors for an element-wise tensor of rank nd."""
+        if nd == len(entries) - 1 and len(entries) >= 2:
+            return entries[:-2] + entries[-1:]
+        if nd == len(entries) + 1 and entries:
+            return entries[:-1] + [fill()] + entries[-1:]
+        return None
 
     def _spec_for(self, role: str, shape, lead: list, lead0_size: int | None) -> P:
         nd = len(shape)
+        if role == "x" and self.trailing == 0 and nd != len(lead):
+            adj = self._adjust(list(lead), nd, lambda: None)
+            if adj is not None:
+                return P(*adj)
         if role in ("x", "row"):
             return P(*(lead + [None] * (nd - len(lead)))[:nd])
         if role == "lead0" and nd and lead and shape[0] == lead0_size and shape[0] != 1:
@@ -156,7 +175,12 @@ class RowRule:
 
         def factors(role: str, shape) -> str:
             nd = len(shape)
-            if role in ("x", "row") and nd >= n_lead:
+            adj = None
+            if role == "x" and self.trailing == 0 and nd != n_lead:
+                adj = self._adjust(list(lead), nd, lambda: names.fresh(1)[0])
+            if adj is not None:
+                f = adj
+            elif role in ("x", "row") and nd >= n_lead:
                 f = lead + names.fresh(nd - n_lead)
             elif role == "lead0" and nd and n_lead and shape[0] == size0 and shape[0] != 1:
                 f = lead[:1] + names.fresh(nd - 1)
