@@ -270,3 +270,22 @@ def test_convergence_fp8_within_5_percent_of_bf16():
     for rc in RECIPES:
         got = _train(rc)
         assert abs(got - base) <= 0.05 * base + 1e-4, (type(rc).__name__, got, base)
+
+
+def test_module_fields_match_te():
+    """TE-JAX's field counts and the defaults users rely on (te_jax_api.md §5)."""
+    import dataclasses
+
+    def fields(cls):
+        return {f.name: f for f in dataclasses.fields(cls) if f.name not in ("parent", "name")}
+
+    counts = {te_flax.DenseGeneral: 14, te_flax.LayerNorm: 8,
+              te_flax.LayerNormDenseGeneral: 25, te_flax.LayerNormMLP: 34}
+    for cls, n in counts.items():
+        assert len(fields(cls)) == n, (cls.__name__, sorted(fields(cls)))
+    mlp = fields(te_flax.LayerNormMLP)
+    assert mlp["activations"].default == ("gelu",)
+    assert mlp["intermediate_dropout_rate"].default == 0.0
+    assert mlp["kernel_axes_1"].default == ("embed", "act", "mlp")
+    assert fields(te_flax.LayerNormDenseGeneral)["return_layernorm_output"].default is False
+    assert fields(te_flax.DenseGeneral)["features"].default is dataclasses.MISSING

@@ -160,7 +160,7 @@ class DenseGeneral(TransformerEngineBase):
     """y = x . kernel (+ bias) over the `axis` dims of x (trailing dims). Params `kernel`
     (in_dims + features), `bias` (features), `lora_a_kernel` / `lora_b_kernel` with LoRA."""
 
-    features: int | Sequence[int] = 512
+    features: int | Sequence[int]
     kernel_init: Initializer | None = None
     kernel_axes: tuple[str, ...] = ()
     use_bias: bool = True
@@ -207,7 +207,7 @@ class LayerNormDenseGeneral(TransformerEngineBase):
     """norm(x) . kernel (+ bias) -> (z, ln_output or None). Params `scale`, `ln_bias`, `kernel`,
     `bias`, `lora_*`."""
 
-    features: int | Sequence[int] = 512
+    features: int | Sequence[int]
     enable_layernorm: bool = True
     layernorm_type: str = "layernorm"
     epsilon: float = 1e-6
