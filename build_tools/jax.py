@@ -99,8 +99,10 @@ def build(core_lib_dir: Path, out: Path = DEFAULT_OUT) -> Path:
     cxx = compiler()
     version = subprocess.run([cxx, "--version"], check=False, capture_output=True, text=True).stdout
     flags = [*CXXFLAGS, "-isystem", str(include), "-I", str(CORE_INCLUDE)]
-    # Every header a source may include: ours, the core's C API and XLA's FFI API.
+    # Every header a source may include: ours, the core's C API, the core's platform layer
+    # (cpu_fpenv.h) and XLA's FFI API.
     headers = sorted(CSRC.glob("*.h")) + sorted(CORE_INCLUDE.rglob("*.h"))
+    headers += sorted((CORE_INCLUDE.parent / "platform").glob("*.h"))
     headers += sorted((include / "xla" / "ffi" / "api").glob("*.h"))
     header_digest = _digest(headers, cxx, version, *flags)
 

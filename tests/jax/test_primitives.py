@@ -309,5 +309,5 @@ def test_custom_calls_switch(monkeypatch):
 
 def test_registrations():
     regs = tex.registrations()
-    assert len(regs) == 28 and all("cpu" in v for v in regs.values())
+    assert len(regs) == 31 and all("cpu" in v for v in regs.values())
     assert "te_lite_gemm_ffi" in regs and "te_lite_layernorm_fwd_ffi" in regs

@@ -81,3 +81,17 @@ def test_delayed_scaling_state_equals_pytorch_linear(algo):
         np.testing.assert_array_equal(np.asarray(q.kernel.scale), fwd_scale[1:2])
         np.testing.assert_array_equal(np.asarray(q.dgrad.amax_history), bwd_hist[:, 0])
         np.testing.assert_array_equal(np.asarray(q.dgrad.scale), bwd_scale[:1])
+
+
+def test_denormal_inputs_as_pytorch():
+    """XLA's CPU threads flush denormals; the handlers run the core with IEEE denormals on every
+    thread, as PyTorch does: amax and FP8 bytes of denormal inputs are not read as zero."""
+    x = np.full((4096,), 1e-39, np.float32)
+    x[::7] = -3e-39
+    scale = np.array([2.0**126], np.float32)
+    for _ in range(3):
+        q, amax, _ = jax.jit(lambda a: tex.quantize(a, jnp.asarray(scale), jnp.float8_e4m3fn))(
+            jnp.asarray(x))
+        tq, tamax, _ = torch.ops.te_lite.quantize(_t(x), _t(scale), torch.float8_e4m3fn)
+        assert float(amax[0]) == float(tamax[0]) > 0
+        assert_bytes_equal(q, tq.view(torch.uint8).numpy().view(np.dtype(jnp.float8_e4m3fn)))

@@ -10,6 +10,7 @@
 #include <stdexcept>
 #include <utility>
 
+#include "../../common/platform/cpu_fpenv.h"
 #include "common.h"
 
 namespace te_lite {
@@ -186,6 +187,9 @@ T unwrap(T value) {
 // The boundary: ranks checked, then `impl(dev, args...)`; nothing thrown escapes.
 template <typename Impl, typename... Args>
 ffi::Error guarded(const char *op, Impl impl, const Device &dev, Args... args) {
+  // XLA's CPU threads flush denormals; the core computes with IEEE denormals on every thread (as
+  // from PyTorch), see platform/cpu_fpenv.h. Restored when the handler returns.
+  const nvte::platform::IeeeDenormalsScope ieee_denormals;
   try {
     ffi::Error error;
     ((error = detail::check_rank(op, args), error.success()) && ...);

@@ -45,7 +45,11 @@
   X(scaled_aligned_causal_masked_softmax_bwd) \
   /* rope.cpp */                              \
   X(fused_rope_fwd)                           \
-  X(fused_rope_bwd)
+  X(fused_rope_bwd)                           \
+  /* attention.cpp */                         \
+  X(fused_attn_fwd)                           \
+  X(fused_attn_bwd)                           \
+  X(fused_attn_dropout_mask)
 
 #define TE_LITE_DECLARE(op)                                             \
   extern "C" XLA_FFI_Error *te_lite_##op##_ffi_cpu(XLA_FFI_CallFrame *); \
