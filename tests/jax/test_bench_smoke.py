@@ -1,0 +1,22 @@
+"""benchmarks/bench_jax.py at quick sizes: every case's correctness gate passes (timings are printed,
+never asserted: the machines are noisy)."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[2]
+
+
+def test_bench_jax_quick_checks_pass():
+    env = dict(os.environ, OMP_NUM_THREADS=os.environ.get("OMP_NUM_THREADS", "1"))
+    run = subprocess.run([sys.executable, str(ROOT / "benchmarks" / "bench_jax.py"), "--quick",
+                          "--repeat", "1", "--warmup", "1"], capture_output=True, text=True,
+                         env=env, timeout=600, check=False)
+    assert run.returncode == 0, run.stdout[-3000:] + run.stderr[-3000:]
+    for case in ("jax_layernorm_mlp_bf16", "jax_layernorm_mlp_fp8", "jax_dense_fp8",
+                 "jax_quantize_current_e4m3"):
+        assert f"{case}: ok" in run.stdout, run.stdout[-3000:]
