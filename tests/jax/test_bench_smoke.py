@@ -19,4 +19,4 @@ def test_bench_jax_quick_checks_pass():
     assert run.returncode == 0, run.stdout[-3000:] + run.stderr[-3000:]
     for case in ("jax_layernorm_mlp_bf16", "jax_layernorm_mlp_fp8", "jax_dense_fp8",
                  "jax_quantize_current_e4m3"):
-        assert f"{case}: ok" in run.stdout, run.stdout[-3000:]
+        assert f"{case}: ok" in run.stdout + run.stderr, run.stdout[-3000:]
