@@ -86,6 +86,17 @@ def rel_close(
     return None
 
 
+def bf16_peer_check(ours: dict, base: dict, ref32: dict) -> str | None:
+    """Each result of `ours` within 2x the peer's bf16 max error of the fp32 computation
+    (flash-attention's rule), and norm-wise within 1.5x (+ 0.1%) of the peer's bf16 relative
+    error; `base` / `ref32`: the peer's bf16 and fp32 results by name."""
+    msgs = []
+    for k in ours:
+        msgs.append(bf16_close(ours[k], base[k], ref32[k], k))
+        msgs.append(rel_close(ours[k], base[k], ref32[k], k, factor=1.5, slack=1e-3))
+    return first_error(*msgs)
+
+
 def first_error(*msgs: str | None) -> str | None:
     return next((m for m in msgs if m), None)
 

@@ -34,7 +34,7 @@ import torch.nn.functional as F
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from _attention_cases import CASES as ATTENTION_CASES
-from _common import Case, bf16_close, cli, first_error, rel_close, rel_err
+from _common import Case, bf16_peer_check, cli, rel_err
 
 import transformer_engine_lite.pytorch as te
 from transformer_engine_lite.common import build_info
@@ -242,16 +242,9 @@ def reference(kind: str, quick: bool, which: str) -> dict[str, torch.Tensor]:
 
 # -------------------------------------------------------------------------------------- checks
 def check_bf16(s: Setup) -> str | None:
-    """Each result within 2x torch bf16's max error of the fp32 computation (flash-attention's
-    rule), and norm-wise within 1.5x (+ 0.1%) of torch bf16's relative error."""
-    ours = s.ours_results(fp8=False)
-    base = reference(s.kind, s.quick, "bf16")
-    ref32 = reference(s.kind, s.quick, "fp32")
-    msgs = []
-    for k in ours:
-        msgs.append(bf16_close(ours[k], base[k], ref32[k], k))
-        msgs.append(rel_close(ours[k], base[k], ref32[k], k, factor=1.5, slack=1e-3))
-    return first_error(*msgs)
+    """torch bf16 as the peer (_common.bf16_peer_check)."""
+    return bf16_peer_check(s.ours_results(fp8=False), reference(s.kind, s.quick, "bf16"),
+                           reference(s.kind, s.quick, "fp32"))
 
 
 def check_fp8(s: Setup) -> str | None:

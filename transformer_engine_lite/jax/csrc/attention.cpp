@@ -223,27 +223,6 @@ void zero_thd(const Device &dev, NVTE_QKV_Layout layout, std::initializer_list<B
   }
 }
 
-// The backward's workspace (TE's protocol, GPU only): the first call either runs (nothing
-// requested: the handle's shape stays unset, or [0] on the CPU) or only sets the size.
-template <typename Fn>
-ffi::Error with_optional_workspace(const char *op, const Device &dev, Fn &&call) {
-  TensorWrapper query(dev);
-  TE_LITE_TRY(check_nvte(op, call(query.get())));
-  NVTEBasicTensor bt = nvte_get_tensor_param(query.get(), kNVTERowwiseData);
-  size_t bytes = bt.shape.ndim > 0 ? nvte_dtype_size(bt.dtype) : 0;
-  for (size_t i = 0; i < bt.shape.ndim; ++i) bytes *= bt.shape.data[i];
-  if (bytes == 0) return ffi::Error::Success();  // the first call ran
-  Scratch scratch;
-  bt.data_ptr = scratch.allocate(dev, bytes);
-  if (bt.data_ptr == nullptr) {
-    return ffi::Error(ffi::ErrorCode::kResourceExhausted,
-                      cat(op, ": cannot allocate a workspace of ", bytes, " bytes"));
-  }
-  TensorWrapper workspace(dev);
-  workspace.set(kNVTERowwiseData, bt);
-  return check_nvte(op, call(workspace.get()));
-}
-
 // ------------------------------------------------------------------------------------ ops
 ffi::Error fused_attn_fwd(const Device &dev, Buffer q, Buffer k, Buffer v, Buffer bias,
                           Buffer cu_seqlens_q, Buffer cu_seqlens_kv, Buffer rng_state, Buffer out,
@@ -326,7 +305,7 @@ ffi::Error fused_attn_bwd(const Device &dev, Buffer q, Buffer k, Buffer v, Buffe
   tdk.data(dk);
   tdv.data(dv);
   if (want_dbias) tdbias.data(dbias);
-  return with_optional_workspace(kOp, dev, [&](NVTETensor ws) {
+  return with_workspace(kOp, dev, [&](NVTETensor ws) {
     return nvte_fused_attn_bwd(
         t.tq.get(), t.tk.get(), t.tv.get(), to.get(), tdo.get(), tlse.get(), c.tbias.get(),
         tdq.get(), tdk.get(), tdv.get(), tdbias.get(), c.tcu_q.get(), c.tcu_kv.get(), c.trng.get(),

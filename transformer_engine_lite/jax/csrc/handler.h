@@ -143,15 +143,18 @@ inline TensorWrapper optional_tensor(const Device &dev, const Buffer &b) {
   return w;
 }
 
-// TE's workspace protocol: `call(workspace)` once with a handle without data (the core sets the
-// shape and dtype it needs), allocate that, call again.
+// TE's workspace protocol: `call(workspace)` once with a handle without data. Either the core sets
+// the shape and dtype it needs (norms always; the attention backward on the GPU): allocate that and
+// call again; or it leaves no size (unset or [0]: the attention backward on the CPU), which means
+// the first call needed no workspace and has run.
 template <typename Call>
 ffi::Error with_workspace(const char *op, const Device &dev, Call &&call) {
   TensorWrapper query(dev);
   TE_LITE_TRY(check_nvte(op, call(query.get())));
   NVTEBasicTensor bt = nvte_get_tensor_param(query.get(), kNVTERowwiseData);
-  size_t bytes = nvte_dtype_size(bt.dtype);
+  size_t bytes = bt.shape.ndim > 0 ? nvte_dtype_size(bt.dtype) : 0;
   for (size_t i = 0; i < bt.shape.ndim; ++i) bytes *= bt.shape.data[i];
+  if (bytes == 0) return ffi::Error::Success();  // the first call ran
   Scratch scratch;
   bt.data_ptr = scratch.allocate(dev, bytes);
   if (bt.data_ptr == nullptr) {

@@ -73,12 +73,27 @@ def _refuse(module, **fields) -> None:
                                       "supported by transformer_engine_lite")
 
 
+def _norm_params(module, hidden, norm_type, bias_init, bias_axes):
+    """`scale` (ones, zeros with zero_centered_gamma) and, for layernorm, `ln_bias`: the norm
+    parameters of LayerNorm, LayerNormDenseGeneral and LayerNormMLP."""
+    scale_init = module.scale_init or (nn.initializers.zeros if module.zero_centered_gamma
+                                       else nn.initializers.ones)
+    scale = _param(module, "scale", scale_init, (hidden,), module.dtype, module.scale_axes)
+    ln_bias = None
+    if norm_type == "layernorm":
+        ln_bias = _param(module, "ln_bias", bias_init, (hidden,), module.dtype, bias_axes)
+    return scale, ln_bias
+
+
 def _kernel_init_default(dtype):
     return nn.initializers.variance_scaling(1.0, "fan_in", "truncated_normal", dtype=dtype)
 
 
 class TransformerEngineBase(nn.Module):
-    """Base of the modules with GEMMs: builds the QuantizerSet of the active (or given) recipe."""
+    """Base of the modules with GEMMs: builds the QuantizerSet of the active (or given) recipe,
+    its delayed-scaling state in the collection `_state_collection`."""
+
+    _state_collection = NVTE_FP8_COLLECTION_NAME  # a class attribute, not a dataclass field
 
     def generate_quantizer_set(self, postfix: str = "", fp8_recipe=None, quantization_checkpoint_name=None):
         del quantization_checkpoint_name
@@ -86,7 +101,7 @@ class TransformerEngineBase(nn.Module):
                else get_quantize_config())
         if not cfg.is_fp8_enabled():
             return noop_quantizer_set
-        coll = NVTE_FP8_COLLECTION_NAME
+        coll = self._state_collection
         metas = QuantizeMetaSet(
             x=cfg.get_quantize_flax_meta(self, coll, postfix, TensorSource.X, "x"),
             kernel=cfg.get_quantize_flax_meta(self, coll, postfix, TensorSource.KERNEL, "kernel"),
@@ -132,12 +147,7 @@ class LayerNorm(nn.Module):
     def __call__(self, x):
         norm_type = canonicalize_norm_type(self.layernorm_type)
         features = x.shape[-1]
-        scale_init = self.scale_init or (nn.initializers.zeros if self.zero_centered_gamma
-                                         else nn.initializers.ones)
-        scale = _param(self, "scale", scale_init, (features,), self.dtype, self.scale_axes)
-        beta = None
-        if norm_type == "layernorm":
-            beta = _param(self, "ln_bias", self.bias_init, (features,), self.dtype, self.bias_axes)
+        scale, beta = _norm_params(self, features, norm_type, self.bias_init, self.bias_axes)
         return layernorm(x, scale, beta, norm_type, self.zero_centered_gamma, self.epsilon)
 
 
@@ -251,13 +261,8 @@ class LayerNormDenseGeneral(TransformerEngineBase):
         qset = self.generate_quantizer_set()
         ln_out = None
         if self.enable_layernorm:
-            scale_init = self.scale_init or (nn.initializers.zeros if self.zero_centered_gamma
-                                             else nn.initializers.ones)
-            scale = _param(self, "scale", scale_init, (hidden,), self.dtype, self.scale_axes)
-            ln_bias = None
-            if norm_type == "layernorm":
-                ln_bias = _param(self, "ln_bias", self.ln_bias_init, (hidden,), self.dtype,
-                                 self.ln_bias_axes)
+            scale, ln_bias = _norm_params(self, hidden, norm_type, self.ln_bias_init,
+                                          self.ln_bias_axes)
             if self.return_layernorm_output or self.enable_low_rank_adaptation:
                 ln_out = layernorm(inputs, scale, ln_bias, norm_type, self.zero_centered_gamma,
                                    self.epsilon)
@@ -355,12 +360,8 @@ class LayerNormMLP(TransformerEngineBase):
             wo_b = _param(self, "wo_bias", self.bias_init, (hidden,), self.dtype, self.bias_axes_2)
         scale = ln_bias = None
         if self.enable_layernorm:
-            scale_init = self.scale_init or (nn.initializers.zeros if self.zero_centered_gamma
-                                             else nn.initializers.ones)
-            scale = _param(self, "scale", scale_init, (hidden,), self.dtype, self.scale_axes)
-            if norm_type == "layernorm":
-                ln_bias = _param(self, "ln_bias", self.ln_bias_init, (hidden,), self.dtype,
-                                 self.ln_bias_axes)
+            scale, ln_bias = _norm_params(self, hidden, norm_type, self.ln_bias_init,
+                                          self.ln_bias_axes)
         q1 = self.generate_quantizer_set("_0")
         q2 = self.generate_quantizer_set("_1")
         dropout = self.intermediate_dropout_rate > 0 and not deterministic
@@ -412,19 +413,15 @@ def wrap_function_in_te_state_module(f, quantization_recipe, name=None,
     del quantization_checkpoint_name
 
     class TEWrapper(TransformerEngineBase):
+        _state_collection = _OVERWRITE
+
         @nn.compact
         def __call__(self, *args, **kwargs):
             def gen(postfix=""):
-                cfg = get_quantize_config_with_recipe(quantization_recipe)
-                if not cfg.is_fp8_enabled():
+                # The wrapper's own recipe only (None: high precision, whatever autocast says).
+                if quantization_recipe is None:
                     return noop_quantizer_set
-                metas = QuantizeMetaSet(
-                    x=cfg.get_quantize_flax_meta(self, _OVERWRITE, postfix, TensorSource.X, "x"),
-                    kernel=cfg.get_quantize_flax_meta(self, _OVERWRITE, postfix,
-                                                      TensorSource.KERNEL, "kernel"),
-                    grad=cfg.get_quantize_flax_meta(self, _OVERWRITE, postfix,
-                                                    TensorSource.DGRAD, "grad"))
-                return QuantizerFactory.create_set(fp8_recipe=cfg.recipe, quantize_meta_set=metas)
+                return self.generate_quantizer_set(postfix, quantization_recipe)
 
             return f(gen, *args, **kwargs)
 
