@@ -1,6 +1,6 @@
 """Attention backends of DotProductAttention and their selection.
 
-- `select_backend`: the C selection (nvte_fused_attn_backend_reasons, through common/capi.py) plus
+- `select_backend`: the C selection (common/attention_selection.py, shared with JAX) plus
   NVTE_DEBUG logging: "Disabling <Backend> due to <reason>" (NVTE_DEBUG_LEVEL=2) and
   "Selected backend = <Backend>" (level >= 1) on the logger "transformer_engine_lite.attention",
   which gets a stderr handler when NVTE_DEBUG=1. Logged once per module and configuration.
@@ -21,16 +21,14 @@ a query row with no key kept (and every padded row) gets output 0.
 from __future__ import annotations
 
 import contextlib
-import logging
 import math
-import os
-import sys
 from collections.abc import Callable
 from typing import Any
 
 import torch
 
-from ...common import capi, config
+from ...common import attention_selection as selection
+from ...common import capi
 
 __all__ = [
     "BACKEND_NAMES",
@@ -41,164 +39,23 @@ __all__ = [
 ]
 
 _ops = torch.ops.te_lite
-LOGGER = logging.getLogger("transformer_engine_lite.attention")
-# Backend values of NVTE_Fused_Attn_Backend in order of preference, with the names logs use.
-_PREFERENCE = (("ck", 1), ("aotriton", 0), ("flash", 2), ("unfused", 3))
-BACKEND_NAMES = {
-    "ck": "CK",
-    "aotriton": "AOTriton",
-    "flash": "FlashAttention",
-    "unfused": "UnfusedDotProductAttention",
-}
-# Env vars the selection depends on (C switches, Python logging): part of the cache key.
-_ENV_KEYS = (
-    "NVTE_FUSED_ATTN",
-    "NVTE_FUSED_ATTN_CK",
-    "NVTE_FUSED_ATTN_AOTRITON",
-    "NVTE_FLASH_ATTN",
-    "NVTE_UNFUSED_ATTN",
-    "NVTE_DEBUG",
-    "NVTE_DEBUG_LEVEL",
-)
+LOGGER = selection.LOGGER
+BACKEND_NAMES = selection.BACKEND_NAMES
+qkv_format_of = selection.qkv_format_of
 _DTYPES = {
     torch.float32: capi.DType.Float32,
     torch.float16: capi.DType.Float16,
     torch.bfloat16: capi.DType.BFloat16,
 }
-_ENUMS: dict[str, dict[str, int]] = {}
-
-
-def _enum(kind: str, name: str) -> int:
-    if not _ENUMS:
-        for k, names in (
-            ("layout", capi.qkv_layout_names()),
-            ("mask", capi.mask_type_names()),
-            ("bias", capi.bias_type_names()),
-        ):
-            _ENUMS[k] = {n: i for i, n in enumerate(names)}
-    return _ENUMS[kind][name]
-
-
-def qkv_format_of(qkv_layout: str) -> str:
-    """'bs3hd' -> 'bshd', 'sbhd_sb2hd' -> 'sbhd', 't3hd' -> 'thd'."""
-    return {"b": "bshd", "s": "sbhd", "t": "thd"}[qkv_layout[0]]
-
-
-# ------------------------------------------------------------------------------------ logging
-class _StderrHandler(logging.StreamHandler):
-    """Writes to the current sys.stderr (not the one at creation: pytest and notebooks swap it)."""
-
-    @property  # type: ignore[override]
-    def stream(self) -> Any:
-        return sys.stderr
-
-    @stream.setter
-    def stream(self, _value: Any) -> None:
-        pass
-
-
-_HANDLER: logging.Handler | None = None
-
-
-def _debug_logger() -> logging.Logger | None:
-    """The attention logger set to NVTE_DEBUG_LEVEL's level when NVTE_DEBUG=1, else None."""
-    global _HANDLER
-    if config.get("NVTE_DEBUG") != "1":
-        return None
-    level = config.get("NVTE_DEBUG_LEVEL")
-    levels = {"0": logging.WARNING, "1": logging.INFO, "2": logging.DEBUG}
-    if level not in levels:
-        raise ValueError(f"NVTE_DEBUG_LEVEL: expected 0, 1 or 2, got {level!r}")
-    if _HANDLER is None:
-        _HANDLER = _StderrHandler()
-        _HANDLER.setFormatter(logging.Formatter("[%(levelname)-8s | %(name)s]: %(message)s"))
-        LOGGER.addHandler(_HANDLER)
-    LOGGER.setLevel(levels[level])
-    return LOGGER
-
-
-# ------------------------------------------------------------------------------------ selection
-_RESULTS: dict[tuple, tuple[str | None, tuple[str, ...]]] = {}
-_LAST_LOGGED: dict[int, tuple] = {}
-
-
-def _run_selection(key: tuple) -> tuple[str | None, tuple[str, ...]]:
-    """(backend name or None, reasons indexed by enum value) of one configuration."""
-    (device, dtype, layout, bias, mask, dropout, h, h_kv, sq, skv, dqk, dv, left, right) = key[:14]
-    arbitrary = mask == "arbitrary"
-    cfg = capi.NVTEFusedAttnConfig(
-        device=device,
-        q_dtype=dtype,
-        kv_dtype=dtype,
-        qkv_layout=_enum("layout", layout),
-        bias_type=_enum("bias", bias),
-        # The C API has no "arbitrary" (a mask tensor): ask about the rest of the problem, then
-        # leave only the framework math, the one backend that takes a mask tensor.
-        attn_mask_type=_enum("mask", "no_mask" if arbitrary else mask),
-        dropout=dropout,
-        num_attn_heads=h,
-        num_gqa_groups=h_kv,
-        max_seqlen_q=sq,
-        max_seqlen_kv=skv,
-        head_dim_qk=dqk,
-        head_dim_v=dv,
-        window_size_left=left,
-        window_size_right=right,
-    )
-    selected, reasons = capi.fused_attn_backend_reasons(cfg)
-    reasons = list(reasons)
-    if arbitrary:
-        for name, value in _PREFERENCE[:3]:
-            if not reasons[value]:
-                reasons[value] = (
-                    "attn_mask_type 'arbitrary' is supported by the unfused backend only"
-                )
-        selected = -1 if reasons[3] else 3
-    by_value = {value: name for name, value in _PREFERENCE}
-    return by_value.get(selected), tuple(reasons)
 
 
 @torch.compiler.assume_constant_result
-def _select(
-    owner: int,
-    device: int,
-    dtype: int,
-    layout: str,
-    bias: str,
-    mask: str,
-    dropout: float,
-    h: int,
-    h_kv: int,
-    sq: int,
-    skv: int,
-    dqk: int,
-    dv: int,
-    left: int,
-    right: int,
-    env: str,
-) -> str:
+def _select(owner: int, *key: Any) -> str:
     # Runs as plain Python even under torch.compile (its result is a trace-time constant), so
     # the ctypes call, the cache and the logging stay out of the graph.
-    key = (device, dtype, layout, bias, mask, dropout, h, h_kv, sq, skv, dqk, dv, left, right, env)
-    if key not in _RESULTS:
-        if len(_RESULTS) > 4096:
-            _RESULTS.clear()
-        _RESULTS[key] = _run_selection(key)
-    backend, reasons = _RESULTS[key]
-    logger = _debug_logger()
-    if logger is not None and _LAST_LOGGED.get(owner) != key:
-        _LAST_LOGGED[owner] = key
-        for name, value in _PREFERENCE:
-            if reasons[value]:
-                logger.debug("Disabling %s due to %s", BACKEND_NAMES[name], reasons[value])
-        logger.info("Selected backend = %s", BACKEND_NAMES[backend] if backend else "None")
+    backend, reasons = selection.select(owner, *key)
     if backend is None:
-        why = "; ".join(f"{n}: {reasons[v]}" for n, v in _PREFERENCE)
-        raise NotImplementedError(
-            f"DotProductAttention: no attention backend can run this configuration (dtype "
-            f"{capi.DType(dtype).name}, layout {layout}, mask {mask}, bias {bias}, h={h} h_kv={h_kv} s_q={sq} "
-            f"s_kv={skv} d_qk={dqk} d_v={dv}, window ({left}, {right}), dropout {dropout}): {why}"
-        )
+        raise selection.no_backend_error("DotProductAttention", key, reasons)
     if backend in ("ck", "aotriton"):
         raise NotImplementedError(
             f"DotProductAttention: backend '{backend}' was selected but the PyTorch front end "
@@ -230,7 +87,7 @@ def select_backend(
 ) -> str:
     """'flash' or 'unfused' for this configuration (env switches applied); raises
     NotImplementedError listing every backend's reason when none can run it."""
-    env = "|".join(os.environ.get(k, "") for k in _ENV_KEYS)
+    env = selection.env_key()
     sizes = (h, h_kv, max_seqlen_q, max_seqlen_kv, d_qk, d_v)
     return _select(
         id(owner),
