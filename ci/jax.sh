@@ -1,8 +1,11 @@
 #!/usr/bin/env bash
 # JAX front-end suites: each tests/jax/test_*.py as tag jax.<file> on one host device (TEST_SGPU),
-# and test_distributed.py (sharded = unsharded on 8 forced host devices:
-# XLA_FLAGS=--xla_force_host_platform_device_count=8) as jax.test_distributed (TEST_MGPU).
-# TEST_FILTER globs select tags, TEST_LEVEL as in ci/_utils.sh (level < 2 skips the 8-device suite).
+# and the test_distributed*.py files (sharded = unsharded on 8 forced host devices:
+# XLA_FLAGS=--xla_force_host_platform_device_count=8) as jax.<file> (TEST_MGPU).
+# The attention numerics suite (test_attention.py) runs once per attention backend configuration
+# (configure_fused_attn_env, as ci/pytorch.sh) as jax.test_attention.<mode>: auto and unfused from
+# TEST_LEVEL 1, ck, aotriton and flash from TEST_LEVEL 3.
+# TEST_FILTER globs select tags, TEST_LEVEL as in ci/_utils.sh (level < 2 skips the 8-device suites).
 set -u
 source "$(dirname "${BASH_SOURCE[0]}")/_utils.sh"
 
@@ -13,13 +16,33 @@ run_devices() {
     OMP_NUM_THREADS=${OMP_NUM_THREADS:-1} run_pytest "$@"
 }
 
+# Attention modes by TEST_LEVEL; each run in a subshell so the switches do not leak into later tags.
+attn_modes=()
+[ "$TEST_LEVEL" -ge 1 ] && attn_modes+=(auto unfused)
+[ "$TEST_LEVEL" -ge 3 ] && attn_modes+=(ck aotriton flash)
+run_attn_mode() {
+  local mode=$1
+  shift
+  (configure_fused_attn_env "$mode" && run_single "$@")
+}
+
 for f in "$REPO_ROOT"/tests/jax/test_*.py; do
   [ -e "$f" ] || continue
   name=$(basename "$f" .py)
-  if [ "$name" = test_distributed ]; then
-    [ "$TEST_MGPU" = 1 ] && [ "$TEST_LEVEL" -ge 2 ] && run_tagged "jax.$name" run_devices "$f"
-  else
-    [ "$TEST_SGPU" = 1 ] && run_tagged "jax.$name" run_single "$f"
-  fi
+  case "$name" in
+    test_distributed*)
+      [ "$TEST_MGPU" = 1 ] && [ "$TEST_LEVEL" -ge 2 ] && run_tagged "jax.$name" run_devices "$f"
+      ;;
+    test_attention)
+      if [ "$TEST_SGPU" = 1 ]; then
+        for mode in "${attn_modes[@]}"; do
+          run_tagged "jax.$name.$mode" run_attn_mode "$mode" "$f"
+        done
+      fi
+      ;;
+    *)
+      [ "$TEST_SGPU" = 1 ] && run_tagged "jax.$name" run_single "$f"
+      ;;
+  esac
 done
 finish_tests jax

@@ -2,7 +2,7 @@
 
 Layers, as in pytorch/: primitives over the XLA FFI handlers (cpp_extensions, imported as `tex`) ->
 functional API with jax.custom_vjp (dense, layernorm, layernorm_dense, layernorm_mlp, activation,
-softmax) -> Flax modules (`transformer_engine_lite.jax.flax`). FP8 through `autocast(enabled, recipe,
+softmax, attention.fused_attn) -> Flax modules (`transformer_engine_lite.jax.flax`). FP8 through `autocast(enabled, recipe,
 mesh_resource)`; delayed-scaling state in the Flax collection NVTE_FP8_COLLECTION_NAME ("fp8_metas").
 Importing registers the handlers with XLA for the CPU (and the GPU platform of a GPU build).
 """
@@ -14,7 +14,7 @@ from .cpp_extensions.base import register_targets as _register_targets
 
 _register_targets()
 
-from . import quantize, sharding  # noqa: F401
+from . import attention, quantize, sharding  # noqa: F401
 from .activation import activation  # noqa: F401
 from .dense import dense  # noqa: F401
 from .layernorm import layernorm  # noqa: F401
@@ -41,6 +41,7 @@ def __getattr__(name):
 __all__ = [
     "NVTE_FP8_COLLECTION_NAME",
     "MeshResource",
+    "attention",
     "autocast",
     "flax",
     "fp8_autocast",

@@ -12,6 +12,11 @@ from .activation import (  # noqa: F401
     dact_lu,
     is_gated,
 )
+from .attention import (  # noqa: F401
+    dropout_keep_mask,
+    fused_attn_bwd,
+    fused_attn_fwd,
+)
 from .base import custom_calls_enabled, registrations  # noqa: F401
 from .gemm import gemm, gemm_core  # noqa: F401
 from .normalization import (  # noqa: F401

@@ -385,7 +385,8 @@ class _AttnRule:
         q = arg_shapes[0]
         spec = spec_of(q, len(q.shape))
         b_ax, h_ax = spec[0], spec[-2]
-        h_kv = [a.shape[-2] for a, r in zip(arg_shapes, self.arg_roles) if r == "tok" and a.shape]
+        h_kv = [a.shape[-2] for a, r in zip(arg_shapes, self.arg_roles)
+                if r == "tok" and len(a.shape) >= 3]
         if h_ax is not None and any(n % self._axis_size(mesh, h_ax) for n in h_kv):
             h_ax = None
         if b_ax is not None and q.shape[0] % self._axis_size(mesh, b_ax):

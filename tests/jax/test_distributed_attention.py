@@ -1,0 +1,129 @@
+"""Sharded == unsharded for attention (the fused primitives' custom_partitioning rule and the
+functional fused_attn with its gradients) on 8 host devices: batch sharded (dp), heads sharded
+(tp), both (dp x tp); every layout family, GQA, padding, thd, a broadcast bias (its gradient summed
+over the batch shards). The HLO of the dp and tp cases has no all-gather: each device attends to
+its own rows / heads.
+
+Run: XLA_FLAGS=--xla_force_host_platform_device_count=8 OMP_NUM_THREADS=1 \
+         python -m pytest -q tests/jax/test_distributed_attention.py
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+jax = pytest.importorskip("jax")
+if jax.device_count() < 8:
+    pytest.skip(f"needs 8 devices, found {jax.device_count()} (set XLA_FLAGS="
+                "--xla_force_host_platform_device_count=8 before jax is first imported)",
+                allow_module_level=True)
+
+import jax.numpy as jnp
+
+from transformer_engine_lite.jax import attention as attn
+
+from test_distributed import F32, all_gathers, check, mesh_of, put, rand
+
+BF16 = jnp.bfloat16
+B, S, H, D = 8, 16, 8, 16
+# (layout, h_kv, mask): h_kv = 4 is GQA (and still divides the 4-way tp axis)
+CASES = [
+    ("bshd_bshd_bshd", 4, "causal"),
+    ("bshd_bshd_bshd", 8, "padding_causal"),
+    ("bs3hd", 8, "causal"),
+    ("bshd_bs2hd", 4, "padding"),
+    ("thd_thd_thd", 8, "padding_causal"),
+]
+SPECS = {"dp": ("dp", None, None, None), "tp": (None, None, "tp", None),
+         "dp_tp": ("dp", None, "tp", None)}
+
+
+def _inputs(layout, h_kv, dtype=BF16):
+    q = rand(1, (B, S, H, D), dtype)
+    k, v = rand(2, (B, S, h_kv, D), dtype), rand(3, (B, S, h_kv, D), dtype)
+    if layout == "bs3hd":
+        return (jnp.stack([q, k, v], axis=2),)
+    if layout == "bshd_bs2hd":
+        return (q, jnp.stack([k, v], axis=2))
+    return (q, k, v)
+
+
+def _descriptor(layout):
+    if layout.startswith("thd"):  # 2 segments and a gap in odd rows, one full segment in even
+        ids = np.where(np.arange(B)[:, None] % 2 == 1,
+                       np.array([1] * 5 + [2] * 7 + [0] * 4), np.ones(S, np.int64))
+        ids = jnp.asarray(ids, jnp.int32)
+        return attn.SequenceDescriptor.from_segment_ids_and_pos(ids, jnp.zeros_like(ids))
+    lens = jnp.asarray([S, 3, 9, S, 1, 12, 16, 7], jnp.int32)
+    return attn.SequenceDescriptor.from_seqlens((lens, lens[::-1]))
+
+
+def _fn(layout, mask, bias_type="no_bias", dropout=0.0):
+    sd = _descriptor(layout) if ("padding" in mask or layout.startswith("thd")) else None
+
+    def loss(qkv, bias, dy):
+        out = attn.fused_attn(qkv, bias, sd, jax.random.PRNGKey(7), bias_type, mask, layout,
+                              "vanilla", 0.25, dropout, True, max_segments_per_seq=2)
+        return jnp.sum(out.astype(F32) * dy), out
+
+    def fn(*args):  # (*qkv, bias, dy): flat, so that each array gets its own sharding
+        qkv, bias, dy = args[:-2], args[-2], args[-1]
+        (_, out), grads = jax.value_and_grad(loss, argnums=(0, 1), has_aux=True)(qkv, bias, dy)
+        return out, grads
+
+    return fn
+
+
+def _specs(qkv, spec):
+    """Specs of the packed arrays: the pack dim (2) unsharded."""
+    return [spec[:2] + (None,) + spec[2:] if x.ndim == 5 else spec for x in qkv]
+
+
+@pytest.mark.parametrize("mesh_name", ["dp", "tp", "dp_tp"])
+@pytest.mark.parametrize("layout,h_kv,mask", CASES)
+def test_fused_attn_sharded(mesh_name, layout, h_kv, mask):
+    if mesh_name == "tp" and h_kv % 8:
+        pytest.skip("8-way head sharding needs h_kv divisible by 8")
+    mesh = mesh_of(mesh_name)
+    qkv = _inputs(layout, h_kv)
+    dy = rand(4, (B, S, H, D), F32)
+    spec = SPECS[mesh_name]
+    f, args = check(_fn(layout, mask), (*qkv, None, dy), (*_specs(qkv, spec), None, spec),
+                    mesh, f"{layout} {mask}")
+    if mesh_name in ("dp", "tp"):
+        gathers = all_gathers(f, args)
+        assert not gathers, f"{layout} {mask} on {mesh_name}: all-gathers {gathers}"
+    out = f(*args)[0]
+    got = tuple(out.sharding.spec) + (None,) * 4
+    assert (got[0], got[2]) == (spec[0], spec[2]), f"out stays sharded: {out.sharding.spec}"
+
+
+@pytest.mark.parametrize("bias_shape", [(1, H, S, S), (B, 1, S, S), (B, H, S, S)])
+def test_fused_attn_bias_sharded(bias_shape):
+    """dbias of a bias broadcast over the sharded batch / heads is the sum over the shards."""
+    mesh = mesh_of("dp_tp")
+    qkv = _inputs("bshd_bshd_bshd", 8)
+    bias = rand(5, bias_shape, BF16)
+    dy = rand(4, (B, S, H, D), F32)
+    spec = SPECS["dp_tp"]
+    bias_spec = ("dp" if bias_shape[0] == B else None, "tp" if bias_shape[1] == H else None,
+                 None, None)
+    check(_fn("bshd_bshd_bshd", "causal", "post_scale_bias"), (*qkv, bias, dy),
+          (*_specs(qkv, spec), bias_spec, spec), mesh, f"bias {bias_shape}")
+
+
+def test_dropout_sharded_draws_per_shard():
+    """Each batch shard folds its index into the Philox offset: identical rows on different
+    shards get different masks; the same shard layout reproduces bit for bit."""
+    mesh = mesh_of("dp")
+    row = rand(1, (1, S, H, D), BF16)
+    q = jnp.broadcast_to(row, (B, S, H, D))
+    dy = jnp.ones((B, S, H, D), F32)
+    f = jax.jit(_fn("bshd_bshd_bshd", "causal", dropout=0.3))
+    args = (*(put(mesh, q, SPECS["dp"]),) * 3, None, put(mesh, dy, SPECS["dp"]))
+    out1, _ = f(*args)
+    out2, _ = f(*args)
+    np.testing.assert_array_equal(np.asarray(out1, np.float32), np.asarray(out2, np.float32))
+    o = np.asarray(out1, np.float32)
+    assert not np.array_equal(o[0], o[1]), "two batch shards drew the same dropout mask"
