@@ -80,6 +80,9 @@ ENV_VARS: tuple[EnvVar, ...] = (
     EnvVar("NVTE_FLASH_ATTN", "1", "runtime", "0 disables the flash attention backend"),
     EnvVar("NVTE_UNFUSED_ATTN", "1", "runtime",
            "0 disables the unfused attention backend (framework math)"),
+    EnvVar("NVTE_ALLOW_NONDETERMINISTIC_ALGO", "1", "runtime",
+           "JAX front end (TE-JAX's switch): 0 runs the attention backward's deterministic "
+           "algorithm (GPU flash: no atomics in dQ); the CPU backward is deterministic either way"),
     EnvVar("NVTE_LOG_FUSED_ATTN_CONFIG", "0", "runtime",
            "1 logs every attention backend selection to stderr: dtype, layout, bias, mask, "
            "h/h_kv/s_q/s_kv/d_qk/d_v, window, dropout, device, the chosen backend and why the "

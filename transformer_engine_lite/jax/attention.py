@@ -22,7 +22,6 @@ score_mod, stripe_size.
 
 from __future__ import annotations
 
-import os
 from dataclasses import dataclass
 from enum import Enum
 from functools import partial
@@ -32,7 +31,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from ..common import attention_selection as selection
-from ..common import capi
+from ..common import capi, config
 from .cpp_extensions import attention as tex_attn
 from .cpp_extensions.attention_reference import dropout_keep, logits, problem
 from .softmax import SoftmaxFusionType
@@ -407,7 +406,7 @@ def _prepare(qkv, bias, sequence_descriptor, seed, attn_bias_type, attn_mask_typ
                                 *(jnp.zeros((0,), q.dtype) if x is None else x for x in (k, v)))
     cfg = _Config(layout.value, bias_type.value, _core_mask(layout, mask), float(scaling_factor),
                   dropout, bool(is_training), window,
-                  os.environ.get("NVTE_ALLOW_NONDETERMINISTIC_ALGO", "1") == "0")
+                  config.get("NVTE_ALLOW_NONDETERMINISTIC_ALGO") == "0")
     return cfg, dims, (q, k, v, bias, seqs, words)
 
 
