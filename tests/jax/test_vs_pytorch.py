@@ -95,3 +95,200 @@ def test_denormal_inputs_as_pytorch():
         tq, tamax, _ = torch.ops.te_lite.quantize(_t(x), _t(scale), torch.float8_e4m3fn)
         assert float(amax[0]) == float(tamax[0]) > 0
         assert_bytes_equal(q, tq.view(torch.uint8).numpy().view(np.dtype(jnp.float8_e4m3fn)))
+
+
+# ===================================================================================== attention
+# JAX fused_attn (flash backend) and torch.ops.te_lite.fused_attn_fwd / bwd (autograd) on the same
+# inputs: both call nvte_fused_attn_fwd / bwd, so outputs and gradients are bit-identical. JAX's thd
+# ([b, s, h, d] rows of up to m segments) is given to torch as the core's thd: the segments' tokens
+# in order, cu_seqlens over the b * m segments (empty ones included), max_seqlen = s, and as many
+# tokens (b * s) as JAX's packed buffer.
+from attention_utils import Case, make_problem, run_jax
+
+from transformer_engine_lite.jax import attention as jattn
+from transformer_engine_lite.jax.cpp_extensions import attention as jtex
+
+_ATTN_SWITCHES = (
+    "NVTE_FLASH_ATTN",
+    "NVTE_FUSED_ATTN",
+    "NVTE_FUSED_ATTN_CK",
+    "NVTE_FUSED_ATTN_AOTRITON",
+    "NVTE_UNFUSED_ATTN",
+)
+_TORCH_DT = {"bf16": torch.bfloat16, "fp16": torch.float16, "fp32": torch.float32}
+
+
+def _torch_of(x, dtype):
+    return torch.from_numpy(np.array(jnp.asarray(x, jnp.float32))).to(dtype)
+
+
+def _torch_attention(case: Case, prob, key=None, p: float = 0.0):
+    """The case through torch.ops.te_lite.fused_attn_fwd (+ autograd backward), results in JAX's
+    canonical [b, s, ...] form as float32 numpy: (out, dq, dk, dv, dbias)."""
+    dt = _TORCH_DT[case.dtype]
+    segs_q, segs_kv = prob.segs
+    thd = case.thd
+
+    def tokens(x, segs):  # [b, s, ...] -> [b * s, ...]: the segments' tokens first, then zeros
+        x = _torch_of(x, dt)
+        if not thd:
+            return x
+        parts = [x[r, s0 : s0 + n] for r, row in enumerate(segs) for s0, n in row]
+        flat = torch.cat(parts) if parts else x.reshape(-1, *x.shape[2:])[:0]
+        pad = x.new_zeros((x.shape[0] * x.shape[1] - flat.shape[0], *x.shape[2:]))
+        return torch.cat([flat, pad])
+
+    def untokens(y, segs, s):  # inverse of tokens (the padding tokens must have come out 0)
+        y = y.detach().float()
+        if not thd:
+            return y.numpy()
+        out = torch.zeros((case.b, s, *y.shape[1:]))
+        i = 0
+        for r, row in enumerate(segs):
+            for s0, n in row:
+                out[r, s0 : s0 + n] = y[i : i + n]
+                i += n
+        assert not y[i:].any(), "torch thd tokens past cu_seqlens[-1] not 0"
+        return out.numpy()
+
+    def cu(segs):
+        lens = (
+            [n for row in segs for _, n in row + [(0, 0)] * (case.m - len(row))]
+            if thd
+            else [row[0][1] for row in segs]
+        )
+        return torch.tensor([0, *np.cumsum(lens)], dtype=torch.int32)
+
+    q, k, v = tokens(prob.q, segs_q), tokens(prob.k, segs_kv), tokens(prob.v, segs_kv)
+    tail = case.layout.split("_")[-1]
+    dim = 1 if thd else 2  # the packing dim of [t, 3, h, d] / [b, s, 3, h, d]
+    if tail in ("bs3hd", "t3hd"):
+        buf = torch.stack([q, k, v], dim=dim).requires_grad_(True)
+        q, k, v = (buf.select(dim, i) for i in range(3))
+        leaves = [buf]
+    elif tail in ("bs2hd", "t2hd"):
+        buf = torch.stack([k, v], dim=dim).requires_grad_(True)
+        q = q.requires_grad_(True)
+        k, v = (buf.select(dim, i) for i in range(2))
+        leaves = [q, buf]
+    else:
+        leaves = [t.requires_grad_(True) for t in (q, k, v)]
+        q, k, v = leaves
+    bias = None if prob.bias is None else _torch_of(prob.bias, dt).requires_grad_(True)
+    padded = case.padded
+    rng = None
+    if p > 0:
+        w = np.asarray(jax.random.key_data(key), np.uint32).reshape(-1)[:2].astype(np.int64)
+        rng = torch.tensor([int(w[0]) | (int(w[1]) << 32), 0], dtype=torch.int64)
+    left, right = jattn._window(case.window, jattn.canonicalize_attn_mask_type(case.mask))
+    out, _ = torch.ops.te_lite.fused_attn_fwd(
+        q,
+        k,
+        v,
+        case.layout,
+        bias,
+        cu(segs_q) if padded else None,
+        cu(segs_kv) if padded else None,
+        case.sq,
+        case.s_kv,
+        case.d**-0.5,
+        p,
+        rng,
+        case.bias,
+        jtex.core_mask(case.layout, case.mask),
+        left,
+        right,
+        True,
+    )
+    out.backward(tokens(prob.dout, segs_q))
+    if len(leaves) == 1:
+        dq, dk, dv = (leaves[0].grad.select(dim, i) for i in range(3))
+    elif len(leaves) == 2:
+        dq, dk, dv = leaves[0].grad, leaves[1].grad.select(dim, 0), leaves[1].grad.select(dim, 1)
+    else:
+        dq, dk, dv = (t.grad for t in leaves)
+    return (
+        untokens(out, segs_q, case.sq),
+        untokens(dq, segs_q, case.sq),
+        untokens(dk, segs_kv, case.s_kv),
+        untokens(dv, segs_kv, case.s_kv),
+        None if bias is None else bias.grad.float().numpy(),
+    )
+
+
+ATTN_VS_TORCH = {
+    "bshd": [
+        Case("bshd_bshd_bshd", "padding_causal", "bf16", h_kv=2, bias="post_scale_bias"),
+        Case("bshd_bshd_bshd", "no_mask", "fp16", sq=7, skv=17, window=(3, 1), h_kv=1),
+    ],
+    "kvpacked": [
+        Case("bshd_bs2hd", "causal_bottom_right", "fp16", sq=7, skv=17, h_kv=2),
+        Case(
+            "bshd_bs2hd", "padding", "fp32", sq=17, skv=7, bias="post_scale_bias", bias_shape="bhss"
+        ),
+    ],
+    "qkvpacked": [
+        Case("bs3hd", "causal", "fp32", bias="post_scale_bias", bias_shape="b1ss"),
+        Case("bs3hd", "padding_causal_bottom_right", "bf16", window=(2, 0)),
+    ],
+    "thd": [
+        Case("thd_thd_thd", "padding_causal", "bf16", h_kv=2, m=3),
+        Case("thd_t2hd", "causal_bottom_right", "fp16", sq=13, skv=17, m=2, desc="offsets"),
+        Case("t3hd", "no_mask", "fp32", m=3, window=(3, 1)),
+    ],
+}
+
+
+def _check_attention_vs_torch(case: Case, monkeypatch, dropout: float) -> None:
+    for k in _ATTN_SWITCHES:  # JAX's flash backend, whatever the CI attention mode
+        monkeypatch.delenv(k, raising=False)
+    prob = make_problem(case)
+    key = jnp.asarray([7, 2024], jnp.uint32) if dropout > 0 else None  # raw key: both words used
+    got = run_jax(case, prob, seed=key, dropout=dropout)
+    want = _torch_attention(case, prob, key, dropout)
+    for name, a, b in zip(("out", "dq", "dk", "dv", "dbias"), got, want):
+        if b is None:
+            assert a is None, name
+            continue
+        bits = [np.asarray(x, np.float32).view(np.uint32) for x in (a, b)]  # bit for bit
+        np.testing.assert_array_equal(bits[0], bits[1], err_msg=f"JAX vs PyTorch: {name}")
+
+
+@pytest.mark.parametrize("dropout", [0.0, 0.25])
+@pytest.mark.parametrize("case", ATTN_VS_TORCH["bshd"], ids=lambda c: c.id())
+def test_attention_bshd_equals_pytorch(case, dropout, monkeypatch):
+    _check_attention_vs_torch(case, monkeypatch, dropout)
+
+
+@pytest.mark.parametrize("dropout", [0.0, 0.25])
+@pytest.mark.parametrize("case", ATTN_VS_TORCH["kvpacked"], ids=lambda c: c.id())
+def test_attention_kvpacked_equals_pytorch(case, dropout, monkeypatch):
+    _check_attention_vs_torch(case, monkeypatch, dropout)
+
+
+@pytest.mark.parametrize("dropout", [0.0, 0.25])
+@pytest.mark.parametrize("case", ATTN_VS_TORCH["qkvpacked"], ids=lambda c: c.id())
+def test_attention_qkvpacked_equals_pytorch(case, dropout, monkeypatch):
+    _check_attention_vs_torch(case, monkeypatch, dropout)
+
+
+@pytest.mark.parametrize("dropout", [0.0, 0.25])
+@pytest.mark.parametrize("case", ATTN_VS_TORCH["thd"], ids=lambda c: c.id())
+def test_attention_thd_equals_pytorch(case, dropout, monkeypatch):
+    _check_attention_vs_torch(case, monkeypatch, dropout)
+
+
+def test_attention_floor_matches_pytorch_suite():
+    """attention_utils.ATTENTION_FLOOR is a copy of tests/pytorch/utils.py's (the JAX suite must
+    run without torch): the two tables stay equal."""
+    import importlib.util
+    from pathlib import Path
+
+    from attention_utils import ATTENTION_FLOOR
+
+    path = Path(__file__).resolve().parent.parent / "pytorch" / "utils.py"
+    spec = importlib.util.spec_from_file_location("pytorch_test_utils", path)
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    theirs = {str(k).removeprefix("torch."): v for k, v in mod.ATTENTION_FLOOR.items()}
+    assert theirs == ATTENTION_FLOOR

@@ -399,11 +399,19 @@ def _prepare(qkv, bias, sequence_descriptor, seed, attn_bias_type, attn_mask_typ
                              "SequenceDescriptor, got a mask array")
         else:
             seqs = (*_mask_to_seqlens(sequence_descriptor), None, None)
-    dropout = float(dropout_probability)
+    # TE's kernels drop logits only when training (is_dropout = is_training && p != 0)
+    dropout = float(dropout_probability) if is_training else 0.0
     words = _seed_words(seed) if dropout > 0 else None
     window = _window(window_size, mask)
+    empty = jnp.zeros((0,), q.dtype)
     dims = tex_attn.layout_dims("fused_attn", layout.value, q,
-                                *(jnp.zeros((0,), q.dtype) if x is None else x for x in (k, v)))
+                                *(empty if x is None else x for x in (k, v)))
+    # every backend refuses what the primitives refuse (bias / sequence shapes, thd with a bias)
+    none = jnp.zeros((0,), _I32)
+    tex_attn.check_side("fused_attn", layout.value, dims, empty if bias is None else bias,
+                        *(none if x is None else x for x in seqs),
+                        jnp.zeros((0,), jnp.uint32) if words is None else words,
+                        bias_type.value, _core_mask(layout, mask))
     cfg = _Config(layout.value, bias_type.value, _core_mask(layout, mask), float(scaling_factor),
                   dropout, bool(is_training), window,
                   config.get("NVTE_ALLOW_NONDETERMINISTIC_ALGO") == "0")

@@ -16,7 +16,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from .base import FFIOp
-from .misc import HIGH_PRECISION, as_scalar, check_dtype, check_min_ndim, check_scalar_f32, is_fp8
+from .misc import HIGH_PRECISION, as_scalar, check_dtype, check_scalar_f32, is_fp8
 from .partitioning import RowRule
 from .quantization import _jax_quantize
 

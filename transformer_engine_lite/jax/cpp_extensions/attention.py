@@ -42,6 +42,7 @@ from .partitioning import lowering_mesh, named_shapes, spec_of
 
 __all__ = [
     "LAYOUTS",
+    "check_side",
     "core_mask",
     "dropout_keep_mask",
     "fused_attn_bwd",
@@ -139,7 +140,7 @@ def layout_dims(op: str, layout: str, q, k, v) -> Dims:
     return Dims(b, s_q, s_kv, h, h_kv, d, d_v)
 
 
-def _check_side(op, layout, dims: Dims, bias, q_seqlens, kv_seqlens, q_offsets, kv_offsets,
+def check_side(op, layout, dims: Dims, bias, q_seqlens, kv_seqlens, q_offsets, kv_offsets,
                 seed, bias_type, mask_type):
     fmt = LAYOUTS[layout][0]
     if bias_type not in BIASES:
@@ -278,7 +279,7 @@ def _fwd_abstract(q, k, v, bias, q_seqlens, kv_seqlens, q_offsets, kv_offsets, s
                   window):
     op = "fused_attn_fwd"
     dims = layout_dims(op, qkv_layout, q, k, v)
-    _check_side(op, qkv_layout, dims, bias, q_seqlens, kv_seqlens, q_offsets, kv_offsets, seed,
+    check_side(op, qkv_layout, dims, bias, q_seqlens, kv_seqlens, q_offsets, kv_offsets, seed,
                 attn_bias_type, attn_mask_type)
     if dropout_probability > 0 and not seed.size:
         raise _err(op, "seed", "a seed (dropout_probability > 0)", "none")
@@ -313,7 +314,7 @@ def _bwd_abstract(q, k, v, bias, lse, out, d_out, q_seqlens, kv_seqlens, q_offse
                   dropout_probability, window, deterministic):
     op = "fused_attn_bwd"
     dims = layout_dims(op, qkv_layout, q, k, v)
-    _check_side(op, qkv_layout, dims, bias, q_seqlens, kv_seqlens, q_offsets, kv_offsets, seed,
+    check_side(op, qkv_layout, dims, bias, q_seqlens, kv_seqlens, q_offsets, kv_offsets, seed,
                 attn_bias_type, attn_mask_type)
     want = (dims.b, dims.s_q, dims.h, dims.d_v)
     for arg, x in (("out", out), ("d_out", d_out)):

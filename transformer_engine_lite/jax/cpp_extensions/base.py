@@ -153,6 +153,8 @@ class FFIOp:
         batches natively when only they are vmapped and no result reduces over rows)
     reducing_results: indices of results that reduce over rows (amax, dgamma): no native batching
     partition: a partitioning rule object (see .partitioning) or None (replicated)
+    fold_rows: the op takes a fixed rank (softmax: [b, h, sq, sk]): native batching folds the
+        vmapped dim into dim 0 of the row arguments and unfolds every result
     """
 
     def __init__(
@@ -165,6 +167,7 @@ class FFIOp:
         row_args: Sequence[int] = (),
         reducing_results: Sequence[int] = (),
         partition: Any = None,
+        fold_rows: bool = False,
     ) -> None:
         self.name = name
         self.ffi_name = ffi_name
@@ -174,6 +177,7 @@ class FFIOp:
         self.row_args = tuple(row_args)
         self.reducing_results = tuple(reducing_results)
         self.partition = partition
+        self.fold_rows = fold_rows
         self.prim = Primitive(name)
         self.prim.multiple_results = True
         self.prim.def_impl(partial(dispatch.apply_primitive, self.prim))
@@ -220,8 +224,13 @@ class FFIOp:
                 jnp.broadcast_to(a, (size, *a.shape)) if i in self.row_args and d is None else a
                 for i, (a, d) in enumerate(zip(moved, dims))
             ]
-            out = self.prim.bind(*moved, **params)
-            return out, [0] * len(out)
+            if not self.fold_rows:
+                out = self.prim.bind(*moved, **params)
+                return out, [0] * len(out)
+            folded = [a.reshape(size * a.shape[1], *a.shape[2:]) if i in self.row_args else a
+                      for i, a in enumerate(moved)]
+            out = self.prim.bind(*folded, **params)
+            return [o.reshape(size, -1, *o.shape[1:]) for o in out], [0] * len(out)
         xs = [jnp.moveaxis(a, d, 0) if d is not None else None for a, d in zip(args, dims)]
 
         def one(slices):

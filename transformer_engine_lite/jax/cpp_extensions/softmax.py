@@ -122,10 +122,11 @@ def _make(variant):
         roles = ("x",)
     camel = "".join(p.capitalize() for p in variant.split("_"))
     fwd = FFIOp(f"{camel}SoftmaxFwdPrimitive", f"te_lite_{fwd_name}_ffi", fwd_abstract, ref,
-                row_args=(0,) if not masked else (), partition=RowRule(roles, ("x",), trailing=2))
+                row_args=(0,) if not masked else (), partition=RowRule(roles, ("x",), trailing=2),
+                fold_rows=True)
     bwd = FFIOp(f"{camel}SoftmaxBwdPrimitive", f"te_lite_{bwd_name}_ffi", bwd_abstract,
                 lambda dy, y, scale: (_jax_bwd(dy, y, scale),), row_args=(0, 1),
-                partition=RowRule(("x", "x"), ("x",), trailing=2))
+                partition=RowRule(("x", "x"), ("x",), trailing=2), fold_rows=True)
     return fwd, bwd
 
 

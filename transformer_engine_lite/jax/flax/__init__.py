@@ -12,12 +12,24 @@ from .module import (  # noqa: F401
     make_dot_general_cls,
     wrap_function_in_te_state_module,
 )
+from .transformer import (
+    DotProductAttention,
+    MultiHeadAttention,
+    RelativePositionBiases,
+    TransformerLayer,
+    TransformerLayerType,
+)
 
 __all__ = [
     "DenseGeneral",
+    "DotProductAttention",
     "LayerNorm",
     "LayerNormDenseGeneral",
     "LayerNormMLP",
+    "MultiHeadAttention",
+    "RelativePositionBiases",
+    "TransformerLayer",
+    "TransformerLayerType",
     "extend_logical_axis_rules",
     "make_dot_general_cls",
     "wrap_function_in_te_state_module",
