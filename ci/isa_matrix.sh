@@ -8,7 +8,8 @@
 #   isa.<level>.pytorch  PyTorch smoke subset: Linear / LayerNormMLP / TransformerLayer fwd+bwd in
 #                        bf16 and under each FP8 recipe, against the fp64 references
 #   isa.<level>.jax      JAX smoke subset: dense / layernorm_mlp values and gradients in bf16 and
-#                        under each FP8 recipe, FP8 bytes and state equal to the PyTorch path
+#                        under each FP8 recipe, FP8 bytes and state equal to the PyTorch path,
+#                        attention (every layout family, dropout) equal to PyTorch bit for bit
 # Levels (NVTE_CI_ISA_LEVELS): avx2 avx512_core avx512_core_bf16 avx512_core_fp16 native; a level
 # above this CPU's is reported as skipped (a cap cannot raise a CPU). Also:
 #   isa.native.gemm_fp32   test_gemm with every operand widened to fp32 (NVTE_CPU_GEMM_COMPUTE=fp32),
