@@ -34,19 +34,29 @@ class Case:
     ref: Callable[[], object]
     check: Callable[[], str | None]  # None when ours agrees with the reference, else why not
     notes: list[str] = field(default_factory=list)
+    settle_s: float = 0.0  # untimed pause before each timed call (time_pair_ms)
 
 
 def time_pair_ms(
-    ours: Callable[[], object], ref: Callable[[], object], warmup: int, repeat: int
+    ours: Callable[[], object],
+    ref: Callable[[], object],
+    warmup: int,
+    repeat: int,
+    settle_s: float = 0.0,
 ) -> tuple[float, float]:
     """Median ms of each side. The two alternate call by call, so a load change on a shared machine
-    hits both alike instead of skewing the ratio."""
+    hits both alike instead of skewing the ratio. settle_s: a pause before every timed call (both
+    sides, untimed), for a side that frees gigabytes per call: on a VM the call after such a free
+    runs 1.3-1.5x slower for ~0.2 s, and alternation would always hand that penalty to the other
+    side."""
     for _ in range(warmup):
         ours()
         ref()
     times: tuple[list[float], list[float]] = ([], [])
     for _ in range(repeat):
         for fn, acc in ((ours, times[0]), (ref, times[1])):
+            if settle_s:
+                time.sleep(settle_s)
             t0 = time.perf_counter()
             fn()
             acc.append(time.perf_counter() - t0)
@@ -91,9 +101,9 @@ def bf16_peer_check(ours: dict, base: dict, ref32: dict) -> str | None:
     (flash-attention's rule), and norm-wise within 1.5x (+ 0.1%) of the peer's bf16 relative
     error; `base` / `ref32`: the peer's bf16 and fp32 results by name."""
     msgs = []
-    for k in ours:
-        msgs.append(bf16_close(ours[k], base[k], ref32[k], k))
-        msgs.append(rel_close(ours[k], base[k], ref32[k], k, factor=1.5, slack=1e-3))
+    for k, out in ours.items():
+        msgs.append(bf16_close(out, base[k], ref32[k], k))
+        msgs.append(rel_close(out, base[k], ref32[k], k, factor=1.5, slack=1e-3))
     return first_error(*msgs)
 
 
@@ -134,7 +144,8 @@ def run_cases(
                 row["status"] = f"NUMERICS MISMATCH: {problem}"
                 ok = False
                 continue
-            row["ours_ms"], row["ref_ms"] = time_pair_ms(case.ours, case.ref, warmup, repeat)
+            row["ours_ms"], row["ref_ms"] = time_pair_ms(case.ours, case.ref, warmup, repeat,
+                                                          case.settle_s)
             row["ratio"] = row["ref_ms"] / row["ours_ms"]
             if target is None:
                 row["status"] = "report only"

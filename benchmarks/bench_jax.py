@@ -19,6 +19,9 @@ gradients). References: nn.LayerNorm -> nn.Dense (no bias) -> nn.gelu(approximat
 nn.Dense (no bias), and nn.Dense, with dtype = param_dtype = bf16; for the quantize case the jitted
 composite amax = max|x|, scale = 448 / amax, clip(x * scale).astype(float8_e4m3fn).
 Timing, ratio (= ref_ms / ours_ms), JSON and exit status: as bench_core.py (benchmarks/_common.py).
+Also runs the attention cases of bench_jax_attention.py (jax_attention_fwd_bf16,
+jax_attention_fwd_bwd_bf16: fused_attn vs jax.nn.dot_product_attention; jax_transformer_layer_bf16:
+te_flax.TransformerLayer vs the same block in pure Flax); peak memory: bench_jax_attention.py --memory.
 XLA's CPU thread pool and the library's OpenMP threads both default to every core.
 """
 
@@ -42,6 +45,7 @@ import torch
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from _common import Case, bf16_peer_check, cli, rel_err
+from bench_jax_attention import CASES as ATTENTION_CASES
 
 import transformer_engine_lite.jax as te
 import transformer_engine_lite.jax.cpp_extensions as tex
@@ -341,6 +345,7 @@ CASES: dict[str, tuple[Callable[[bool], Case], float | None]] = {
     "jax_layernorm_mlp_fp8": (_module_case("mlp", True), 0.8),
     "jax_dense_fp8": (_module_case("dense", True), 0.8),
     "jax_quantize_current_e4m3": (case_quantize, 1.5),
+    **ATTENTION_CASES,  # jax_attention_fwd(_bwd)_bf16, jax_transformer_layer_bf16
 }
 
 
@@ -362,7 +367,7 @@ def main(argv: list[str] | None = None) -> int:
         header,
         argv,
         default_repeat=(5, 5),
-        fatal=(RuntimeError, ValueError, TypeError),
+        fatal=(RuntimeError, ValueError, TypeError, NotImplementedError),
     )
 
 

@@ -32,7 +32,6 @@ import argparse
 import logging
 import math
 import sys
-import sysconfig
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -42,56 +41,15 @@ import torch.nn.functional as F
 from tqdm import tqdm
 
 import transformer_engine_lite.pytorch as te
-from transformer_engine_lite.common.recipe import (
-    DelayedScaling,
-    Float8CurrentScaling,
-    Format,
-    MXFP8BlockScaling,
-)
+
+# corpus, recipes, schedule, table and plot: shared with examples/jax/train_gpt.py
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+from _common_demo import RECIPE_LABELS, RECIPES, load_corpus, log_table, lr_at, plot
 
 log = logging.getLogger("train_gpt")
 
-RECIPES = {
-    "bf16": None,
-    "delayed": lambda: DelayedScaling(fp8_format=Format.HYBRID, amax_history_len=16),
-    "current": lambda: Float8CurrentScaling(fp8_format=Format.HYBRID),
-    "mxfp8": lambda: MXFP8BlockScaling(fp8_format=Format.E4M3),
-}
-RECIPE_LABELS = {
-    "bf16": "bf16 (no FP8)",
-    "delayed": "FP8 DelayedScaling (HYBRID, history 16)",
-    "current": "FP8 Float8CurrentScaling (HYBRID)",
-    "mxfp8": "MXFP8BlockScaling (E4M3, 1x32 blocks)",
-}
-SKIP_DIRS = {"site-packages", "dist-packages", "test", "tests", "idle_test", "__pycache__"}
-
 
 # ------------------------------------------------------------------------------------------ data
-def load_corpus(max_bytes: int) -> tuple[bytes, int]:
-    """The stdlib's *.py files in sorted order until max_bytes (deterministic for a given Python).
-    Returns (bytes, number of files)."""
-    root = Path(sysconfig.get_paths()["stdlib"])
-    files = sorted(
-        p
-        for p in root.rglob("*.py")
-        if not (set(p.relative_to(root).parts[:-1]) & SKIP_DIRS) and p.is_file()
-    )
-    chunks, total, n = [], 0, 0
-    for p in files:
-        try:
-            data = p.read_bytes()
-        except OSError:
-            continue
-        chunks.append(data)
-        total += len(data)
-        n += 1
-        if total >= max_bytes:
-            break
-    if total == 0:
-        raise SystemExit(f"train_gpt: no *.py files found under {root}")
-    return b"".join(chunks)[:max_bytes], n
-
-
 class Batches:
     """Random windows of seq_len + 1 bytes from a fixed generator: every run sees the same batches."""
 
@@ -147,13 +105,6 @@ class GPT(torch.nn.Module):
 
 
 # -------------------------------------------------------------------------------------- training
-def lr_at(step: int, steps: int, lr: float, warmup: int) -> float:
-    if step < warmup:
-        return lr * (step + 1) / warmup
-    t = (step - warmup) / max(1, steps - warmup)
-    return lr * (0.1 + 0.9 * 0.5 * (1 + math.cos(math.pi * t)))
-
-
 def loss_of(model: GPT, x: torch.Tensor, y: torch.Tensor, recipe) -> torch.Tensor:
     logits = model(x, recipe)
     return F.cross_entropy(logits.float().view(-1, logits.shape[-1]), y.reshape(-1))
@@ -211,72 +162,6 @@ def train_one(name: str, args, cfg: Config, train: torch.Tensor, val: torch.Tens
         "seconds": elapsed,
         "tok_s": tokens * len(losses) / elapsed,
     }
-
-
-def _smooth(values: list[float], k: int) -> list[float]:
-    """Trailing moving average over k points (the first points average what exists so far)."""
-    cs = [0.0]
-    for v in values:
-        cs.append(cs[-1] + v)
-    return [(cs[i + 1] - cs[max(0, i + 1 - k)]) / min(k, i + 1) for i in range(len(values))]
-
-
-def plot(results: list[dict], path: Path, title: str, smooth: int) -> None:
-    """Loss curves (top) and, when a bf16 run exists, each run's loss minus bf16's (bottom)."""
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
-    base = next((r for r in results if r["name"] == "bf16"), None)
-    rows = 2 if base is not None and len(results) > 1 else 1
-    fig, axes = plt.subplots(
-        rows,
-        1,
-        figsize=(8, 6.4 if rows == 2 else 4.6),
-        dpi=110,
-        sharex=True,
-        gridspec_kw={"height_ratios": [2, 1]} if rows == 2 else None,
-        squeeze=False,
-    )
-    ax = axes[0][0]
-    sm = {r["name"]: _smooth(r["losses"], smooth) for r in results}
-    for r in results:
-        ys = sm[r["name"]]
-        ax.plot(
-            range(1, len(ys) + 1),
-            ys,
-            lw=1.4,
-            label=f"{RECIPE_LABELS[r['name']]}: train {r['final']:.3f}, val {r['val']:.3f}",
-        )
-    ax.set_ylabel(f"training loss\n(nats/byte, moving avg {smooth})")
-    ax.set_title(title, fontsize=10)
-    ax.grid(alpha=0.3)
-    ax.legend(fontsize=8)
-    finite = [v for r in results for v in r["losses"] if math.isfinite(v)]
-    if finite:
-        lo = min(finite)
-        first = max(v for r in results for v in r["losses"][:1] if math.isfinite(v))
-        ax.set_ylim(max(0.0, lo - 0.2), min(first, lo + 3.0) + 0.1)
-    if rows == 2:
-        ax2 = axes[1][0]
-        b = sm["bf16"]
-        for r in results:
-            ys = sm[r["name"]][: len(b)]
-            ax2.plot(
-                range(1, len(ys) + 1),
-                [y - y0 for y, y0 in zip(ys, b)],
-                lw=1.2,
-                label=RECIPE_LABELS[r["name"]],
-            )
-        ax2.axhline(0.0, color="k", lw=0.6)
-        ax2.set_ylabel("loss - bf16 loss")
-        ax2.grid(alpha=0.3)
-    axes[-1][0].set_xlabel("step")
-    fig.tight_layout()
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fig.savefig(path)
-    plt.close(fig)
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -380,27 +265,7 @@ def main(argv: list[str] | None = None) -> int:
         )
         results.append(r)
 
-    base = next((r for r in results if r["name"] == "bf16"), None)
-    log.info("")
-    head = f"{'run':<42} {'train loss':>10} {'val loss':>9} {'vs bf16':>8} {'tokens/s':>9} {'time s':>7}"
-    log.info(head)
-    log.info("-" * len(head))
-    for r in results:
-        d = f"{r['val'] - base['val']:+.3f}" if base else "-"
-        log.info(
-            "%-42s %10.4f %9.4f %8s %9s %7.1f",
-            RECIPE_LABELS[r["name"]],
-            r["final"],
-            r["val"],
-            d,
-            f"{r['tok_s']:,.0f}",
-            r["seconds"],
-        )
-    log.info(
-        "(train loss: mean of the last %d steps; val: %d held-out batches; nats/byte)",
-        min(args.avg_last, args.steps),
-        args.eval_batches,
-    )
+    log_table(log, results, args.avg_last, args.steps, args.eval_batches)
 
     out = Path(args.out)
     title = (

@@ -1,9 +1,10 @@
-"""benchmarks/bench_jax.py at quick sizes: every case's correctness gate passes (timings are printed,
-never asserted: the machines are noisy)."""
+"""benchmarks/bench_jax.py at quick sizes (its attention cases from bench_jax_attention.py included):
+every case's correctness gate passes (timings are printed, never asserted: the machines are noisy)."""
 
 from __future__ import annotations
 
 import os
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -20,3 +21,10 @@ def test_bench_jax_quick_checks_pass():
     for case in ("jax_layernorm_mlp_bf16", "jax_layernorm_mlp_fp8", "jax_dense_fp8",
                  "jax_quantize_current_e4m3"):
         assert f"{case}: ok" in run.stdout + run.stderr, run.stdout[-3000:]
+    # The attention cases (bench_jax_attention.py): timed, i.e. their check passed; at quick sizes
+    # the fwd+bwd ratio is far from its full-size target, so any timed status counts.
+    timed = ("ok", "report only", "below target (quick sizes)")
+    for case in ("jax_attention_fwd_bf16", "jax_attention_fwd_bwd_bf16",
+                 "jax_transformer_layer_bf16"):
+        status = re.search(rf"^  {case}: (.*)$", run.stderr, re.MULTILINE)
+        assert status and status.group(1) in timed, run.stderr[-3000:]

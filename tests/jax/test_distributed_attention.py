@@ -20,10 +20,9 @@ if jax.device_count() < 8:
                 allow_module_level=True)
 
 import jax.numpy as jnp
+from test_distributed import F32, all_gathers, check, mesh_of, put, rand
 
 from transformer_engine_lite.jax import attention as attn
-
-from test_distributed import F32, all_gathers, check, mesh_of, put, rand
 
 BF16 = jnp.bfloat16
 B, S, H, D = 8, 16, 8, 16
