@@ -100,6 +100,20 @@ configure_fused_attn_env() {
   export NVTE_ATTN_CI_MODE=$mode
 }
 
+# attention_modes: the configure_fused_attn_env modes TEST_LEVEL selects (auto and unfused from 1,
+# ck, aotriton and flash from 3). run_attn_mode MODE CMD...: CMD under MODE's switches, in a subshell
+# so they do not leak into later tags.
+attention_modes() {
+  [ "$TEST_LEVEL" -ge 1 ] && echo auto unfused
+  [ "$TEST_LEVEL" -ge 3 ] && echo ck aotriton flash
+  return 0
+}
+run_attn_mode() {
+  local mode=$1
+  shift
+  (configure_fused_attn_env "$mode" && "$@")
+}
+
 # pytest wrapper: exit code 5 (no test collected) counts as a failure of the tag, never a silent pass.
 run_pytest() {
   python -m pytest -q -p no:cacheprovider -o faulthandler_timeout="$PYTEST_TIMEOUT" "$@"

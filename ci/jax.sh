@@ -16,16 +16,6 @@ run_devices() {
     OMP_NUM_THREADS=${OMP_NUM_THREADS:-1} run_pytest "$@"
 }
 
-# Attention modes by TEST_LEVEL; each run in a subshell so the switches do not leak into later tags.
-attn_modes=()
-[ "$TEST_LEVEL" -ge 1 ] && attn_modes+=(auto unfused)
-[ "$TEST_LEVEL" -ge 3 ] && attn_modes+=(ck aotriton flash)
-run_attn_mode() {
-  local mode=$1
-  shift
-  (configure_fused_attn_env "$mode" && run_single "$@")
-}
-
 for f in "$REPO_ROOT"/tests/jax/test_*.py; do
   [ -e "$f" ] || continue
   name=$(basename "$f" .py)
@@ -35,8 +25,8 @@ for f in "$REPO_ROOT"/tests/jax/test_*.py; do
       ;;
     test_attention)
       if [ "$TEST_SGPU" = 1 ]; then
-        for mode in "${attn_modes[@]}"; do
-          run_tagged "jax.$name.$mode" run_attn_mode "$mode" "$f"
+        for mode in $(attention_modes); do
+          run_tagged "jax.$name.$mode" run_attn_mode "$mode" run_single "$f"
         done
       fi
       ;;

@@ -19,23 +19,13 @@ run_torchrun() {
     --nproc_per_node=2 -m pytest -q -p no:cacheprovider -o faulthandler_timeout="$PYTEST_TIMEOUT" "$@"
 }
 
-# Attention modes by TEST_LEVEL; each run in a subshell so the switches do not leak into later tags.
-attn_modes=()
-[ "$TEST_LEVEL" -ge 1 ] && attn_modes+=(auto unfused)
-[ "$TEST_LEVEL" -ge 3 ] && attn_modes+=(ck aotriton flash)
-run_attn_mode() {
-  local mode=$1
-  shift
-  (configure_fused_attn_env "$mode" && run_single "$@")
-}
-
 for f in "$REPO_ROOT"/tests/pytorch/test_*.py; do
   [ -e "$f" ] || continue
   name=$(basename "$f" .py)
   if [ "$name" = test_attention ]; then
     if [ "$TEST_SGPU" = 1 ]; then
-      for mode in "${attn_modes[@]}"; do
-        run_tagged "pytorch.$name.$mode" run_attn_mode "$mode" "$f"
+      for mode in $(attention_modes); do
+        run_tagged "pytorch.$name.$mode" run_attn_mode "$mode" run_single "$f"
       done
     fi
   elif [ "$name" = test_distributed ]; then

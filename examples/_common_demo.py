@@ -4,6 +4,7 @@ the loss plot. Imports neither torch nor jax, so each demo pulls in only its own
 
 from __future__ import annotations
 
+import argparse
 import logging
 import math
 import sysconfig
@@ -157,3 +158,53 @@ def plot(results: list[dict], path: Path, title: str, smooth: int) -> None:
     path.parent.mkdir(parents=True, exist_ok=True)
     fig.savefig(path)
     plt.close(fig)
+
+
+def demo_parser(doc: str, out_default: Path) -> argparse.ArgumentParser:
+    """The command line both demos share (model size, schedule, corpus, output)."""
+    p = argparse.ArgumentParser(description=doc.split("\n\n")[0],
+                                formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--steps", type=int, default=None, help="training steps per run (default 200)")
+    p.add_argument("--quick", action="store_true", help="smoke test: 12 steps, smaller corpus")
+    p.add_argument("--recipes", default="bf16,delayed,current,mxfp8",
+                   help=f"comma-separated of {list(RECIPES)}")
+    p.add_argument("--batch", type=int, default=16)
+    p.add_argument("--seq-len", type=int, default=128)
+    p.add_argument("--hidden", type=int, default=128)
+    p.add_argument("--heads", type=int, default=4)
+    p.add_argument("--layers", type=int, default=4)
+    p.add_argument("--lr", type=float, default=1e-3)
+    p.add_argument("--warmup", type=int, default=15)
+    p.add_argument("--seed", type=int, default=1234)
+    p.add_argument("--corpus-mb", type=float, default=4.0, help="MB of stdlib source to use")
+    p.add_argument("--eval-batches", type=int, default=16, help="held-out batches at the end")
+    p.add_argument("--avg-last", type=int, default=20, help="final loss = mean of the last N steps")
+    p.add_argument("--out", default=str(out_default), help="loss plot (PNG)")
+    p.add_argument("--no-progress", action="store_true", help="no tqdm bars (logs only)")
+    return p
+
+
+def parse_demo_args(p: argparse.ArgumentParser, argv: list[str] | None):
+    """(args, recipe names) with --quick applied and the sizes checked."""
+    args = p.parse_args(argv)
+    names = [n.strip() for n in args.recipes.split(",") if n.strip()]
+    bad = [n for n in names if n not in RECIPES]
+    if bad or not names:
+        p.error(f"--recipes: unknown {bad}; expected some of {list(RECIPES)}")
+    if args.steps is None:
+        args.steps = 12 if args.quick else 200
+    if args.quick:
+        args.corpus_mb = min(args.corpus_mb, 0.5)
+        args.eval_batches = min(args.eval_batches, 2)
+        args.warmup = min(args.warmup, 3)
+    if args.hidden % args.heads:
+        p.error("--hidden must be a multiple of --heads")
+    return args, names
+
+
+def run_summary(name: str, losses: list[float], val: float, seconds: float, tokens_per_step: int,
+                avg_last: int, **extra) -> dict:
+    """One run's row for log_table / plot."""
+    tail = losses[-min(avg_last, len(losses)):]
+    return {"name": name, "losses": losses, "final": sum(tail) / len(tail), "val": val,
+            "seconds": seconds, "tok_s": tokens_per_step * len(losses) / seconds, **extra}

@@ -31,7 +31,6 @@ import os
 # threads from spinning while XLA runs its ops (as in the PyTorch demo). Set before the library loads.
 os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
 
-import argparse
 import logging
 import math
 import sys
@@ -51,7 +50,16 @@ import transformer_engine_lite.jax.flax as te_flax
 
 # corpus, recipes, schedule, table and plot: shared with examples/pytorch/train_gpt.py
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-from _common_demo import RECIPE_LABELS, RECIPES, load_corpus, log_table, plot
+from _common_demo import (
+    RECIPE_LABELS,
+    RECIPES,
+    demo_parser,
+    load_corpus,
+    log_table,
+    parse_demo_args,
+    plot,
+    run_summary,
+)
 
 log = logging.getLogger("train_gpt")
 F32, BF16 = jnp.float32, jnp.bfloat16
@@ -184,56 +192,16 @@ def train_one(name: str, args, train: np.ndarray, val: np.ndarray) -> dict:
     elapsed = time.perf_counter() - t0
     bar.close()
     val_loss = evaluate(eval_step, params, state, val, args)
-    tail = losses[-min(args.avg_last, len(losses)) :]
-    return {
-        "name": name,
-        "losses": losses,
-        "final": sum(tail) / len(tail),
-        "val": val_loss,
-        "seconds": elapsed,
-        "compile_s": compile_s,
-        "tok_s": tokens * len(losses) / elapsed,
-    }
+    return run_summary(name, losses, val_loss, elapsed, tokens, args.avg_last,
+                       compile_s=compile_s)
 
 
 def main(argv: list[str] | None = None) -> int:
-    p = argparse.ArgumentParser(
-        description=__doc__.split("\n\n")[0], formatter_class=argparse.RawDescriptionHelpFormatter
-    )
-    p.add_argument("--steps", type=int, default=None, help="training steps per run (default 200)")
-    p.add_argument("--quick", action="store_true", help="smoke test: 12 steps, smaller corpus")
-    p.add_argument("--recipes", default="bf16,delayed,current,mxfp8",
-                   help=f"comma-separated of {list(RECIPES)}")
-    p.add_argument("--batch", type=int, default=16)
-    p.add_argument("--seq-len", type=int, default=128)
-    p.add_argument("--hidden", type=int, default=128)
-    p.add_argument("--heads", type=int, default=4)
-    p.add_argument("--layers", type=int, default=4)
-    p.add_argument("--lr", type=float, default=1e-3)
-    p.add_argument("--warmup", type=int, default=15)
-    p.add_argument("--seed", type=int, default=1234)
-    p.add_argument("--corpus-mb", type=float, default=4.0, help="MB of stdlib source to use")
-    p.add_argument("--eval-batches", type=int, default=16, help="held-out batches at the end")
-    p.add_argument("--avg-last", type=int, default=20, help="final loss = mean of the last N steps")
-    p.add_argument("--out", default=str(Path(__file__).resolve().parent / "out" / "loss.png"),
-                   help="loss plot (PNG)")
-    p.add_argument("--no-progress", action="store_true", help="no tqdm bars (logs only)")
-    args = p.parse_args(argv)
+    p = demo_parser(__doc__, Path(__file__).resolve().parent / "out" / "loss.png")
+    args, names = parse_demo_args(p, argv)
     logging.basicConfig(level=logging.INFO, format="%(message)s", stream=sys.stdout)
     logging.getLogger("jax").setLevel(logging.WARNING)  # not its INFO notes on absent TPU/GPU
 
-    names = [n.strip() for n in args.recipes.split(",") if n.strip()]
-    bad = [n for n in names if n not in RECIPES]
-    if bad or not names:
-        p.error(f"--recipes: unknown {bad}; expected some of {list(RECIPES)}")
-    if args.steps is None:
-        args.steps = 12 if args.quick else 200
-    if args.quick:
-        args.corpus_mb = min(args.corpus_mb, 0.5)
-        args.eval_batches = min(args.eval_batches, 2)
-        args.warmup = min(args.warmup, 3)
-    if args.hidden % args.heads:
-        p.error("--hidden must be a multiple of --heads")
 
     t_start = time.perf_counter()
     raw, nfiles = load_corpus(int(args.corpus_mb * 1e6))
