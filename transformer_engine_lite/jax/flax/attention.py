@@ -442,8 +442,11 @@ class MultiHeadAttention(nn.Module):
 
         in_axes = (*self._seq_axes(self.enable_sequence_parallel), HIDDEN_AXES)
         dot_axes = (*self._seq_axes(False), HIDDEN_AXES)
-        inputs_q = with_sharding_constraint_by_logical_axes(inputs_q, in_axes)
+        # before the constraint: under a mesh it returns a new array, and the identity is the test
         is_self_attn = inputs_q is inputs_kv
+        inputs_q = with_sharding_constraint_by_logical_axes(inputs_q, in_axes)
+        if is_self_attn:
+            inputs_kv = inputs_q
         ln_dense = partial(
             LayerNormDenseGeneral, enable_layernorm=self.input_layernorm,
             layernorm_type=self.layernorm_type, zero_centered_gamma=self.zero_centered_gamma,
