@@ -28,6 +28,7 @@ from ..attention import (
     is_fused_attn_kernel_available,
     unfused_attn,
 )
+from ..cpp_extensions.base import warn_once
 from ..sharding import (
     BATCH_AXES,
     HEAD_AXES,
@@ -49,16 +50,6 @@ __all__ = ["DotProductAttention", "MultiHeadAttention", "rotary_pos_emb"]
 Array = Any
 Initializer = Callable[..., Array]
 _CP_STRATEGIES = ("DEFAULT", "ALL_GATHER", "ALLGATHER", "RING")  # TE's accepted spellings
-_WARNED: set = set()
-
-
-def _warn_once(message: str) -> None:
-    """The fallback warning once per distinct configuration (TE warns on every trace)."""
-    if message not in _WARNED:
-        _WARNED.add(message)
-        warnings.warn(message, UserWarning, stacklevel=3)
-
-
 def _enum_field(module, field: str, value: str, enum) -> Any:
     try:
         return enum[value.upper()]
@@ -250,7 +241,7 @@ class DotProductAttention(nn.Module):
                 self.attention_dropout, self.num_attention_heads, h_kv, s_q, s_kv, d_qk, d_v,
                 self.window_size)
             if not use_fused:
-                _warn_once("Fused attention is not enabled because there is no available kernel."
+                warn_once("Fused attention is not enabled because there is no available kernel."
                            f"\nFall back to the unfused attention.\nqkv_layout={layout}\n"
                            f"attn_bias_type={bias_type}\nattn_mask_type={mask_type}\n"
                            f"attention_dropout={self.attention_dropout}\n"
