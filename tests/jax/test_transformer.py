@@ -20,7 +20,6 @@ from utils import assert_close, tols
 import transformer_engine_lite.jax as te
 import transformer_engine_lite.jax.flax as te_flax
 from transformer_engine_lite.common import recipe
-from transformer_engine_lite.jax.flax import attention as flax_attention
 
 HI = jax.lax.Precision.HIGHEST
 F32, BF16 = jnp.float32, jnp.bfloat16
