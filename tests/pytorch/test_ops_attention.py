@@ -149,3 +149,18 @@ ATTENTION_OPCHECK_CASES += [
 )
 def test_opcheck(name, factory):
     run_opcheck(name, factory())
+
+
+@pytest.mark.parametrize("layout,pack", [("bs3hd", 3), ("bshd_bs2hd", 2)])
+def test_fused_attn_packed_empty_batch(layout, pack):
+    """Views of an empty packed buffer all share one pointer; with no element to address, the core's
+    packed-pointer check has nothing to check and the call returns empty results."""
+    buf = torch.zeros(0, 6, pack, 2, 8, dtype=torch.bfloat16)
+    views = buf.unbind(2)
+    q = views[0] if pack == 3 else torch.zeros(0, 6, 2, 8, dtype=torch.bfloat16)
+    k, v = views[-2], views[-1]
+    args = (layout, None, None, None, 6, 6, 0.35, 0.0, None, "no_bias", "causal", -1, -1)
+    out, lse = ops.fused_attn_fwd(q, k, v, *args, True)
+    assert out.shape == (0, 6, 2, 8) and lse.shape == (0, 2, 6)
+    dq, dk, dv, _ = ops.fused_attn_bwd(q, k, v, out, torch.zeros_like(out), lse, *args, False)
+    assert dq.shape == q.shape and dk.shape == k.shape and dv.shape == v.shape
