@@ -313,8 +313,13 @@ def test_jit_equals_eager(case: Case, backend: str, monkeypatch, backend_spy):
     prob = make_problem(case)
     eager, jitted = run_jax(case, prob, jit=False), run_jax(case, prob, jit=True)
     for name, a, b in zip(NAMES, jitted, eager):
-        if b is not None:
+        if b is None:
+            continue
+        if backend == "flash":  # one kernel call either way: the same bytes
             np.testing.assert_array_equal(a, b, err_msg=f"jit vs eager: {name}")
+        else:  # XLA fuses the unfused math differently under jit (seen at the AVX2 level): 1 ulp
+            np.testing.assert_allclose(a, b, rtol=2 * np.finfo(a.dtype).eps, atol=1e-7,
+                                       err_msg=f"jit vs eager: {name}")
     assert set(backend_spy) == {backend}
 
 
