@@ -14,6 +14,12 @@ prints the metadata.
 
     python build_tools/kernel_resources.py table --backend cuda|rocm --build-dir build/ci-cuda \\
         --out build/ci-cuda/kernel_resources.txt
+
+AOTriton images (build_tools/aotriton.py's index.json): hsaco from their AMDGPU metadata note
+(llvm-readelf), cubins from `cuobjdump -res-usage`; shared memory is the dynamic amount Triton
+launches with (the images declare none statically).
+
+    python build_tools/kernel_resources.py aotriton --index <build>/.../aotriton/index.json
 """
 
 from __future__ import annotations
@@ -207,6 +213,77 @@ def rocm_table(build_dir: Path) -> list[KernelUsage]:
     return rows
 
 
+# -------------------------------------------------------------------------------------- AOTriton
+RE_RES_USAGE = re.compile(r"REG:(\d+)\s+STACK:(\d+)\s+SHARED:(\d+)\s+LOCAL:(\d+)")
+
+
+def _cuobjdump() -> str:
+    found = shutil.which("cuobjdump")
+    if found:
+        return found
+    try:  # the copy PyPI's triton ships
+        import triton
+
+        bundled = Path(triton.__file__).parent / "backends" / "nvidia" / "bin" / "cuobjdump"
+        if bundled.is_file():
+            return str(bundled)
+    except ImportError:
+        pass
+    raise SystemExit("kernel_resources.py: expected cuobjdump (CUDA toolkit or triton) for cubins")
+
+
+def aotriton_table(index_path: Path, build_dir: Path | None) -> str:
+    import json
+
+    index = json.loads(index_path.read_text())
+    rows = []
+    readelf = cuobjdump = None
+    for e in index["kernels"]:
+        image = index_path.parent / e["file"]
+        name = f"{e['kernel']} {e['dtype']} d{e['block_d']} a{e.get('stride_align', 1)}"
+        if image.suffix == ".hsaco":
+            if readelf is None:
+                readelf = (_llvm_tool(build_dir, "llvm-readelf") if build_dir
+                           else shutil.which("llvm-readelf") or shutil.which("llvm-readelf-15"))
+                if not readelf:
+                    raise SystemExit("kernel_resources.py: expected llvm-readelf for hsaco")
+            notes = subprocess.run([readelf, "--notes", str(image)], capture_output=True,
+                                   text=True, check=True).stdout
+            k = parse_amdgpu_notes(notes, e["arch"], e["file"])
+            if not k:
+                raise SystemExit(f"kernel_resources.py: no AMDGPU metadata in {image}")
+            u = k[0]
+            rows.append((name, e["arch"], u.registers, str(u.spill_stores), str(u.spill_loads),
+                         str(e["shared"]), str(u.stack), str(e["size"])))
+        else:
+            cuobjdump = cuobjdump or _cuobjdump()
+            out = subprocess.run([cuobjdump, "-res-usage", str(image)], capture_output=True,
+                                 text=True, check=True).stdout
+            m = RE_RES_USAGE.search(out)
+            if not m:
+                raise SystemExit(f"kernel_resources.py: no resource usage for {image}: {out}")
+            reg, stack, _, local = m.groups()
+            rows.append((name, e["arch"], reg, local, "-", str(e["shared"]), stack, str(e["size"])))
+    head = ("kernel", "arch", "regs", "spill", "spill", "shared B", "stack B", "image B")
+    widths = [max(len(x) for x in col) for col in zip(head, *rows)]
+    lines = [
+        "# AOTriton images: regs = v/a/s VGPRs/AGPRs/SGPRs (AMD) or registers per thread (CUDA); "
+        "spill = VGPRs, SGPRs spilled (AMD) or local-memory bytes (CUDA); shared = dynamic LDS / "
+        "shared memory per block; stack = scratch per lane (AMD) or stack frame, where ptxas "
+        "spills (CUDA); a16 = compiled for strides % 16 == 0, a1 = any stride",
+        f"# {len(rows)} images, {sum(e['size'] for e in index['kernels'])} bytes, "
+        f"compiled in {sum(e['compile_s'] for e in index['kernels']):.1f} s (sum over variants)",
+    ]
+    for row in (head, *rows):
+        lines.append("  ".join(c.ljust(w) if i < 2 else c.rjust(w)
+                               for i, (c, w) in enumerate(zip(row, widths))).rstrip())
+    # AMD: spilled VGPRs/SGPRs; CUDA: ptxas puts spilled registers in the stack frame.
+    spills = [r for r in rows if r[3] not in ("0", "-") or r[4] not in ("0", "-")
+              or (r[4] == "-" and r[6] != "0")]
+    lines.append(f"# images with spills (AMD: VGPR/SGPR spills; CUDA: a stack frame): {len(spills)}")
+    return "\n".join(lines) + "\n"
+
+
 # ----------------------------------------------------------------------------------------- table
 def demangle(names: list[str]) -> dict[str, str]:
     """Mangled -> readable name without return type, parameter list and our namespaces (c++filt)."""
@@ -284,7 +361,17 @@ def main(argv: list[str] | None = None) -> int:
     t.add_argument("--backend", choices=("cuda", "rocm"), required=True)
     t.add_argument("--build-dir", type=Path, required=True)
     t.add_argument("--out", type=Path, help="also write the table here")
+    a = sub.add_parser("aotriton", help="table of AOTriton images (build_tools/aotriton.py)")
+    a.add_argument("--index", type=Path, required=True)
+    a.add_argument("--build-dir", type=Path, help="a ROCm build (finds its llvm-readelf)")
+    a.add_argument("--out", type=Path)
     args = ap.parse_args(argv)
+    if args.cmd == "aotriton":
+        text = aotriton_table(args.index, args.build_dir.resolve() if args.build_dir else None)
+        if args.out:
+            args.out.write_text(text)
+        sys.stdout.write(text)
+        return 0
     build_dir = args.build_dir.resolve()
     rows = cuda_table(build_dir) if args.backend == "cuda" else rocm_table(build_dir)
     if not rows:

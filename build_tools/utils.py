@@ -9,6 +9,9 @@ Environment variables (all optional):
   NVTE_BUILD_DIR           CMake build folder (default build/cmake), reused across builds
   NVTE_WERROR=1            compile with warnings as errors
   NVTE_WITH_CUBLASLT       CUDA builds: auto (default; tiled GEMM alone when cuBLASLt is missing), 1, 0
+  NVTE_WITH_AOTRITON       GPU builds: auto (default; AOTriton images when triton is importable), 1, 0
+  NVTE_AOTRITON_ARCHS      archs of the AOTriton images (default: gfx90a;gfx942[;gfx950] on ROCm,
+                           sm_<arch> of NVTE_CUDA_ARCHS on CUDA)
   DNNL_ROOT                prefix of oneDNN (default: the Python prefix, where PyPI's onednn-* install)
 """
 
@@ -163,6 +166,13 @@ def cmake_args(build_type: str = "Release") -> list[str]:
         if cublaslt not in modes:
             raise ValueError(f"NVTE_WITH_CUBLASLT: expected auto, 1 or 0, got {cublaslt!r}")
         args.append(f"-DNVTE_WITH_CUBLASLT={modes[cublaslt]}")
+    if choice.backend in ("cuda", "rocm"):
+        aot = (_flag("NVTE_WITH_AOTRITON") or "auto").strip().lower()
+        modes = {"auto": "AUTO", "1": "ON", "on": "ON", "0": "OFF", "off": "OFF"}
+        if aot not in modes:
+            raise ValueError(f"NVTE_WITH_AOTRITON: expected auto, 1 or 0, got {aot!r}")
+        # The Python that builds the AOTriton images is the one running setup.py (with triton).
+        args += [f"-DNVTE_WITH_AOTRITON={modes[aot]}", f"-DPython3_EXECUTABLE={sys.executable}"]
     if _flag("NVTE_WERROR") == "1":
         args.append("-DNVTE_WERROR=ON")
     dnnl = _flag("DNNL_ROOT")

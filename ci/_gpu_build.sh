@@ -10,6 +10,7 @@ command -v ninja >/dev/null && GENERATOR=(-G Ninja)
 LIB_DIR=$BUILD/transformer_engine_lite/common
 TESTS_BUILD=$BUILD-tests
 _LIBRARY_STATUS=""  # "", "ok" or "failed": the library is built once per run, whichever step asks
+_GPU_TESTS_STATUS=""  # "ok" once gpu_tests has built tests/cpp against it
 
 # Console filter of a build log: ROCm's kernel-resource remarks (3 lines for the first of each
 # kernel: remark, source line, caret) stay in the log file only; the table has the same figures.
@@ -74,8 +75,9 @@ gpu_tests() {
   : > "$log"
   run_logged "$log" cmake -S "$REPO_ROOT/tests/cpp" -B "$TESTS_BUILD" "${GENERATOR[@]}" \
     -DTE_LIB_DIR="$LIB_DIR" -DNVTE_TEST_GPU=ON -DNVTE_TEST_GPU_BACKEND="$BACKEND" \
-    -DNVTE_TEST_CPU=OFF || return 1
+    -DNVTE_TEST_CPU=OFF "-DNVTE_TEST_AOTRITON_DIR=$(aotriton_dir_if_built)" || return 1
   run_logged "$log" cmake --build "$TESTS_BUILD" --parallel "$(nproc)" || return 1
+  _GPU_TESTS_STATUS=ok
   for exe in "$TESTS_BUILD"/test_gpu_*; do
     [ -x "$exe" ] || continue
     n=$((n + 1))
@@ -92,6 +94,49 @@ gpu_tests() {
     echo "ci: expected GPU test executables (tests/cpp/gpu/test_gpu_*.cpp), got none" >&2
     return 1
   fi
+}
+
+# ---- AOTriton: the Triton attention kernels compiled ahead of time by the library build
+# (build_tools/aotriton.py, run by gpu.cmake when triton is importable, which install_deps.sh
+# ensures in CI: a build without them fails here).
+AOT_DIR=$LIB_DIR/aotriton
+aotriton_dir_if_built() { [ -f "$AOT_DIR/index.json" ] && echo "$AOT_DIR"; }
+
+# The images exist for every target arch, with the per-image resource table.
+aotriton_images() {
+  ensure_library || return 1
+  [ -f "$AOT_DIR/index.json" ] || {
+    echo "ci: expected AOTriton images in $AOT_DIR (is triton installed? see $BUILD/build.log)" >&2
+    return 1
+  }
+  python "$REPO_ROOT/build_tools/kernel_resources.py" aotriton --index "$AOT_DIR/index.json" \
+    --build-dir "$BUILD" --out "$BUILD/aotriton_resources.txt" || return 1
+  echo "ci: table written to $BUILD/aotriton_resources.txt"
+}
+
+# The glue, unchanged, against the stand-in driver: every launch compared with the index.
+aotriton_launch() {
+  [ "$_GPU_TESTS_STATUS" = ok ] && [ -x "$TESTS_BUILD/test_aotriton_launch" ] || {
+    echo "ci: expected test_aotriton_launch built by the gpu_tests step (with AOTriton images)" >&2
+    return 1
+  }
+  local out
+  out=$("$TESTS_BUILD/test_aotriton_launch" --gtest_brief=1 2>&1) || {
+    echo "$out" | tail -40
+    return 1
+  }
+  echo "$out" | grep -E '^\[==========\]|PASSED|SKIPPED' | tail -3
+}
+
+# A second build with an empty Triton cache is byte-identical: every image of one arch (gfx942,
+# else the last in the index; all of them would double the time and prove nothing more, the
+# compile path per backend being the same).
+aotriton_reproducible() {
+  ensure_library || return 1
+  local arch
+  arch=$(python -c "import json, sys; a = json.load(open(sys.argv[1]))['archs']
+print('gfx942' if 'gfx942' in a else a[-1])" "$AOT_DIR/index.json") || return 1
+  python "$REPO_ROOT/build_tools/aotriton.py" verify --out "$AOT_DIR" --archs "$arch"
 }
 
 # The GPU-built library on this driverless host: imports, reports its archs, runs CPU tensors, and

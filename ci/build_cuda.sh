@@ -6,6 +6,12 @@
 #                          (log: build/ci-cuda/build.log)
 #   build.cuda.resources   per-kernel registers / spills / shared memory per arch, printed and
 #                          written to build/ci-cuda/kernel_resources.txt
+#   build.cuda.aotriton     the AOTriton images of the build (build_tools/aotriton.py: every Triton
+#                          attention variant for every target arch) and their resource table
+#                          (written to build/ci-cuda/aotriton_resources.txt)
+#   build.cuda.aotriton_launch  the AOTriton glue run against a stand-in driver (tests/cpp/aotriton)
+#   build.cuda.aotriton_reproducible  a rebuild of one arch's images with an empty Triton cache is
+#                          byte-identical
 #   build.cuda.gpu_tests   tests/cpp/gpu built against it (-Werror) and run: they skip without a GPU
 #   build.cuda.driverless  no libcuda/libcudart/libcublas dependency; imports, and GPU ops fail
 #                          cleanly here
@@ -86,6 +92,9 @@ cublaslt_optional() {
 run_tagged build.cuda.library ensure_library
 run_tagged build.cuda.resources kernel_table
 run_tagged build.cuda.gpu_tests gpu_tests
+run_tagged build.cuda.aotriton aotriton_images
+run_tagged build.cuda.aotriton_launch aotriton_launch
+run_tagged build.cuda.aotriton_reproducible aotriton_reproducible
 run_tagged build.cuda.driverless cuda_driverless
 run_tagged build.cuda.cublaslt_optional cublaslt_optional
 finish_tests build.cuda

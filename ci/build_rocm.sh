@@ -7,6 +7,12 @@
 #                          (log: build/ci-rocm/build.log, with the -Rpass-analysis resource remarks)
 #   build.rocm.resources   per-kernel VGPR/AGPR/SGPR, spills, LDS, scratch per arch from the code
 #                          objects, printed and written to build/ci-rocm/kernel_resources.txt
+#   build.rocm.aotriton     the AOTriton images of the build (build_tools/aotriton.py: every Triton
+#                          attention variant for every target arch) and their resource table
+#                          (written to build/ci-rocm/aotriton_resources.txt)
+#   build.rocm.aotriton_launch  the AOTriton glue run against a stand-in driver (tests/cpp/aotriton)
+#   build.rocm.aotriton_reproducible  a rebuild of one arch's images with an empty Triton cache is
+#                          byte-identical
 #   build.rocm.gpu_tests   tests/cpp/gpu hipified, built against it (-Werror) and run: they skip
 #   build.rocm.driverless  imports on this GPU-less host, and GPU ops fail cleanly
 # NVTE_ROCM_ARCH overrides the archs (Debian's clang 15 knows up to gfx940, not gfx942).
@@ -58,5 +64,8 @@ configure_library() {
 run_tagged build.rocm.library ensure_library
 run_tagged build.rocm.resources kernel_table
 run_tagged build.rocm.gpu_tests gpu_tests
+run_tagged build.rocm.aotriton aotriton_images
+run_tagged build.rocm.aotriton_launch aotriton_launch
+run_tagged build.rocm.aotriton_reproducible aotriton_reproducible
 run_tagged build.rocm.driverless driverless
 finish_tests build.rocm

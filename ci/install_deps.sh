@@ -2,7 +2,8 @@
 # Installs what building and testing need on a fresh machine of this kind, then the package itself
 # (editable, so build/cmake is reused by later builds). Idempotent; quiet unless something fails.
 # Python packages go into the virtual environment of ci/_venv.sh (TE_LITE_VENV, default build/venv),
-# created here; Debian packages (gtest, ninja, qemu-user, the HIP toolchain) through apt-get.
+# created here; Debian packages (gtest, ninja, qemu-user, the HIP toolchain, clang for fuzzing)
+# through apt-get.
 set -euo pipefail
 REPO_ROOT=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
 source "$REPO_ROOT/ci/_venv.sh"
@@ -30,6 +31,20 @@ if ! command -v hipcc >/dev/null || ! [ -e /usr/include/hip/hip_runtime.h ] ||
       rocm-device-libs >/dev/null || echo "ci/install_deps.sh: HIP toolchain not installed" >&2
   fi
 fi
+# clang with libFuzzer and the sanitizer runtimes for ci/fuzz.sh: bookworm's clang-15, whose
+# libclang-common-15-dev holds libclang_rt.fuzzer (newer Debian: clang + libclang-rt-dev). Best
+# effort: without it ci/fuzz.sh fails with a message naming these packages (NVTE_CI_FUZZ=0 skips it).
+if ! compgen -G "/usr/lib/llvm-*/lib/clang/*/lib/linux/libclang_rt.fuzzer-x86_64.a" >/dev/null ||
+    ! compgen -G "/usr/bin/clang++*" >/dev/null; then
+  if command -v apt-get >/dev/null; then
+    SUDO=""; [ "$(id -u)" -ne 0 ] && SUDO=sudo
+    $SUDO apt-get update -qq
+    DEBIAN_FRONTEND=noninteractive $SUDO apt-get install -y -qq clang-15 libclang-common-15-dev \
+      >/dev/null 2>&1 ||
+      DEBIAN_FRONTEND=noninteractive $SUDO apt-get install -y -qq clang libclang-rt-dev >/dev/null ||
+      echo "ci/install_deps.sh: clang with libFuzzer not installed (ci/fuzz.sh needs it)" >&2
+  fi
+fi
 # torch==2.13.0 is pinned: it is the CPU build on this machine's disk (a plain "torch" would pull
 # several GB of CUDA wheels). oneDNN 3.2 (GNU OpenMP flavour, no SYCL) provides the CPU GEMM.
 # pip's output goes to a log that is printed only when a step fails (a failed build must stop here,
@@ -52,6 +67,10 @@ pip_quiet install --disable-pip-version-check setuptools wheel torch==2.13.0 one
 # The JAX front end (CPU jaxlib; its XLA FFI headers build transformer_engine_lite/jax/csrc).
 # Pinned: the primitives use jax internals (custom_partitioning, batching) checked on this version.
 pip_quiet install --disable-pip-version-check jax==0.10.2 jaxlib==0.10.2 flax==0.12.8
+# Triton: the AOTriton backend's kernels compiled ahead of time by GPU builds (gfx90a/gfx942 hsaco,
+# sm_80/sm_90 cubins; no GPU needed) and run on the CPU by its interpreter in the tests. Pinned: the
+# AOT build and the interpreter hooks of the tests are checked on this version.
+pip_quiet install --disable-pip-version-check triton==3.9.0
 # The build picks CUDA where nvcc is on PATH (build_tools/utils.py); its GEMM uses cuBLASLt, whose
 # headers come from PyPI. Best effort: without it the build uses the tiled GEMM and says so.
 backend=$(python -c "import sys; sys.path.insert(0, '$REPO_ROOT'); from build_tools import utils; print(utils.detect_backend().backend)")

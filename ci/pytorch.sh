@@ -5,6 +5,9 @@
 # attention backend configuration (configure_fused_attn_env) as pytorch.test_attention.<mode>: auto
 # and unfused from TEST_LEVEL 1, ck, aotriton and flash from TEST_LEVEL 3; the module and argument
 # suites (test_attention_modules.py, test_attention_args.py) do not depend on the mode and run once.
+# The aotriton mode also runs the AOTriton kernels themselves, on the CPU under Triton's interpreter
+# (test_aotriton_interp.py: numerics vs fp64 and vs the CPU flash kernel, dropout masks bit for bit):
+# the backend's CPU-side proof, where test_attention.py's GPU-only cases skip.
 # TEST_FILTER globs select tags (see ci/_utils.sh).
 set -u
 source "$(dirname "${BASH_SOURCE[0]}")/_utils.sh"
@@ -22,10 +25,14 @@ run_torchrun() {
 for f in "$REPO_ROOT"/tests/pytorch/test_*.py; do
   [ -e "$f" ] || continue
   name=$(basename "$f" .py)
-  if [ "$name" = test_attention ]; then
+  if [ "$name" = test_aotriton_interp ]; then
+    continue  # in pytorch.test_attention.aotriton
+  elif [ "$name" = test_attention ]; then
     if [ "$TEST_SGPU" = 1 ]; then
       for mode in $(attention_modes); do
-        run_tagged "pytorch.$name.$mode" run_attn_mode "$mode" run_single "$f"
+        extra=()
+        [ "$mode" = aotriton ] && extra=("$REPO_ROOT/tests/pytorch/test_aotriton_interp.py")
+        run_tagged "pytorch.$name.$mode" run_attn_mode "$mode" run_single "$f" "${extra[@]}"
       done
     fi
   elif [ "$name" = test_distributed ]; then

@@ -15,22 +15,29 @@
 namespace select_test {
 
 // ---------------------------------------------------------------- platforms and configs
-const NVTEFusedAttnPlatform kRocmCk{true, true, false, true, "gfx942"};
-const NVTEFusedAttnPlatform kRocmCkGfx90a{true, true, false, true, "gfx90a"};
-const NVTEFusedAttnPlatform kRocmCkGfx950{true, true, false, true, "gfx950:sramecc+:xnack-"};
-const NVTEFusedAttnPlatform kRocmCkRdna{true, true, false, true, "gfx1100"};
-const NVTEFusedAttnPlatform kRocmCkNoArch{true, true, false, true, ""};
-const NVTEFusedAttnPlatform kCudaWithCk{false, true, false, true, "sm_90"};  // CK needs ROCm
-const NVTEFusedAttnPlatform kRocmAot{true, false, true, true, "gfx90a"};
-const NVTEFusedAttnPlatform kRocmAotGfx942{true, false, true, true, "gfx942"};
-const NVTEFusedAttnPlatform kRocmAotGfx908{true, false, true, true, "gfx908"};
-const NVTEFusedAttnPlatform kCudaAotSm80{false, false, true, true, "sm_80"};
-const NVTEFusedAttnPlatform kCudaAotSm90a{false, false, true, true, "sm_90a"};
-const NVTEFusedAttnPlatform kCudaAotSm75{false, false, true, true, "sm_75"};
-const NVTEFusedAttnPlatform kCpu{false, false, false, true, ""};
-const NVTEFusedAttnPlatform kNoFlash{false, false, false, false, ""};
-const NVTEFusedAttnPlatform kGpuFlash{false, false, false, true, "sm_90"};
-const NVTEFusedAttnPlatform kAll{true, true, true, true, "gfx942"};  // every backend present
+const NVTEFusedAttnPlatform kRocmCk{true, true, false, true, "gfx942", nullptr};
+const NVTEFusedAttnPlatform kRocmCkGfx90a{true, true, false, true, "gfx90a", nullptr};
+const NVTEFusedAttnPlatform kRocmCkGfx950{true, true, false, true, "gfx950:sramecc+:xnack-", nullptr};
+const NVTEFusedAttnPlatform kRocmCkRdna{true, true, false, true, "gfx1100", nullptr};
+const NVTEFusedAttnPlatform kRocmCkNoArch{true, true, false, true, "", nullptr};
+const NVTEFusedAttnPlatform kCudaWithCk{false, true, false, true, "sm_90", nullptr};  // CK needs ROCm
+const NVTEFusedAttnPlatform kRocmAot{true, false, true, true, "gfx90a", nullptr};
+const NVTEFusedAttnPlatform kRocmAotGfx942{true, false, true, true, "gfx942", nullptr};
+const NVTEFusedAttnPlatform kRocmAotGfx908{true, false, true, true, "gfx908", nullptr};
+const NVTEFusedAttnPlatform kCudaAotSm80{false, false, true, true, "sm_80", nullptr};
+const NVTEFusedAttnPlatform kCudaAotSm90a{false, false, true, true, "sm_90a", nullptr};
+const NVTEFusedAttnPlatform kCudaAotSm75{false, false, true, true, "sm_75", nullptr};
+const NVTEFusedAttnPlatform kCudaAotSm86{false, false, true, true, "sm_86", nullptr};
+// Builds with AOTriton images for some archs only (aotriton_archs).
+const NVTEFusedAttnPlatform kRocmImagesGfx942OnGfx942{true, false, true, true, "gfx942:sramecc+:xnack-", "gfx942"};
+const NVTEFusedAttnPlatform kRocmImagesGfx942OnGfx90a{true, false, true, true, "gfx90a", "gfx942"};
+const NVTEFusedAttnPlatform kRocmNoImages{true, false, true, true, "gfx942", ""};
+const NVTEFusedAttnPlatform kCudaImagesSm80OnSm90{false, false, true, true, "sm_90", "sm_80"};
+const NVTEFusedAttnPlatform kRocmAotCudaArch{true, false, true, true, "sm_90", nullptr};
+const NVTEFusedAttnPlatform kCpu{false, false, false, true, "", nullptr};
+const NVTEFusedAttnPlatform kNoFlash{false, false, false, false, "", nullptr};
+const NVTEFusedAttnPlatform kGpuFlash{false, false, false, true, "sm_90", nullptr};
+const NVTEFusedAttnPlatform kAll{true, true, true, true, "gfx942", nullptr};  // every backend present
 
 // A config every backend accepts on its platform (GPU tensors; flash/unfused cases switch to CPU).
 inline NVTEFusedAttnConfig base_config() {

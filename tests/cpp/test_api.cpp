@@ -1,4 +1,5 @@
 // Tensor handles, error reporting, quantization configs and build info of the C API.
+#include <limits>
 #include <string>
 
 #include "test_common.h"
@@ -58,6 +59,37 @@ TEST(TensorApi, RejectsBadParams) {
                     "'tensor'");
   // A failed call leaves the handle as it was.
   EXPECT_EQ(nvte_get_tensor_param(h, kNVTEScale).data_ptr, nullptr);
+  nvte_destroy_tensor(h);
+}
+
+// Fuzzing finding (tests/fuzz, fuzz_cast / fuzz_rowwise): a shape whose element count wraps around
+// size_t ([2^63 + 7, 2] counts 14 elements) was accepted, and quantize / activations then walked
+// 2^63 rows of a 14-element buffer. Non-empty shapes must now describe at most PTRDIFF_MAX bytes;
+// empty ones (a dim of 0) may still declare any other dims.
+TEST(TensorApi, RejectsShapesLargerThanMemory) {
+  NVTETensor h = nvte_create_tensor(NVTE_DELAYED_TENSOR_SCALING);
+  float data[14] = {};
+  NVTEBasicTensor bt{};
+  bt.data_ptr = data;
+  bt.dtype = kNVTEFloat32;
+  bt.shape.ndim = 2;
+  bt.shape.data[0] = (size_t{1} << 63) + 7;
+  bt.shape.data[1] = 2;
+  EXPECT_NVTE_ERROR(nvte_set_tensor_param(&h, kNVTERowwiseData, &bt), NVTE_ERROR_INVALID_ARGUMENT,
+                    "nvte_set_tensor_param", "'param.shape'", "PTRDIFF_MAX");
+  EXPECT_EQ(nvte_get_tensor_param(h, kNVTERowwiseData).data_ptr, nullptr);
+  bt.shape.data[0] = size_t{1} << 61;  // 2^62 fp32 elements: 2^64 bytes, no wrap in the count
+  EXPECT_NVTE_ERROR(nvte_set_tensor_param(&h, kNVTERowwiseData, &bt), NVTE_ERROR_INVALID_ARGUMENT,
+                    "'param.shape'");
+  bt.dtype = kNVTEByte;  // 2^62 bytes fit
+  ASSERT_NVTE_OK(nvte_set_tensor_param(&h, kNVTERowwiseData, &bt));
+  bt.dtype = kNVTEFloat32;
+  bt.shape.ndim = 3;  // empty: any other dims
+  bt.shape.data[0] = 0;
+  bt.shape.data[1] = std::numeric_limits<size_t>::max();
+  bt.shape.data[2] = std::numeric_limits<size_t>::max();
+  ASSERT_NVTE_OK(nvte_set_tensor_param(&h, kNVTERowwiseData, &bt));
+  EXPECT_EQ(nvte_tensor_numel(h), 0u);
   nvte_destroy_tensor(h);
 }
 

@@ -8,6 +8,7 @@
 #include "cast_reference.h"
 #include "test_common.h"
 #include "transformer_engine_lite/cast.h"
+#include "transformer_engine_lite/transpose.h"
 
 namespace {
 
@@ -132,6 +133,44 @@ class DequantizeRejects : public ::testing::Test {
   TestTensor in_{{7, 33}, kNVTEFloat8E4M3};
   TestTensor out_{{7, 33}, kNVTEBFloat16};
 };
+
+// Fuzzing finding (fuzz_cast): a 1-D empty input ([0]: one row of zero columns) reached memcpy with
+// the null data() of an empty row buffer (undefined even for 0 bytes; UBSan nonnull-attribute).
+TEST(DequantizeEmpty, OneDimensionalEmptyIsANoOp) {
+  for (NVTEScalingMode mode : {NVTE_DELAYED_TENSOR_SCALING, NVTE_MXFP8_1D_SCALING}) {
+    for (NVTEDType out_t : {kNVTEFloat32, kNVTEBFloat16}) {
+      TestTensor in({0}, kNVTEFloat8E4M3, mode);
+      if (mode == NVTE_MXFP8_1D_SCALING) in.set(kNVTERowwiseScaleInv, {1, 0}, kNVTEFloat8E8M0);
+      else in.set_scale_inv(1.0f);
+      TestTensor out({0}, out_t);
+      ASSERT_NVTE_OK(nvte_dequantize(in, out, nullptr));
+    }
+  }
+}
+
+// Fuzzing finding (fuzz_cast): an empty tensor may declare any size in its other dim, and
+// [2^40, 0] made dequantize (quantize, transpose likewise) loop over 2^40 empty rows, a hang;
+// [0, 2^40] made quantize allocate a 2^40-float row buffer (out of memory). Now no-ops that still
+// write the documented side outputs (amax 0, scale_inv = 1 / scale).
+TEST(CastEmpty, HugeOtherDimIsANoOp) {
+  const size_t huge = size_t{1} << 40;
+  for (const std::vector<size_t> &shape : {std::vector<size_t>{huge, 0}, std::vector<size_t>{0, huge}}) {
+    TestTensor x(shape, kNVTEBFloat16), q(shape, kNVTEFloat8E4M3);
+    q.set_scale(4.0f);
+    q.set_amax(7.0f);
+    q.set_scale_inv(0.0f);
+    ASSERT_NVTE_OK(nvte_quantize(x, q, nullptr));
+    EXPECT_EQ(q.f32(kNVTEAmax)[0], 0.0f);
+    EXPECT_EQ(q.f32(kNVTERowwiseScaleInv)[0], 0.25f);
+    TestTensor mx(shape, kNVTEFloat8E5M2, NVTE_MXFP8_1D_SCALING);
+    mx.set(kNVTERowwiseScaleInv, {shape[0], (shape[1] + 31) / 32}, kNVTEFloat8E8M0);
+    ASSERT_NVTE_OK(nvte_quantize(x, mx, nullptr));
+    TestTensor y(shape, kNVTEFloat32);
+    ASSERT_NVTE_OK(nvte_dequantize(q, y, nullptr));
+    TestTensor t({shape[1], shape[0]}, kNVTEBFloat16);
+    ASSERT_NVTE_OK(nvte_transpose(x, t, nullptr));
+  }
+}
 
 TEST_F(DequantizeRejects, NullHandles) {
   EXPECT_NVTE_ERROR(nvte_dequantize(nullptr, out_, nullptr), NVTE_ERROR_INVALID_ARGUMENT,

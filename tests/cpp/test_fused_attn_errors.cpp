@@ -3,6 +3,7 @@
 // sentinel and must still hold it).
 #include <cstring>
 #include <limits>
+#include <memory>
 #include <string>
 #include <vector>
 
@@ -246,6 +247,94 @@ TEST(FusedAttnErrors, OverlapsAndDevices) {
   EXPECT_FWD_ERROR(f, f.call(), kInvalid, "'O'", "device");
 }
 
+// Fuzzing finding (fuzz_attn): outputs were checked against Q, K, V (and O, dO, softmax_lse
+// backward) but not against the other buffers the kernels read. softmax_lse laid over cu_seqlens was
+// accepted, the forward overwrote the offsets while reading them, and its padding pass then wrote at
+// a negative index (heap corruption). Every output must now be disjoint from cu_seqlens, Bias (or
+// the ALiBi slopes) and rng_state too; here each of those lives inside an output's buffer.
+TEST(FusedAttnErrors, OutputsOverCuSeqlensBiasOrRngState) {
+  Fx f(NVTE_BSHD, NVTE_PADDING_MASK, NVTE_POST_SCALE_BIAS);
+  auto inside = [](TestTensor &host, const TestTensor &like) {  // `like`'s bytes at host's start
+    std::memcpy(host.bytes(), like.buffer().bytes.data(), like.buffer().bytes.size());
+    return std::make_unique<View>(host.bytes(), like.buffer().shape, like.buffer().dtype);
+  };
+  auto expect_rejected = [&](const Call &c, bool bwd, const char *out, const char *in) {
+    const std::vector<std::vector<uint8_t>> before = {f.t->o.buffer().bytes, f.t->lse.buffer().bytes,
+                                                     f.t->dq.buffer().bytes, f.t->dk.buffer().bytes,
+                                                     f.t->dv.buffer().bytes, f.t->dbias.buffer().bytes};
+    if (bwd) EXPECT_NVTE_ERROR(c.bwd(), kInvalid, "nvte_fused_attn_bwd", out, in, "overlapping");
+    else EXPECT_NVTE_ERROR(c.fwd(), kInvalid, "nvte_fused_attn_fwd", out, in, "overlapping");
+    const std::vector<std::vector<uint8_t>> after = {f.t->o.buffer().bytes, f.t->lse.buffer().bytes,
+                                                    f.t->dq.buffer().bytes, f.t->dk.buffer().bytes,
+                                                    f.t->dv.buffer().bytes, f.t->dbias.buffer().bytes};
+    EXPECT_EQ(before, after) << "a rejected call wrote an output";
+  };
+  Call c = f.call();
+  auto cu_in_lse = inside(f.t->lse, f.t->cu_q);
+  c.cu_q = *cu_in_lse;
+  expect_rejected(c, false, "'softmax_lse'", "'cu_seqlens_q'");
+  auto cu_in_o = inside(f.t->o, f.t->cu_kv);
+  c = f.call(), c.cu_kv = *cu_in_o;
+  expect_rejected(c, false, "'O'", "'cu_seqlens_kv'");
+  auto bias_in_o = inside(f.t->o, f.t->bias);  // [1, 4, 5, 7] in O's [2, 5, 4, 8]
+  c = f.call(), c.bias = *bias_in_o;
+  expect_rejected(c, false, "'O'", "'Bias'");
+  auto cu_in_dq = inside(f.t->dq, f.t->cu_q);
+  c = f.call(), c.cu_q = *cu_in_dq;
+  expect_rejected(c, true, "'dQ'", "'cu_seqlens_q'");
+  auto bias_in_dk = inside(f.t->dk, f.t->bias);  // [1, 4, 5, 7] in dK's [2, 7, 2, 8]
+  c = f.call(), c.bias = *bias_in_dk;
+  expect_rejected(c, true, "'dK'", "'Bias'");
+  TestTensor rng({2}, kNVTEInt64);
+  auto rng_in_dv = inside(f.t->dv, rng);
+  c = f.call(), c.dropout = 0.1f, c.rng = *rng_in_dv;
+  expect_rejected(c, true, "'dV'", "'rng_state'");
+  for (TestTensor *x : {&f.t->o, &f.t->lse, &f.t->dq, &f.t->dk, &f.t->dv}) fill_sentinel(*x);
+  ASSERT_NVTE_OK(f.call().fwd());  // the same tensors, apart: accepted
+  ASSERT_NVTE_OK(f.call().bwd());
+}
+
+// Fuzzing finding (fuzz_attn): an empty Q / K / V may declare any other dims, and huge heads made
+// the int64 stride products overflow (undefined behaviour; a packed QKV view's pointer likewise).
+// Dims whose product (0 counted as 1) leaves no room for the kernels' 64-bit offsets are refused.
+TEST(FusedAttnErrors, EmptyTensorsWithHugeDims) {
+  Fx f;
+  const size_t huge = (size_t{1} << 62) + 3;
+  View q(f.t->q.bytes(), {0, 5, huge, 8}, kNVTEFloat32), k(f.t->k.bytes(), {0, 7, huge, 8}, kNVTEFloat32),
+      v(f.t->v.bytes(), {0, 7, huge, 8}, kNVTEFloat32);
+  Call c = f.call();
+  c.q = q, c.k = k, c.v = v;
+  EXPECT_FWD_ERROR(f, c, kInvalid, "'Q'", "64-bit");
+  EXPECT_BWD_ERROR(f, c, kInvalid, "'Q'", "64-bit");
+  View qkv(f.t->q.bytes(), {0, 5, 3, huge, 8}, kNVTEFloat32);
+  EXPECT_NVTE_ERROR(nvte_fused_attn_fwd_qkvpacked(qkv, nullptr, f.t->o, f.t->lse, nullptr, nullptr,
+                                                  5, true, 0.35f, 0.0f, NVTE_BS3HD, NVTE_NO_BIAS,
+                                                  NVTE_NO_MASK, -1, -1, nullptr, nullptr),
+                    kInvalid, "'QKV'", "64-bit");
+  EXPECT_TRUE(f.untouched());
+  // Fuzzing finding (fuzz_attn): an empty batch of any size (b = 2^40, s = 0) made the kernels loop
+  // over b * h empty tasks (a hang). Nothing to write: the calls return at once.
+  const size_t b = size_t{1} << 40;
+  View qb(f.t->q.bytes(), {b, 0, 4, 8}, kNVTEFloat32), kb(f.t->k.bytes(), {b, 0, 2, 8}, kNVTEFloat32),
+      vb(f.t->v.bytes(), {b, 0, 2, 8}, kNVTEFloat32), ob(f.t->o.bytes(), {b, 0, 4, 8}, kNVTEFloat32),
+      lseb(f.t->lse.bytes(), {b, 4, 0}, kNVTEFloat32), dqb(f.t->dq.bytes(), {b, 0, 4, 8}, kNVTEFloat32),
+      dkb(f.t->dk.bytes(), {b, 0, 2, 8}, kNVTEFloat32), dvb(f.t->dv.bytes(), {b, 0, 2, 8}, kNVTEFloat32);
+  c = f.call();
+  c.q = qb, c.k = kb, c.v = vb, c.o = ob, c.lse = lseb, c.d_o = ob, c.dq = dqb, c.dk = dkb, c.dv = dvb;
+  c.max_q = c.max_kv = 0;
+  ASSERT_NVTE_OK(c.fwd());
+  ASSERT_NVTE_OK(c.bwd());
+  EXPECT_TRUE(f.untouched());
+  // Large but representable dims of an empty batch still run (nothing to compute).
+  View q0(f.t->q.bytes(), {0, 5, 4, 8}, kNVTEFloat32), k0(f.t->k.bytes(), {0, 7, 2, 8}, kNVTEFloat32),
+      v0(f.t->v.bytes(), {0, 7, 2, 8}, kNVTEFloat32), o0(f.t->o.bytes(), {0, 5, 4, 8}, kNVTEFloat32),
+      lse0(f.t->lse.bytes(), {0, 4, 5}, kNVTEFloat32);
+  c = f.call();
+  c.q = q0, c.k = k0, c.v = v0, c.o = o0, c.lse = lse0;
+  ASSERT_NVTE_OK(c.fwd());
+  EXPECT_TRUE(f.untouched());
+}
+
 // Shapes a packed layout rules out, through nvte_fused_attn_fwd (checked before the pointers).
 TEST(FusedAttnErrors, PackedLayoutShapes) {
   Fx f;  // h 4, h_kv 2, s 5 x 7: Q, K, V cannot be one [b, s, 3, h, d] buffer
@@ -309,6 +398,15 @@ TEST(FusedAttnErrors, DropoutMask) {
   EXPECT_NVTE_ERROR(nvte_fused_attn_dropout_mask(rng, 0.1f, mask3, nullptr), kInvalid, "'mask'",
                     "4-D");
   EXPECT_NVTE_ERROR(nvte_fused_attn_dropout_mask(rng, 0.1f, nullptr, nullptr), kInvalid, "'mask'");
+  // Fuzzing finding (fuzz_attn): an empty mask may declare any other dims; the kernel looped over
+  // b * h * s_q rows of nothing (2^60 here: a hang) or overflowed that int64 product. Now a no-op.
+  for (const std::vector<size_t> &shape :
+       {std::vector<size_t>{size_t{1} << 20, size_t{1} << 20, size_t{1} << 20, 0},
+        std::vector<size_t>{size_t{1} << 40, size_t{1} << 40, 3, 0}}) {
+    View empty(mask.bytes(), shape, kNVTEByte);
+    ASSERT_NVTE_OK(nvte_fused_attn_dropout_mask(rng, 0.1f, empty, nullptr));
+  }
+  EXPECT_TRUE(is_sentinel(mask));
 }
 
 }  // namespace

@@ -4,7 +4,9 @@
 // (nvte_fused_attn_fwd/_bwd with views and the packed entry points) equal to unpacked ones bit for
 // bit; dropout mask statistics and determinism across calls and OpenMP thread counts.
 #include <cstring>
+#include <limits>
 #include <string>
+#include <utility>
 #include <vector>
 
 #ifdef _OPENMP
@@ -115,6 +117,57 @@ TEST(FusedAttnEdge, WorkspaceQueryGetsShapeZero) {
     EXPECT_TRUE(sh.ndim == 1 && sh.data[0] == 0)
         << (bwd ? "backward" : "forward") << ": workspace shape has " << sh.ndim << " dims, first "
         << (sh.ndim ? sh.data[0] : 0);
+  }
+}
+
+// Fuzzing finding (fuzz_attn): a window of INT64_MAX (any size >= -1 is valid) overflowed
+// i + off - window in the key-range computation (undefined behaviour). A window longer than every
+// sequence is unbounded: the results equal those of -1, bit for bit, forward and backward.
+TEST(FusedAttnEdge, HugeWindowsAreUnbounded) {
+  for (NVTE_Mask_Type mask : {NVTE_NO_MASK, NVTE_CAUSAL_BOTTOM_RIGHT_MASK, NVTE_PADDING_MASK}) {
+    Case c = make_case(kNVTEFloat32, NVTE_BSHD, mask, 11, 7);
+    if (is_padding(mask)) {
+      c.len_q = {11, 4};
+      c.len_kv = {3, 7};
+    }
+    Problem p = make_problem(c);
+    auto t = make_tensors(p);
+    const Call call(p, *t);
+    ASSERT_NVTE_OK(call.fwd());
+    ASSERT_NVTE_OK(call.bwd());
+    auto t2 = make_tensors(p);
+    Call huge(p, *t2);
+    huge.left = std::numeric_limits<int64_t>::max();
+    huge.right = is_causal(mask) ? 0 : std::numeric_limits<int64_t>::max();
+    ASSERT_NVTE_OK(huge.fwd());
+    ASSERT_NVTE_OK(huge.bwd());
+    for (auto [a, b] : {std::pair{&t->o, &t2->o}, {&t->lse, &t2->lse}, {&t->dq, &t2->dq},
+                        {&t->dk, &t2->dk}, {&t->dv, &t2->dv}})
+      EXPECT_TRUE(test::same_bytes(b->bytes(), a->bytes(), a->buffer().bytes.size()))
+          << nvte_mask_type_name(mask);
+  }
+}
+
+// Fuzzing finding (fuzz_attn): a padded sequence with no keys (length 0 in cu_seqlens_kv) made the
+// backward form pointers into its empty dK / dV accumulators (null + offset, undefined behaviour).
+// Its dK and dV rows are 0, and everything matches the reference.
+TEST(FusedAttnEdge, BackwardWithAnEmptyKeySequence) {
+  for (NVTE_Mask_Type mask : {NVTE_PADDING_MASK, NVTE_PADDING_CAUSAL_BOTTOM_RIGHT_MASK}) {
+    Case c = make_case(kNVTEBFloat16, NVTE_BSHD, mask, 9, 6);
+    c.len_q = {9, 5};
+    c.len_kv = {0, 6};
+    Problem p = make_problem(c);
+    auto t = make_tensors(p);
+    const Call call(p, *t);
+    ASSERT_NVTE_OK(call.fwd());
+    ASSERT_NVTE_OK(call.bwd());
+    size_t nonzero = 0;
+    for (size_t j = 0; j < c.s_kv; ++j)
+      for (size_t g = 0; g < c.h_kv; ++g)
+        for (size_t d = 0; d < c.d_qk; ++d)
+          nonzero += t->dk.get(p.ik(0, j, g, d)) != 0.0 || t->dv.get(p.iv(0, j, g, d)) != 0.0;
+    EXPECT_EQ(nonzero, 0u) << nvte_mask_type_name(mask);
+    expect_matches(p, *t, reference(p));
   }
 }
 

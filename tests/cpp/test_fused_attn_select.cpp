@@ -83,10 +83,20 @@ const RuleCase kRuleCases[] = {
   {"aot_not_built", NVTE_AOTriton, &kRocmCk, [](NVTEFusedAttnConfig &) {}, "not built in this build"},
   {"aot_cpu_tensors", NVTE_AOTriton, &kRocmAot, cpu, "GPU tensors only, got CPU"},
   {"aot_gfx942", NVTE_AOTriton, &kRocmAotGfx942, [](NVTEFusedAttnConfig &) {}, nullptr},
-  {"aot_gfx908", NVTE_AOTriton, &kRocmAotGfx908, [](NVTEFusedAttnConfig &) {}, "gfx942 and gfx90a only, got 'gfx908'"},
+  {"aot_gfx908", NVTE_AOTriton, &kRocmAotGfx908, [](NVTEFusedAttnConfig &) {}, "no images for GPU arch 'gfx908' in this build (built: gfx90a,gfx942,gfx950,sm_80,sm_90)"},
   {"aot_cuda_sm80", NVTE_AOTriton, &kCudaAotSm80, [](NVTEFusedAttnConfig &) {}, nullptr},
   {"aot_cuda_sm90a", NVTE_AOTriton, &kCudaAotSm90a, [](NVTEFusedAttnConfig &) {}, nullptr},
-  {"aot_cuda_sm75", NVTE_AOTriton, &kCudaAotSm75, [](NVTEFusedAttnConfig &) {}, "sm_80 or newer on CUDA, got 'sm_75'"},
+  {"aot_cuda_sm75", NVTE_AOTriton, &kCudaAotSm75, [](NVTEFusedAttnConfig &) {}, "no images for GPU arch 'sm_75'"},
+  {"aot_cuda_sm86_runs_sm80", NVTE_AOTriton, &kCudaAotSm86, [](NVTEFusedAttnConfig &) {}, nullptr},
+  {"aot_images_for_this_arch", NVTE_AOTriton, &kRocmImagesGfx942OnGfx942, [](NVTEFusedAttnConfig &) {}, nullptr},
+  {"aot_images_for_another_arch", NVTE_AOTriton, &kRocmImagesGfx942OnGfx90a, [](NVTEFusedAttnConfig &) {}, "aotriton has no images for GPU arch 'gfx90a' in this build (built: gfx942)"},
+  {"aot_no_images", NVTE_AOTriton, &kRocmNoImages, [](NVTEFusedAttnConfig &) {}, "(built: none)"},
+  {"aot_sm90_needs_sm90_images", NVTE_AOTriton, &kCudaImagesSm80OnSm90, [](NVTEFusedAttnConfig &) {}, "no images for GPU arch 'sm_90' in this build (built: sm_80)"},
+  {"aot_rocm_build_cuda_arch", NVTE_AOTriton, &kRocmAotCudaArch, [](NVTEFusedAttnConfig &) {}, "needs a gfx GPU arch in a ROCm build, got 'sm_90'"},
+  {"aot_head_dim_80_padded", NVTE_AOTriton, &kRocmAot, [](NVTEFusedAttnConfig &c) { c.head_dim_qk = c.head_dim_v = 80; }, nullptr},
+  {"aot_head_dim_128", NVTE_AOTriton, &kRocmAot, [](NVTEFusedAttnConfig &c) { c.head_dim_qk = c.head_dim_v = 128; }, nullptr},
+  {"aot_head_dim_129", NVTE_AOTriton, &kRocmAot, [](NVTEFusedAttnConfig &c) { c.head_dim_qk = c.head_dim_v = 129; }, "head_dim_qk == head_dim_v <= 128, got 129 and 129"},
+  {"aot_head_dims_differ", NVTE_AOTriton, &kRocmAot, [](NVTEFusedAttnConfig &c) { c.head_dim_v = 32; }, "head_dim_qk == head_dim_v <= 128, got 64 and 32"},
   {"aot_fp16", NVTE_AOTriton, &kRocmAot, [](NVTEFusedAttnConfig &c) { c.q_dtype = c.kv_dtype = kNVTEFloat16; }, nullptr},
   {"aot_fp32", NVTE_AOTriton, &kRocmAot, [](NVTEFusedAttnConfig &c) { c.q_dtype = c.kv_dtype = kNVTEFloat32; }, "float16 or bfloat16, got float32"},
   {"aot_mixed_dtypes", NVTE_AOTriton, &kRocmAot, [](NVTEFusedAttnConfig &c) { c.q_dtype = kNVTEFloat16; }, "Q and KV dtypes must match"},
@@ -200,8 +210,7 @@ TEST_F(Select, FlashAndUnfusedTakeEveryLayoutAndMask) {
 TEST_F(Select, PrefersCkThenAotritonThenFlashThenUnfused) {
   NVTEFusedAttnConfig c = base_config();
   EXPECT_EQ(select(c, &kAll).selected, NVTE_CK);
-  c.head_dim_qk = 512;  // ck: d >= 512; aotriton has no head-dim rule
-  c.head_dim_v = 128;
+  c.window_size_right = 0;  // no_mask with window (-1, 0): ck needs (-1, -1) or both sides >= 0
   EXPECT_EQ(select(c, &kAll).selected, NVTE_AOTriton);
   c = base_config();
   c.attn_mask_type = NVTE_PADDING_MASK;  // ck: padding + bias; aotriton: bias and mask
@@ -211,6 +220,20 @@ TEST_F(Select, PrefersCkThenAotritonThenFlashThenUnfused) {
   const Result r = select(c, &kAll);
   EXPECT_EQ(r.selected, NVTE_Unfused);
   for (int b : {NVTE_CK, NVTE_AOTriton, NVTE_Flash}) EXPECT_NE(r.reasons[b], "") << b;
+}
+
+// A ROCm build with AOTriton images for gfx942 only: aotriton on gfx942, flash on gfx90a (with the
+// reason), whatever the device's feature suffix.
+TEST_F(Select, AotritonWhereTheBuildHasImages) {
+  const NVTEFusedAttnConfig c = base_config();
+  const Result on = select(c, &kRocmImagesGfx942OnGfx942);
+  EXPECT_EQ(on.selected, NVTE_AOTriton) << on.reasons[NVTE_AOTriton];
+  const Result off = select(c, &kRocmImagesGfx942OnGfx90a);
+  EXPECT_EQ(off.selected, NVTE_Flash);
+  EXPECT_EQ(off.reasons[NVTE_AOTriton],
+            "aotriton has no images for GPU arch 'gfx90a' in this build (built: gfx942)");
+  EXPECT_EQ(select(c, &kCudaImagesSm80OnSm90).selected, NVTE_Flash);
+  EXPECT_EQ(select(c, &kCudaAotSm86).selected, NVTE_AOTriton);  // sm_80 images run on sm_86
 }
 
 TEST_F(Select, NothingEligibleIsNotAnErrorForTheReasonsCall) {

@@ -129,6 +129,19 @@ TEST(DelayedScalingPinned, KnownValues) {
   EXPECT_EQ(scale.f32(kNVTERowwiseData)[0], 28.0f);  // row 0 was zeroed: previous scale kept
 }
 
+// Fuzzing finding (fuzz_recipe): zero scales (history [h, 0]) passed the null data() of empty
+// vectors to memcpy (undefined even for 0 bytes; UBSan nonnull-attribute). Nothing to do: success.
+TEST(DelayedScalingPinned, NoScales) {
+  for (const char *algo : {"max", "most_recent"}) {
+    TestTensor hist({4, 0}, kNVTEFloat32), scale({0}, kNVTEFloat32);
+    TestTensor new_hist({4, 0}, kNVTEFloat32), new_scale({0}, kNVTEFloat32);
+    ASSERT_NVTE_OK(nvte_delayed_scaling_recipe_amax_and_scale_update(
+        hist, scale, new_hist, new_scale, algo, kNVTEFloat8E4M3, 0.0f, nullptr));
+    ASSERT_NVTE_OK(nvte_delayed_scaling_recipe_amax_and_scale_update(
+        hist, scale, hist, scale, algo, kNVTEFloat8E5M2, 1.0f, nullptr));
+  }
+}
+
 // ------------------------------------------------------------------ rejections
 class DelayedScalingRejects : public ::testing::Test {
  protected:

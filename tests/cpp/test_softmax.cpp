@@ -215,6 +215,17 @@ TEST(SoftmaxEdge, AlignedCausalEmptyRowsAreZero) {
   EXPECT_EQ(y.to_double(), expect);
 }
 
+// Fuzzing finding (tests/fuzz): an empty tensor may declare any size in its other dims, and
+// [2^20, 2^20, 2^20, 0] made the kernels loop over 2^60 empty rows (a hang). Now a no-op.
+TEST(SoftmaxEdge, EmptyWithHugeDimsIsANoOp) {
+  const size_t m = size_t{1} << 20;
+  TestTensor x({m, m, m, 0}, kNVTEFloat32), y({m, m, m, 0}, kNVTEFloat32), dx({m, m, m, 0}, kNVTEFloat32);
+  ASSERT_NVTE_OK(nvte_scaled_softmax_forward(x, y, 1.0f, nullptr));
+  ASSERT_NVTE_OK(nvte_scaled_softmax_backward(x, y, dx, 1.0f, nullptr));
+  TestTensor u({m * m, 0, 0}, kNVTEBFloat16), v({m * m, 0, 0}, kNVTEBFloat16);
+  ASSERT_NVTE_OK(nvte_scaled_upper_triang_masked_softmax_forward(u, v, 1.0f, nullptr));
+}
+
 // ------------------------------------------------------------------ rejected arguments
 // Fills a tensor's data with a sentinel; unchanged() then tells whether a failing call wrote to it.
 struct Sentinel {

@@ -299,7 +299,7 @@ class NVTEFusedAttnPlatform(ctypes.Structure):
 
     _fields_ = [("is_rocm", ctypes.c_bool), ("has_ck", ctypes.c_bool),
                 ("has_aotriton", ctypes.c_bool), ("has_flash", ctypes.c_bool),
-                ("gpu_arch", ctypes.c_char_p)]
+                ("gpu_arch", ctypes.c_char_p), ("aotriton_archs", ctypes.c_char_p)]
 
 
 NUM_FUSED_ATTN_BACKENDS = 4  # NVTE_NUM_FUSED_ATTN_BACKENDS; the enum values index reasons

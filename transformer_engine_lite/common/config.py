@@ -37,6 +37,14 @@ ENV_VARS: tuple[EnvVar, ...] = (
            "CUDA builds: 1 requires cuBLASLt (headers from the toolkit or PyPI's nvidia-cublas; "
            "the build fails without it), 0 leaves it out, auto uses it when found and otherwise "
            "builds the tiled GEMM only (one line in the build log; build_info()['gpu_gemm'])"),
+    EnvVar("NVTE_WITH_AOTRITON", "auto", "build",
+           "GPU builds: auto compiles the AOTriton images (the Triton attention kernels, ahead of "
+           "time, build_tools/aotriton.py) when Python can import triton; 1 requires them; 0 "
+           "leaves them out (build_info()['aotriton_archs'] lists what was built)"),
+    EnvVar("NVTE_AOTRITON_ARCHS", None, "build",
+           "archs of the AOTriton images, ';'-separated among gfx90a, gfx942, gfx950, sm_80, "
+           "sm_90 (default: gfx90a;gfx942 and gfx950 where triton has it on ROCm; sm_<arch> of "
+           "NVTE_CUDA_ARCHS on CUDA)"),
     EnvVar("DNNL_ROOT", None, "build",
            "prefix holding oneDNN's include/ and lib/ (default: the Python prefix, where PyPI's "
            "onednn-cpu-gomp and onednn-devel-cpu-gomp install)"),
@@ -110,6 +118,17 @@ ENV_VARS: tuple[EnvVar, ...] = (
     EnvVar("NVTE_CI_QEMU", "1", "ci",
            "1: ci/isa_matrix.sh also runs a subset under qemu-x86_64 -cpu Haswell (a CPU without "
            "AVX-512, CPUID included); 0 skips it"),
+    EnvVar("NVTE_CI_FUZZ", "1", "ci",
+           "0 skips ci/fuzz.sh; otherwise it needs clang with libFuzzer (Debian: clang-15 and "
+           "libclang-common-15-dev, installed by ci/install_deps.sh) and fails naming them when "
+           "absent"),
+    EnvVar("NVTE_FUZZ_SECONDS", "45", "ci",
+           "seconds each libFuzzer harness of ci/fuzz.sh runs (-seed=1, from a copy of "
+           "tests/fuzz/corpus); 0 only replays the committed corpus"),
+    EnvVar("NVTE_FUZZ_STATS", "0", "ci",
+           "1: a fuzz harness (tests/fuzz) prints per-op counts of successful and rejected calls "
+           "at exit (ci/fuzz.sh's corpus replay); 2: also one line per call "
+           "(tests/fuzz/make_corpus.py)"),
     EnvVar("TEST_FILTER", None, "ci", "space-separated globs over test tags, e.g. 'core.test_gemm'"),
     EnvVar("TEST_SGPU", "1", "ci", "run single-process suites"),
     EnvVar("TEST_MGPU", "1", "ci", "run multi-process suites"),

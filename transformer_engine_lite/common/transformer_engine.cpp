@@ -1,9 +1,12 @@
 // C API of tensor handles, errors, quantization configs and build info.
 #include "transformer_engine_lite/transformer_engine.h"
 
+#include <algorithm>
+#include <cstdint>
 #include <cstring>
 #include <new>
 #include <string>
+#include <vector>
 
 #include "util/api.h"
 #include "util/build_info.h"
@@ -59,6 +62,22 @@ NVTEStatus nvte_set_tensor_param(NVTETensor *tensor, NVTETensorParam param_name,
                static_cast<int>(param->dtype));
     NVTE_CHECK(param->shape.ndim <= NVTE_MAX_NDIM, "argument 'param.shape': expected at most ",
                NVTE_MAX_NDIM, " dims, got ", param->shape.ndim);
+    // The buffer's size must be one memory can have (at most PTRDIFF_MAX bytes): a product of dims
+    // that wraps around size_t would make every op see a few elements while the rows and columns
+    // it walks span far more. An empty shape (a dim of 0) may declare any other dims.
+    const std::vector<size_t> dims(param->shape.data, param->shape.data + param->shape.ndim);
+    bool empty = false;
+    for (size_t d : dims) empty = empty || d == 0;
+    if (!empty) {
+      const size_t limit = static_cast<size_t>(PTRDIFF_MAX) / std::max<size_t>(dtype_size(param->dtype), 1);
+      size_t n = 1;
+      for (size_t d : dims) {
+        NVTE_CHECK(n <= limit / d, "argument 'param.shape': expected at most ", limit, " ",
+                   dtype_name(param->dtype), " elements (PTRDIFF_MAX bytes), got shape ",
+                   shape_str(dims));
+        n *= d;
+      }
+    }
     slot->dptr = param->data_ptr;
     slot->dtype = param->dtype;
     slot->shape.assign(param->shape.data, param->shape.data + param->shape.ndim);

@@ -410,4 +410,46 @@ INSTANTIATE_TEST_SUITE_P(
                        ::testing::Values(int64_t{0}, int64_t{0x7eadbeefcafe})),
     mask_case_name);
 
+// ------------------------------------------------------------------ the AOTriton backend
+// Configs the aotriton rules take (bf16/fp16, no bias, bshd/sbhd, no_mask/causal, h == h_kv, head
+// dims up to 128 incl. padded ones, dropout): in a build with AOTriton images for this device they
+// run on the Triton kernels (the selection must say so), against the CPU and the reference as
+// above; in any other build or without a device they skip, naming why.
+std::vector<Case> aotriton_cases() {
+  std::vector<Case> out;
+  for (NVTEDType dt : {kNVTEBFloat16, kNVTEFloat16})
+    for (size_t d : {64, 128, 80, 40})
+      for (NVTE_Mask_Type m : {NVTE_NO_MASK, NVTE_CAUSAL_MASK}) {
+        Case c = make_case(dt, d == 80 ? NVTE_SBHD : NVTE_BSHD, m, 97, 97);
+        c.h_kv = c.h;
+        c.d_qk = c.d_v = d;
+        if (m == NVTE_CAUSAL_MASK) c.right = 0;
+        if (d == 64) c.dropout = 0.2f;
+        out.push_back(c);
+      }
+  Case c = make_case(kNVTEBFloat16, NVTE_BSHD, NVTE_NO_MASK, 1, 130);  // one query row
+  c.h_kv = c.h;
+  c.d_qk = c.d_v = 64;
+  out.push_back(c);
+  return out;
+}
+
+class GpuFusedAttnAotriton : public ::testing::TestWithParam<Case> {};
+
+TEST_P(GpuFusedAttnAotriton, MatchesCpuAndReference) {
+  SKIP_WITHOUT_GPU();
+  const Case &c = GetParam();
+  const NVTEFusedAttnConfig cfg{kNVTEDeviceGPU, c.dtype, c.dtype, c.layout(), c.bias, c.mask,
+                                c.dropout, c.h, c.h_kv, c.s_q, c.s_kv, c.d_qk, c.d_v, c.left,
+                                c.right};
+  NVTE_Fused_Attn_Backend selected = NVTE_No_Backend;
+  const char *reasons[NVTE_NUM_FUSED_ATTN_BACKENDS] = {};
+  ASSERT_EQ(nvte_fused_attn_backend_reasons(&cfg, nullptr, &selected, reasons), NVTE_SUCCESS);
+  if (selected != NVTE_AOTriton) GTEST_SKIP() << "aotriton not selected: " << reasons[NVTE_AOTriton];
+  run_case(c);
+}
+
+INSTANTIATE_TEST_SUITE_P(Aotriton, GpuFusedAttnAotriton, ::testing::ValuesIn(aotriton_cases()),
+                         [](const auto &info) { return info.param.name(); });
+
 }  // namespace

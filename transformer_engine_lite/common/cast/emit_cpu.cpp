@@ -19,8 +19,11 @@ NVTE_CPU_KERNEL void store_row_impl(const float *src, T *dst, size_t n) {
   for (size_t i = 0; i < n; ++i) dst[i] = from_float<T>(src[i]);
 }
 
+// n == 0 returns before memcpy: an empty row may come with null pointers (an empty std::vector's
+// data()), and memcpy's pointers must be valid even for 0 bytes (UBSan: nonnull-attribute).
 template <typename T>
 void load_row(const T *src, float *dst, size_t n) {
+  if (n == 0) return;
   if constexpr (std::is_same_v<T, float>) {
     std::memcpy(dst, src, n * sizeof(float));
   } else {
@@ -29,6 +32,7 @@ void load_row(const T *src, float *dst, size_t n) {
 }
 template <typename T>
 void store_row(const float *src, T *dst, size_t n) {
+  if (n == 0) return;
   if constexpr (std::is_same_v<T, float>) {
     std::memcpy(dst, src, n * sizeof(float));
   } else {
@@ -213,7 +217,8 @@ AbsMax OutputEmitter::emit(const float *vals, size_t row0, size_t nrows) const {
       // Encode the block row-major once (into the output, or into scratch when only the transposed
       // copy is wanted), then move its bytes: a strided encode of each column would gather.
       thread_local std::vector<OType> scratch;
-      OType *q = out_.data.ptr<OType>() + row0 * cols_;
+      // No offset is applied to an absent (null) row-wise buffer: that is UB even if unused.
+      OType *q = rowwise_ ? out_.data.ptr<OType>() + row0 * cols_ : nullptr;
       if (!rowwise_) {
         scratch.resize(nrows * cols_);
         q = scratch.data();

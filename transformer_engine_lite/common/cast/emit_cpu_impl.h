@@ -12,6 +12,12 @@ namespace nvte {
 template <typename Produce>
 void emit_rows(const OutputEmitter &em, Produce &&produce) {
   const size_t rows = em.rows(), cols = em.cols(), br = em.block_rows();
+  // An empty result may declare any size in its other dim (an empty tensor's dims are free):
+  // nothing to produce, only the side outputs (amax 0, scale_inv).
+  if (rows == 0 || cols == 0) {
+    em.finish(AbsMax{});
+    return;
+  }
   const size_t nblocks = (rows + br - 1) / br;
   const size_t threads = static_cast<size_t>(max_threads());
   // Runs of consecutive blocks handed out on demand (8 per thread): on a shared machine a thread

@@ -93,6 +93,7 @@ void launch_dequantize(const Tensor &in, const SimpleTensor &out) {
   const bool mx = in.is_mxfp8(), row = in.data.has_data();
   const SimpleTensor &q = row ? in.data : in.columnwise_data;
   const size_t rows = q.rows(), cols = q.cols();
+  if (rows == 0 || cols == 0) return;  // empty: the other dim may be anything, nothing to write
   const uint8_t *qb = q.ptr<const uint8_t>();
   const uint8_t *sb =
       mx ? (row ? in.scale_inv : in.columnwise_scale_inv).ptr<const uint8_t>() : nullptr;

@@ -38,6 +38,7 @@ void launch(const T *in, T *out, size_t rows, size_t cols) {
 
 void launch_transpose(const SimpleTensor &in, const SimpleTensor &out) {
   const size_t rows = in.shape[0], cols = in.shape[1];
+  if (rows == 0 || cols == 0) return;  // empty: the other dim may be anything, nothing to move
   // Layout-only: dispatch on the element width, not the numeric type.
   switch (dtype_size(in.dtype)) {
     case 1: launch(in.ptr<const uint8_t>(), out.ptr<uint8_t>(), rows, cols); break;

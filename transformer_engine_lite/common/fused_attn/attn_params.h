@@ -85,9 +85,12 @@ struct AttnParams {
   NVTE_HOST_DEVICE void key_range(int64_t i, int64_t sq, int64_t skv, int64_t *lo,
                                   int64_t *hi) const {
     const int64_t off = bottom_right ? skv - sq : 0;
+    // Windows may be any size up to INT64_MAX: compare before forming i + off -/+ window, so no
+    // signed overflow (a window longer than the sequences is unbounded).
+    const int64_t a = i + off;
     int64_t l = 0, r = skv;
-    if (win_left >= 0 && i + off - win_left > l) l = i + off - win_left;
-    if (win_right >= 0 && i + off + win_right + 1 < r) r = i + off + win_right + 1;
+    if (win_left >= 0 && win_left < a) l = a - win_left;
+    if (win_right >= 0 && win_right < r - 1 - a) r = a + win_right + 1;
     *lo = l;
     *hi = r;
   }

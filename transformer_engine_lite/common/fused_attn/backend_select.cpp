@@ -8,9 +8,14 @@
 #include <cstdlib>
 #include <cstring>
 
+#include "../fused_attn_rocm/aotriton_arch.h"
 #include "../util/api.h"
 #include "../util/env.h"
 #include "../util/tensor.h"
+#ifdef NVTE_WITH_AOTRITON
+#include "../fused_attn_rocm/aotriton_index.h"
+#include "../util/gpu_device.h"
+#endif
 
 namespace nvte {
 namespace {
@@ -221,14 +226,19 @@ std::string aotriton_rules(const NVTEFusedAttnConfig &c, const NVTEFusedAttnPlat
   return first_of(
       [&] { return gpu_only_reason(c); },
       [&]() -> std::string {
-        const std::string a = base_arch(pf);
-        if (pf.is_rocm) {
-          if (a == "gfx942" || a == "gfx90a") return "";
-          return concat("aotriton kernels exist for gfx942 and gfx90a only, got '", a, "'");
+        // Images exist per arch (build_tools/aotriton.py); an arch the build has none for falls
+        // back. The kernels themselves are built for CDNA2/3 (gfx90a, gfx942, gfx950) and
+        // Ampere/Hopper.
+        const std::string a = pf.gpu_arch ? pf.gpu_arch : "";
+        const bool amd = starts_with(a, "gfx");
+        if (pf.is_rocm != amd) {
+          return concat("aotriton needs a ", pf.is_rocm ? "gfx" : "sm_", " GPU arch in a ",
+                        pf.is_rocm ? "ROCm" : "CUDA", " build, got '", a, "'");
         }
-        // CUDA: the Triton kernels need Ampere or newer ("sm_80", "sm_90a", ...).
-        if (starts_with(a, "sm_") && std::atoi(a.c_str() + 3) >= 80) return "";
-        return concat("aotriton needs sm_80 or newer on CUDA, got '", a, "'");
+        const std::string archs = pf.aotriton_archs ? pf.aotriton_archs : aotriton::kTargetArchs;
+        if (!aotriton::image_arch_for(a, archs).empty()) return "";
+        return concat("aotriton has no images for GPU arch '", a, "' in this build (built: ",
+                      archs.empty() ? "none" : archs, ")");
       },
       [&] { return half_dtype_reason(c); },
       [&]() -> std::string {
@@ -261,7 +271,14 @@ std::string aotriton_rules(const NVTEFusedAttnConfig &c, const NVTEFusedAttnPlat
         return concat("aotriton has no GQA/MQA (needs num_attn_heads == num_gqa_groups), got ",
                       c.num_attn_heads, " and ", c.num_gqa_groups);
       },
-      [&] { return head_dim_reason(c); }, [&] { return dropout_reason(c); });
+      [&] { return head_dim_reason(c); },
+      [&]() -> std::string {
+        // The compiled variants: BLOCK_D 64 and 128, smaller head dims padded to the next one.
+        if (c.head_dim_qk == c.head_dim_v && c.head_dim_qk <= 128) return "";
+        return concat("aotriton kernels need head_dim_qk == head_dim_v <= 128, got ",
+                      c.head_dim_qk, " and ", c.head_dim_v);
+      },
+      [&] { return dropout_reason(c); });
 }
 
 std::string flash_rules(const NVTEFusedAttnConfig &c) {
@@ -388,14 +405,21 @@ void log_selection(const NVTEFusedAttnConfig &c, const NVTEFusedAttnPlatform &pf
 NVTEFusedAttnPlatform this_platform(NVTEDevice device) {
   NVTEFusedAttnPlatform pf{};
   pf.is_rocm = kRocmBuild;
-  // No build of ours compiles CK or AOTriton (there is no fused_attn_rocm/ glue yet); the flash
-  // kernel is always there for CPU tensors and in GPU builds for GPU tensors.
+  // No build of ours compiles CK (ck_tile needs a ROCm >= 6 compiler, none reachable); AOTriton is
+  // there when the build compiled its images (build_tools/aotriton.py). The flash kernel is always
+  // there for CPU tensors and in GPU builds for GPU tensors.
   pf.has_ck = false;
-  pf.has_aotriton = false;
   pf.has_flash = device == kNVTEDeviceCPU ? true : kGpuBuild;
-  // The arch only matters to the CK and AOTriton rules, which this build never reaches, so no
-  // runtime query is made for it: "" (unknown).
   pf.gpu_arch = "";
+#ifdef NVTE_WITH_AOTRITON
+  pf.has_aotriton = true;
+  pf.aotriton_archs = aotriton::kArchs;
+  // The arch only matters to the CK and AOTriton rules: asked of the runtime only here.
+  if (device == kNVTEDeviceGPU) pf.gpu_arch = gpu_device_arch(nullptr);
+#else
+  pf.has_aotriton = false;
+  pf.aotriton_archs = "";
+#endif
   return pf;
 }
 

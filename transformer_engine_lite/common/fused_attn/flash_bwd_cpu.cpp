@@ -224,12 +224,15 @@ void bwd(const AttnParams &p) {
       for (int64_t j = 0; j < kv_rows; ++j) {
         T *dk = dK + p.token_kv(p.sdk_, bi, j) + g * p.sdk_.head;
         T *dv = dV + p.token_kv(p.sdv_, bi, j) + g * p.sdv_.head;
-        const bool live = j < skv;
+        if (j >= skv) {  // padded keys get 0; the accumulators cover only the skv live ones
+          for (int64_t d = 0; d < p.d_qk; ++d) dk[d] = from_float<T>(0.0f);
+          for (int64_t d = 0; d < p.d_v; ++d) dv[d] = from_float<T>(0.0f);
+          continue;
+        }
         const float *kt_j = dkt_acc.data() + (j / kBlockKV) * kBlockKV * p.d_qk + j % kBlockKV;
         const float *vt_j = dvt_acc.data() + (j / kBlockKV) * kBlockKV * p.d_v + j % kBlockKV;
-        for (int64_t d = 0; d < p.d_qk; ++d)
-          dk[d] = from_float<T>(live ? kt_j[d * kBlockKV] * p.scale : 0.0f);
-        for (int64_t d = 0; d < p.d_v; ++d) dv[d] = from_float<T>(live ? vt_j[d * kBlockKV] : 0.0f);
+        for (int64_t d = 0; d < p.d_qk; ++d) dk[d] = from_float<T>(kt_j[d * kBlockKV] * p.scale);
+        for (int64_t d = 0; d < p.d_v; ++d) dv[d] = from_float<T>(vt_j[d * kBlockKV]);
       }
     }
   }

@@ -4,7 +4,10 @@
 #include "transformer_engine_lite/fused_attn.h"
 
 #include <cmath>
+#include <cstdint>
 #include <string>
+#include <utility>
+#include <vector>
 
 #include "../util/api.h"
 #include "backend_select.h"
@@ -12,6 +15,13 @@
 #include "fused_attn_cpu.h"
 #ifdef NVTE_WITH_GPU
 #include "fused_attn_gpu.h"
+#endif
+#ifdef NVTE_WITH_AOTRITON
+#include <cstdio>
+
+#include "../fused_attn_rocm/fused_attn_aotriton.h"
+#include "../util/env.h"
+#include "../util/gpu_device.h"
 #endif
 
 namespace nvte {
@@ -106,6 +116,20 @@ void check_packed_pointers(NVTE_QKV_Layout_Group grp, const CallArgs &c, int64_t
   }
 }
 
+// The kernels address elements with int64 offsets built from a tensor's dims (token, batch and head
+// strides, up to 3x for packed layouts): the product of its dims, a 0 counted as 1 (an empty tensor
+// may declare any other dims), must leave that room.
+void check_offsets_fit(const SimpleTensor &t, const char *arg) {
+  constexpr size_t kLimit = static_cast<size_t>(INT64_MAX) / 4;
+  size_t prod = 1;
+  for (size_t d : t.shape) {
+    const size_t f = d == 0 ? 1 : d;
+    NVTE_CHECK(prod <= kLimit / f, "argument '", arg, "': expected dims whose product (0 counted as 1) ",
+               "is at most ", kLimit, " (the kernels' 64-bit element offsets), got ", shape_str(t.shape));
+    prod *= f;
+  }
+}
+
 // Reads and validates cu_seqlens (host memory) against the token count / padded length.
 void check_cu_seqlens(const Tensor &cu, const char *arg, int64_t b, bool thd, int64_t tokens,
                       int64_t max_len) {
@@ -142,6 +166,9 @@ AttnParams make_params(const CallArgs &c, NVTEDevice *device_out, NVTEFusedAttnC
   check_ndim(c.q->data, "Q", nd);
   check_ndim(c.k->data, "K", nd);
   check_ndim(c.v->data, "V", nd);
+  check_offsets_fit(c.q->data, "Q");
+  check_offsets_fit(c.k->data, "K");
+  check_offsets_fit(c.v->data, "V");
   const auto &qs = c.q->data.shape, &ks = c.k->data.shape, &vs = c.v->data.shape;
   AttnParams p;
   p.format = fmt;
@@ -308,6 +335,19 @@ void check_output(const Tensor *t, const char *arg, const Tensor &like, size_t d
   NVTE_CHECK(t->device == device, "argument '", arg, "': expected the inputs' device");
 }
 
+// The buffers the kernels read besides Q, K, V (and O, dO, softmax_lse backward): cu_seqlens (token
+// offsets: an output written over them would send the kernel out of bounds), Bias or the ALiBi
+// slopes, rng_state. No output may share memory with them.
+std::vector<std::pair<const SimpleTensor *, const char *>> side_inputs(const CallArgs &c,
+                                                                       const AttnParams &p) {
+  std::vector<std::pair<const SimpleTensor *, const char *>> r;
+  if (p.cu_q) r.push_back({&c.cu_q->data, "cu_seqlens_q"});
+  if (p.cu_kv) r.push_back({&c.cu_kv->data, "cu_seqlens_kv"});
+  if (p.bias || p.alibi_slopes) r.push_back({&c.bias->data, "Bias"});
+  if (p.dropout > 0.0f && c.rng != nullptr) r.push_back({&c.rng->data, "rng_state"});
+  return r;
+}
+
 void check_lse(const Tensor *t, const AttnParams &p, NVTEDevice device) {
   NVTE_CHECK(t != nullptr, "argument 'softmax_lse': required (is_training / backward)");
   check_has_data(*t, "softmax_lse");
@@ -316,6 +356,23 @@ void check_lse(const Tensor *t, const AttnParams &p, NVTEDevice device) {
               {static_cast<size_t>(p.b), static_cast<size_t>(p.h), static_cast<size_t>(p.s_q)});
   NVTE_CHECK(t->device == device, "argument 'softmax_lse': expected the inputs' device");
 }
+
+#ifdef NVTE_WITH_AOTRITON
+// Whether a GPU call runs on the AOTriton kernels: the selection (env switches + rules) picks
+// aotriton for this config on this device, and the call's own data fit the kernels (a host
+// rng_state with dropout does not). Otherwise the flash kernel runs it, with a log line saying why.
+bool use_aotriton(const NVTEFusedAttnConfig &cfg, const AttnParams &p, int *device,
+                  std::string *arch) {
+  const NVTEFusedAttnPlatform pf = this_platform(kNVTEDeviceGPU);
+  if (select_backend(cfg, pf).backend != NVTE_AOTriton) return false;
+  *arch = gpu_device_arch(device);
+  const std::string why = aotriton::unsupported_reason(p, *arch);
+  if (!why.empty() && env_is_one("NVTE_LOG_AOTRITON_CONFIG")) {
+    std::fprintf(stderr, "[aotriton] not used for this call (flash runs it): %s\n", why.c_str());
+  }
+  return why.empty();
+}
+#endif
 
 }  // namespace
 
@@ -356,19 +413,42 @@ void run_fwd(const CallArgs &c, const Tensor *o, Tensor *lse, bool is_training,
   AttnParams p = make_params(c, &device, &cfg);
   check_output(o, "O", *c.q, static_cast<size_t>(p.d_v), p.dtype, device);
   for (auto [t, n] : {std::pair{c.q, "Q"}, {c.k, "K"}, {c.v, "V"}}) check_no_overlap(t->data, n, o->data, "O");
+  const auto side = side_inputs(c, p);
+  for (const auto &[t, n] : side) check_no_overlap(*t, n, o->data, "O");
   if (is_training) {
     check_lse(lse, p, device);
     check_no_overlap(o->data, "O", lse->data, "softmax_lse");
     p.lse = lse->data.ptr<float>();
   } else if (lse != nullptr && lse->data.has_data()) {
     check_lse(lse, p, device);
+    check_no_overlap(o->data, "O", lse->data, "softmax_lse");
     p.lse = lse->data.ptr<float>();
+  }
+  if (p.lse != nullptr) {  // written too: disjoint from every input
+    for (auto [t, n] : {std::pair{c.q, "Q"}, {c.k, "K"}, {c.v, "V"}}) {
+      check_no_overlap(t->data, n, lse->data, "softmax_lse");
+    }
+    for (const auto &[t, n] : side) check_no_overlap(*t, n, lse->data, "softmax_lse");
   }
   p.o = o->data.dptr;
   p.so_ = dense_strides(p.format, p.b, p.s_q, p.h, p.d_v);
   log_attn_call("nvte_fused_attn_fwd", static_cast<size_t>(p.b), cfg);
   cpu_workspace(workspace);  // the forward needs no workspace on any device
+  // Nothing to write (no batch or no queries): the other dims of the empty tensors may be anything
+  // (b = 2^40 with s = 0), and the kernels would still loop over them.
+  if (o->data.numel() == 0 && (p.lse == nullptr || lse->data.numel() == 0)) {
+    (void)use_gpu(device, "nvte_fused_attn_fwd");  // a GPU tag this build cannot run is refused
+    return;
+  }
   if (use_gpu(device, "nvte_fused_attn_fwd")) {
+#ifdef NVTE_WITH_AOTRITON
+    int dev = 0;
+    std::string arch;
+    if (use_aotriton(cfg, p, &dev, &arch)) {
+      aotriton::run_fwd(p, dev, arch, stream);
+      return;
+    }
+#endif
 #ifdef NVTE_WITH_GPU
     gpu::launch_flash_attn_fwd(p, stream);
 #endif
@@ -411,6 +491,7 @@ void run_bwd(const CallArgs &c, const BwdTensors &t, bool deterministic, NVTETen
     for (auto [in, n] : {std::pair{c.q, "Q"}, {c.k, "K"}, {c.v, "V"}, {t.o, "O"}, {t.d_o, "dO"},
                          {t.lse, "softmax_lse"}})
       check_no_overlap(in->data, n, g->data, gn);
+    for (const auto &[in, n] : side_inputs(c, p)) check_no_overlap(*in, n, g->data, gn);
   }
   p.o = t.o->data.dptr;
   p.so_ = dense_strides(p.format, p.b, p.s_q, p.h, p.d_v);
@@ -431,7 +512,23 @@ void run_bwd(const CallArgs &c, const BwdTensors &t, bool deterministic, NVTETen
   }
   p.dbias = want_dbias ? t.dbias->data.dptr : nullptr;
   log_attn_call("nvte_fused_attn_bwd", static_cast<size_t>(p.b), cfg);
+  if (t.dq->data.numel() == 0 && t.dk->data.numel() == 0 && t.dv->data.numel() == 0 &&
+      (p.dbias == nullptr || t.dbias->data.numel() == 0)) {  // nothing to write: as the forward
+    (void)use_gpu(device, "nvte_fused_attn_bwd");
+    cpu_workspace(workspace);
+    return;
+  }
   if (use_gpu(device, "nvte_fused_attn_bwd")) {
+#ifdef NVTE_WITH_AOTRITON
+    int dev = 0;
+    std::string arch;
+    if (use_aotriton(cfg, p, &dev, &arch)) {
+      void *delta = nullptr;
+      if (!gpu_workspace(workspace, aotriton::bwd_workspace_bytes(p), &delta)) return;
+      aotriton::run_bwd(p, dev, arch, delta, stream);
+      return;
+    }
+#endif
 #ifdef NVTE_WITH_GPU
     void *ws = nullptr;
     if (!gpu_workspace(workspace, gpu::flash_attn_bwd_workspace_bytes(p), &ws)) return;
@@ -450,6 +547,7 @@ Tensor packed_view(const Tensor &packed, const char *arg, NVTE_QKV_Layout_Group 
   const auto &s = packed.data.shape;
   const size_t nd = thd ? 4 : 5;
   check_ndim(packed.data, arg, nd);
+  check_offsets_fit(packed.data, arg);
   const bool hxd = grp == NVTE_H3D || grp == NVTE_HD_H2D;  // [.., h, n, d] vs [.., n, h, d]
   const size_t n = (grp == NVTE_3HD || grp == NVTE_H3D) ? 3 : 2;
   const size_t ndim_n = hxd ? nd - 2 : nd - 3;

@@ -176,7 +176,11 @@ NVTEStatus nvte_fused_attn_dropout_mask(const NVTETensor rng_state, float dropou
                "argument 'rng_state': device memory, but 'mask' is on the CPU");
     p.dropout = dropout;
     p.dropout_thresh = dropout_threshold(dropout);
-    if (use_gpu(m.device, "nvte_fused_attn_dropout_mask")) {
+    const bool gpu = use_gpu(m.device, "nvte_fused_attn_dropout_mask");
+    // An empty mask has nothing to write, whatever its other dims (an empty tensor may declare any
+    // size there): the kernels would still loop over b * h * s_q rows of nothing.
+    if (m.data.numel() == 0) return;
+    if (gpu) {
 #ifdef NVTE_WITH_GPU
       gpu::launch_dropout_mask(p, m.data.ptr<uint8_t>(), stream);
 #endif

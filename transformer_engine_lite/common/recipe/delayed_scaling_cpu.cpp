@@ -20,6 +20,9 @@ NVTE_CPU_KERNEL void max_row(const float *row, float *amax, size_t n) {
 
 void launch_delayed_scaling_update(const DelayedScalingParams &p) {
   const size_t h = p.history_length, n = p.num_scales;
+  // No scales: nothing to read or write (and the memcpy calls below would take the null data() of
+  // empty vectors, which memcpy forbids even for 0 bytes).
+  if (n == 0) return;
   // 1. amax per scale, read entirely before anything is written (outputs may alias the inputs).
   std::vector<float> amax(n, 0.0f);
   if (p.most_recent) {

@@ -82,7 +82,9 @@ NVTEStatus softmax_fwd(const char *op, SoftmaxMask kind, const NVTETensor input,
     if (m != nullptr) check_no_overlap(m->data, "mask", out.data, "softmax_results");
     const NVTEDevice device =
         check_same_device({{&in, "input"}, {m, "mask"}, {&out, "softmax_results"}});
-    if (use_gpu(device, op)) {
+    const bool gpu = use_gpu(device, op);
+    if (in.data.numel() == 0) return;  // the other dims of an empty tensor may be anything
+    if (gpu) {
 #ifdef NVTE_WITH_GPU
       gpu::launch_softmax_fwd(p, in.data.dtype, in.data.dptr, out.data.dptr, stream);
 #endif
@@ -118,6 +120,7 @@ NVTEStatus softmax_bwd(const char *op, SoftmaxMask kind, const NVTETensor incomi
     // The byte mask is not needed backward: y is 0 at masked positions, so the formula gives 0.
     const SoftmaxMask bwd_kind = kind == SoftmaxMask::kByte ? SoftmaxMask::kNone : kind;
     const SoftmaxParams p = make_params(dy.data, bwd_kind, scale);
+    if (dy.data.numel() == 0) return;  // the other dims of an empty tensor may be anything
     if (gpu) {
 #ifdef NVTE_WITH_GPU
       gpu::launch_softmax_bwd(p, dy.data.dtype, dy.data.dptr, y.data.dptr, dx.data.dptr, stream);

@@ -1,5 +1,8 @@
 // What this library was built with and what the CPU it runs on offers (for import-time reporting).
 #include "build_info.h"
+#ifdef NVTE_WITH_AOTRITON
+#include "../fused_attn_rocm/aotriton_index.h"
+#endif
 
 #include <sstream>
 #include <string>
@@ -56,6 +59,13 @@ std::string make_info() {
   ss << "]";
   // GPU archs with their FP8 flavour (FNUZ on gfx94x, OCP elsewhere); the CPU supports all four.
   write_gpu_archs(ss);
+  // Archs with AOTriton images (the Triton attention kernels compiled ahead of time).
+  ss << ", \"aotriton_archs\": [";
+#ifdef NVTE_WITH_AOTRITON
+  const std::vector<std::string> aot = split_commas(aotriton::kArchs);
+  for (size_t i = 0; i < aot.size(); ++i) ss << (i ? ", " : "") << '"' << aot[i] << '"';
+#endif
+  ss << "]";
   // GPU GEMM providers of this build (null in a CPU-only build).
 #if defined(NVTE_HAVE_CUBLASLT)
   ss << ", \"gpu_gemm\": [\"cublaslt\", \"tiled\"]";
@@ -70,10 +80,16 @@ std::string make_info() {
   ss << "\"avx2\": " << (__builtin_cpu_supports("avx2") ? "true" : "false");
   ss << ", \"avx512f\": " << (__builtin_cpu_supports("avx512f") ? "true" : "false");
   ss << ", \"avx512bw\": " << (__builtin_cpu_supports("avx512bw") ? "true" : "false");
+#if defined(__clang__)  // clang 15 (ci/fuzz.sh) cannot query these three: from the level, or false
+  ss << ", \"x86_64_v4\": " << (cpu_isa_detected() >= CpuIsa::kAvx512Core ? "true" : "false");
+  ss << ", \"avx512_bf16\": " << (__builtin_cpu_supports("avx512bf16") ? "true" : "false");
+  ss << ", \"avx512_fp16\": false, \"amx_bf16\": false";
+#else
   ss << ", \"x86_64_v4\": " << (__builtin_cpu_supports("x86-64-v4") ? "true" : "false");
   ss << ", \"avx512_bf16\": " << (__builtin_cpu_supports("avx512bf16") ? "true" : "false");
   ss << ", \"avx512_fp16\": " << (__builtin_cpu_supports("avx512fp16") ? "true" : "false");
   ss << ", \"amx_bf16\": " << (__builtin_cpu_supports("amx-bf16") ? "true" : "false");
+#endif
   ss << ", \"kernel_clones\": [\"x86-64-v4\", \"x86-64-v3\", \"baseline\"]";
 #else
   ss << "\"kernel_clones\": [\"baseline\"]";

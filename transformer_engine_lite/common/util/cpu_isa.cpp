@@ -23,7 +23,23 @@ constexpr IsaName kNames[] = {
 };
 
 CpuIsa detect() {
-#if defined(__x86_64__) && defined(__GNUC__)
+#if defined(__x86_64__) && defined(__clang__)
+  // clang (15: the fuzzing build, ci/fuzz.sh) knows neither the x86-64-vN names nor avx512fp16 /
+  // amx-*: the levels are composed from their features and stop at avx512_core_bf16. clang builds
+  // have no loop clones or tile kernels, so this only caps oneDNN's level.
+  __builtin_cpu_init();
+  if (!__builtin_cpu_supports("avx2") || !__builtin_cpu_supports("fma") ||
+      !__builtin_cpu_supports("bmi2")) {
+    return CpuIsa::kBaseline;
+  }
+  if (!__builtin_cpu_supports("avx512f") || !__builtin_cpu_supports("avx512bw") ||
+      !__builtin_cpu_supports("avx512vl") || !__builtin_cpu_supports("avx512dq") ||
+      !__builtin_cpu_supports("avx512cd")) {
+    return CpuIsa::kAvx2;
+  }
+  if (!__builtin_cpu_supports("avx512bf16")) return CpuIsa::kAvx512Core;
+  return CpuIsa::kAvx512CoreBf16;
+#elif defined(__x86_64__) && defined(__GNUC__)
   __builtin_cpu_init();
   if (!__builtin_cpu_supports("x86-64-v3")) return CpuIsa::kBaseline;
   if (!__builtin_cpu_supports("x86-64-v4")) return CpuIsa::kAvx2;

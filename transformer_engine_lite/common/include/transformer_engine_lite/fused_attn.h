@@ -13,6 +13,8 @@
  *    the distance between tokens / heads follows from the layout (e.g. in bs3hd, Q, K and V are views
  *    of one [b, s, 3, h, d] buffer: token stride 3*h*d, K starts h*d after Q). O has Q's format with
  *    d_v and is always dense. Dtypes: fp16, bf16 (fp32 on the CPU); Q, K, V, O and Bias share one.
+ *    No output (O, softmax_lse, dQ, dK, dV, dBias) may share memory with an input (Q, K, V, O, dO,
+ *    softmax_lse, cu_seqlens, Bias or ALiBi slopes, rng_state): such calls are refused.
  *  - thd: cu_seqlens_q / cu_seqlens_kv int32 [b + 1] are token offsets (cu[0] = 0, non-decreasing,
  *    cu[b] <= t). bshd/sbhd with a padding mask: they give each sequence's actual length (cu[i+1] -
  *    cu[i] <= s); the tokens after it are padding. Other masks: may be NULL (ignored).
@@ -138,13 +140,16 @@ typedef struct NVTEFusedAttnConfig {
 
 /*! The platform the selection assumes: which backends exist and the GPU arch ("gfx942", "sm_90",
  *  "" for the CPU). Pass NULL to the calls below for this build and the config's device; pass one to
- *  ask what a different build would pick (e.g. a ROCm build with CK on gfx942). */
+ *  ask what a different build would pick (e.g. a ROCm build with CK on gfx942). aotriton_archs: the
+ *  archs the build has AOTriton images for, comma-separated ("gfx90a,gfx942"); NULL = every arch
+ *  the kernels target (gfx90a, gfx942, gfx950, sm_80, sm_90). */
 typedef struct NVTEFusedAttnPlatform {
   bool is_rocm;
   bool has_ck;
   bool has_aotriton;
   bool has_flash;
   const char *gpu_arch;
+  const char *aotriton_archs;
 } NVTEFusedAttnPlatform;
 
 /*! TE's selection call (TE's arguments + the tensors' device). Applies the env switches

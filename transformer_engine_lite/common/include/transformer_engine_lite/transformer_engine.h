@@ -109,7 +109,9 @@ NVTE_API NVTETensor nvte_create_tensor(NVTEScalingMode scaling_mode);
 /*! Destroys a handle (not the memory it points to). NULL is ignored. */
 NVTE_API void nvte_destroy_tensor(NVTETensor tensor);
 
-/*! Sets one buffer of a tensor. */
+/*! Sets one buffer of a tensor. A non-empty shape may describe at most PTRDIFF_MAX bytes (larger
+ *  ones, e.g. dims whose product wraps around, are NVTE_ERROR_INVALID_ARGUMENT); an empty one (a dim
+ *  of 0) may declare any other dims. */
 NVTE_API NVTEStatus nvte_set_tensor_param(NVTETensor *tensor, NVTETensorParam param_name,
                                           const NVTEBasicTensor *param);
 
