@@ -143,7 +143,7 @@ run_harness() {
 
 build_start=$SECONDS
 run_tagged fuzz.build build
-echo "  build: $((SECONDS - build_start)) s"
+[ "${TEST_LIST_ONLY:-0}" = 1 ] || echo "  build: $((SECONDS - build_start)) s"
 if [[ " ${_TE_FAILED[*]} " == *" fuzz.build "* ]]; then
   finish_tests fuzz
   exit 1
