@@ -266,14 +266,15 @@ def aotriton_table(index_path: Path, build_dir: Path | None) -> str:
             rows.append((name, e["arch"], reg, local, "-", str(e["shared"]), stack, str(e["size"])))
     head = ("kernel", "arch", "regs", "spill", "spill", "shared B", "stack B", "image B")
     widths = [max(len(x) for x in col) for col in zip(head, *rows)]
-    lines = [
+    legend = (
         "# AOTriton images: regs = v/a/s VGPRs/AGPRs/SGPRs (AMD) or registers per thread (CUDA); "
         "spill = VGPRs, SGPRs spilled (AMD) or local-memory bytes (CUDA); shared = dynamic LDS / "
         "shared memory per block; stack = scratch per lane (AMD) or stack frame, where ptxas "
-        "spills (CUDA); a16 = compiled for strides % 16 == 0, a1 = any stride",
-        f"# {len(rows)} images, {sum(e['size'] for e in index['kernels'])} bytes, "
-        f"compiled in {sum(e['compile_s'] for e in index['kernels']):.1f} s (sum over variants)",
-    ]
+        "spills (CUDA); a16 = compiled for strides % 16 == 0, a1 = any stride"
+    )
+    total = sum(e["size"] for e in index["kernels"])
+    seconds = sum(e["compile_s"] for e in index["kernels"])
+    lines = [legend, f"# {len(rows)} images, {total} bytes, compiled in {seconds:.1f} s (summed)"]
     for row in (head, *rows):
         lines.append("  ".join(c.ljust(w) if i < 2 else c.rjust(w)
                                for i, (c, w) in enumerate(zip(row, widths))).rstrip())
