@@ -75,9 +75,8 @@ def test_build_info_lists_the_aotriton_images():
 
     info = build_info()
     index = Path(os.environ.get("NVTE_LIB_PATH", "")) / "aotriton" / "index.json"
-    if not index.is_file():
-        assert info["aotriton_archs"] == []
-        pytest.skip(f"no AOTriton images in this build ({index})")
+    if not index.is_file():  # e.g. the installed package: its build folder is elsewhere
+        pytest.skip(f"no AOTriton index beside this library ({index})")
     archs = json.loads(index.read_text())["archs"]
     assert info["aotriton_archs"] == archs
     fam = "gfx" if "rocm" in info["device_backends"] else "sm_"

@@ -412,7 +412,8 @@ NVTEFusedAttnPlatform this_platform(NVTEDevice device) {
   pf.has_flash = device == kNVTEDeviceCPU ? true : kGpuBuild;
   pf.gpu_arch = "";
 #ifdef NVTE_WITH_AOTRITON
-  pf.has_aotriton = true;
+  // GPU code only: for CPU tensors this build has no aotriton, as a CPU-only build has no GPU flash.
+  pf.has_aotriton = device == kNVTEDeviceGPU;
   pf.aotriton_archs = aotriton::kArchs;
   // The arch only matters to the CK and AOTriton rules: asked of the runtime only here.
   if (device == kNVTEDeviceGPU) pf.gpu_arch = gpu_device_arch(nullptr);
