@@ -12,6 +12,19 @@ namespace aotriton {
 // The archs the kernels are compiled for when the build has images for all of them.
 constexpr const char *kTargetArchs = "gfx90a,gfx942,gfx950,sm_80,sm_90";
 
+// The non-empty items of a `sep`-separated list ("gfx90a,gfx942"; the index's "name:type,...").
+inline std::vector<std::string> split_list(const std::string &s, char sep = ',') {
+  std::vector<std::string> out;
+  for (size_t start = 0; start <= s.size();) {
+    const size_t end = s.find(sep, start);
+    const std::string item = s.substr(start, end == std::string::npos ? end : end - start);
+    if (!item.empty()) out.push_back(item);
+    if (end == std::string::npos) break;
+    start = end + 1;
+  }
+  return out;
+}
+
 // The image arch that runs on device_arch, "" when none in `archs` (comma-separated): AMD needs the
 // same base arch ("gfx942:sramecc+:xnack-" -> gfx942); CUDA takes sm_XY itself, else the newest
 // sm_XZ of the same major with Z < Y (SASS runs on later minors of its major; Triton's sm_90 code
@@ -21,14 +34,7 @@ inline std::string image_arch_for(const std::string &device_arch, const std::str
   // "sm_90a" / "sm_100f": the arch-specific spellings name the same device.
   if (base.rfind("sm_", 0) == 0 && !base.empty() && std::isalpha(static_cast<unsigned char>(base.back())))
     base.pop_back();
-  std::vector<std::string> list;
-  for (size_t start = 0; start <= archs.size();) {
-    const size_t end = archs.find(',', start);
-    const std::string a = archs.substr(start, end == std::string::npos ? end : end - start);
-    if (!a.empty()) list.push_back(a);
-    if (end == std::string::npos) break;
-    start = end + 1;
-  }
+  const std::vector<std::string> list = split_list(archs);
   for (const std::string &a : list)
     if (a == base) return a;
   if (base.rfind("sm_", 0) != 0 || base.size() < 5) return "";

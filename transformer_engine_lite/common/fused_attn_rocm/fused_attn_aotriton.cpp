@@ -35,19 +35,6 @@ std::string dtype_label(NVTEDType t) {
   return *k ? std::string(k) : concat("dtype #", static_cast<int>(t));
 }
 
-std::vector<std::string> split(const std::string &s, char sep) {
-  std::vector<std::string> out;
-  size_t start = 0;
-  while (start <= s.size()) {
-    const size_t end = s.find(sep, start);
-    const std::string part = s.substr(start, end == std::string::npos ? end : end - start);
-    if (!part.empty()) out.push_back(part);
-    if (end == std::string::npos) break;
-    start = end + 1;
-  }
-  return out;
-}
-
 int64_t cdiv(int64_t a, int64_t b) { return (a + b - 1) / b; }
 
 const AttnStrides *strides_of(const AttnParams &p, const std::string &t) {
@@ -209,7 +196,7 @@ std::string unsupported_reason(const AttnParams &p, const std::string &device_ar
 
 std::vector<Arg> pack_args(const KernelImage &k, const AttnParams &p, float *delta) {
   std::vector<Arg> args;
-  for (const std::string &param : split(k.params, ',')) {
+  for (const std::string &param : split_list(k.params)) {
     const size_t colon = param.find(':');
     NVTE_CHECK(colon != std::string::npos, "aotriton: index entry of ", k.kernel,
                ": expected 'name:type' parameters, got '", param, "'");
@@ -233,7 +220,7 @@ std::vector<Arg> pack_args(const KernelImage &k, const AttnParams &p, float *del
 }
 
 void grid_of(const KernelImage &k, const AttnParams &p, unsigned grid[3]) {
-  const std::vector<std::string> rule = split(k.grid, ',');
+  const std::vector<std::string> rule = split_list(k.grid);
   NVTE_CHECK(rule.size() == 2, "aotriton: grid rule of ", k.kernel, ": expected 2 terms, got '",
              k.grid, "'");
   const int64_t x = rule[0] == "q_blocks" ? cdiv(p.s_q, k.block_m) : cdiv(p.s_kv, k.block_n);
