@@ -34,6 +34,7 @@ const NVTEFusedAttnPlatform kRocmImagesGfx942OnGfx90a{true, false, true, true, "
 const NVTEFusedAttnPlatform kRocmNoImages{true, false, true, true, "gfx942", ""};
 const NVTEFusedAttnPlatform kCudaImagesSm80OnSm90{false, false, true, true, "sm_90", "sm_80"};
 const NVTEFusedAttnPlatform kRocmAotCudaArch{true, false, true, true, "sm_90", nullptr};
+const NVTEFusedAttnPlatform kCudaAotNoDevice{false, false, true, true, "", "sm_80,sm_90"};
 const NVTEFusedAttnPlatform kCpu{false, false, false, true, "", nullptr};
 const NVTEFusedAttnPlatform kNoFlash{false, false, false, false, "", nullptr};
 const NVTEFusedAttnPlatform kGpuFlash{false, false, false, true, "sm_90", nullptr};

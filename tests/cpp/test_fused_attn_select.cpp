@@ -92,6 +92,7 @@ const RuleCase kRuleCases[] = {
   {"aot_images_for_another_arch", NVTE_AOTriton, &kRocmImagesGfx942OnGfx90a, [](NVTEFusedAttnConfig &) {}, "aotriton has no images for GPU arch 'gfx90a' in this build (built: gfx942)"},
   {"aot_no_images", NVTE_AOTriton, &kRocmNoImages, [](NVTEFusedAttnConfig &) {}, "(built: none)"},
   {"aot_sm90_needs_sm90_images", NVTE_AOTriton, &kCudaImagesSm80OnSm90, [](NVTEFusedAttnConfig &) {}, "no images for GPU arch 'sm_90' in this build (built: sm_80)"},
+  {"aot_no_device_no_arch", NVTE_AOTriton, &kCudaAotNoDevice, [](NVTEFusedAttnConfig &) {}, "no GPU arch is known (no device is visible)"},
   {"aot_rocm_build_cuda_arch", NVTE_AOTriton, &kRocmAotCudaArch, [](NVTEFusedAttnConfig &) {}, "needs a gfx GPU arch in a ROCm build, got 'sm_90'"},
   {"aot_head_dim_80_padded", NVTE_AOTriton, &kRocmAot, [](NVTEFusedAttnConfig &c) { c.head_dim_qk = c.head_dim_v = 80; }, nullptr},
   {"aot_head_dim_128", NVTE_AOTriton, &kRocmAot, [](NVTEFusedAttnConfig &c) { c.head_dim_qk = c.head_dim_v = 128; }, nullptr},

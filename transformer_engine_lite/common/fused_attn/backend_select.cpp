@@ -230,6 +230,10 @@ std::string aotriton_rules(const NVTEFusedAttnConfig &c, const NVTEFusedAttnPlat
         // back. The kernels themselves are built for CDNA2/3 (gfx90a, gfx942, gfx950) and
         // Ampere/Hopper.
         const std::string a = pf.gpu_arch ? pf.gpu_arch : "";
+        if (a.empty()) {
+          return "aotriton cannot tell which images to run: no GPU arch is known (no device is "
+                 "visible)";
+        }
         const bool amd = starts_with(a, "gfx");
         if (pf.is_rocm != amd) {
           return concat("aotriton needs a ", pf.is_rocm ? "gfx" : "sm_", " GPU arch in a ",
