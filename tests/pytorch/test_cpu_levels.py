@@ -44,6 +44,61 @@ def test_cap_reported_for_our_kernels_and_onednn(level, clone, onednn):
     assert info["onednn_isa"] == onednn
 
 
+def _rule(level: str, amd: bool) -> str:
+    """platform/cpu_isa.h matmul_path_for, restated."""
+    order = ["baseline", "avx2", "avx512_core", "avx512_core_bf16", "avx512_core_fp16",
+             "avx512_core_amx"]
+    rank = order.index(level)
+    if rank >= order.index("avx512_core_amx"):
+        return "bf16_tiles"
+    if rank >= order.index("avx512_core_bf16") and amd:
+        return "bf16_dot"
+    return "f32"
+
+
+@pytest.mark.parametrize("level", ["native", "avx2", "avx512_core"])
+def test_matmul_path_follows_the_level_and_vendor(level):
+    """build_info reports the CPU's exact matmul path: the rule applied to the capped level."""
+    r = run_python(INFO, **({} if level == "native" else {"NVTE_CPU_ISA": level}))
+    assert r.returncode == 0, r.stderr
+    isa = json.loads(r.stdout.strip().splitlines()[-1])["cpu_isa"]
+    if level != "native" and isa["detected"] in ("baseline", "avx2") and level == "avx512_core":
+        pytest.skip(f"this CPU is {isa['detected']}")
+    assert isa["matmul_path"] == _rule(isa["level"], isa["vendor_amd"]), isa
+
+
+ATTN_PATHS = """
+import torch, transformer_engine_lite.pytorch as te
+torch.manual_seed(0)
+q, k, v = (torch.randn(1, 200, 2, 64, dtype=torch.bfloat16) for _ in range(3))
+dpa = te.DotProductAttention(2, 64, attn_mask_type="causal", qkv_format="bshd")
+o = dpa(q, k, v).float()
+ref = torch.nn.functional.scaled_dot_product_attention(
+    *(t.double().transpose(1, 2) for t in (q, k, v)), is_causal=True).transpose(1, 2).reshape(1, 200, 128)
+print((o.double() - ref).abs().max().item(), o.double().sum().item())
+"""
+
+
+def test_attention_tiles_take_either_path_and_agree():
+    """NVTE_CPU_GEMM_COMPUTE moves the flash-attention tiles between bf16 dot products and fp32
+    FMAs; both stay within bf16 rounding of the fp64 result, and they differ (two real paths) on a
+    CPU that has both."""
+    errs, sums = {}, {}
+    for mode in ("fp32", "native", "auto"):
+        r = run_python(ATTN_PATHS, NVTE_CPU_GEMM_COMPUTE=mode)
+        assert r.returncode == 0, r.stderr[-3000:]
+        err, total = r.stdout.strip().splitlines()[-1].split()
+        errs[mode], sums[mode] = float(err), total
+    assert all(e < 2e-2 for e in errs.values()), errs
+    info = json.loads(run_python(INFO).stdout.strip().splitlines()[-1])["cpu_isa"]
+    if info["level"] in ("avx512_core_bf16", "avx512_core_fp16", "avx512_core_amx"):
+        assert sums["fp32"] != sums["native"], sums  # P in fp32 vs rounded to bf16
+    else:
+        assert sums["fp32"] == sums["native"], sums  # no bf16 dot products: one path
+    want = "fp32" if info["matmul_path"] == "f32" else "native"
+    assert sums["auto"] == sums[want], (sums, info)
+
+
 def test_onednn_own_cap_wins_for_onednn():
     r = run_python(INFO, NVTE_CPU_ISA="avx2", ONEDNN_MAX_CPU_ISA="SSE41")
     assert r.returncode == 0, r.stderr

@@ -475,15 +475,17 @@ def quantized_model_init(
     recipe: Recipe | None = None,
     preserve_high_precision_init_val: bool = False,
 ) -> Iterator[None]:
-    """Modules created inside keep FP8 primary weights.
+    """Modules created inside keep FP8 primary weights (TE's FP8 parameters).
 
-    Here "FP8 weights" means: each weight is quantized with the recipe's forward format right after
-    initialization (DelayedScaling: with the initial delayed-scaling scale 1.0, as TE's FP8
-    parameters; Float8CurrentScaling: per-tensor current scaling; MXFP8: 1x32 blocks) and stored
-    dequantized, so it holds exactly FP8-representable values, and the
-    parameter is flagged `param.fp8_primary = True` (module attribute `primary_weights_in_fp8`).
-    Memory is not reduced: there is no Float8Tensor subclass in TE-lite. With
-    preserve_high_precision_init_val, `param.get_high_precision_init_val()` returns the
+    Each weight is initialized in high precision, quantized with the recipe's forward format and
+    replaced by an `nn.Parameter` holding only FP8 data + scale: a `Float8Tensor` (DelayedScaling:
+    scale 1.0, TE's initial delayed scale; Float8CurrentScaling: per-tensor current scaling with
+    the recipe's fp8_quant_fwd_weight) or an `MXFP8Tensor` (MXFP8BlockScaling: row- and column-wise
+    1x32 blocks). Under a matching fp8_autocast the GEMMs use these bytes directly; otherwise the
+    weight is dequantized. Gradients are plain tensors of the parameter's nominal dtype; in-place
+    updates (optimizer steps, copy_, load_state_dict) re-quantize in place with the parameter's
+    quantizer. The module attribute `primary_weights_in_fp8` (and `param.fp8_primary`) flag it.
+    With preserve_high_precision_init_val, `param.get_high_precision_init_val()` returns the
     pre-quantization values (a CPU copy) until `param.clear_high_precision_init_val()`.
     """
     with FP8GlobalStateManager._model_init(enabled, recipe, preserve_high_precision_init_val):

@@ -8,6 +8,7 @@
 #include <vector>
 
 #include "../util/dtype_dispatch.h"
+#include "../util/env.h"
 #include "../util/math.h"
 #include "../util/parallel.h"
 #include "flash_cpu_common.h"
@@ -236,7 +237,14 @@ void fwd(const AttnParams &p) {
 
 }  // namespace
 
-bool use_bf16_compute(NVTEDType dtype) { return dtype == kNVTEBFloat16 && tile::has_bf16_dot(); }
+// bf16 dot products where the CPU has them, unless they are slower than fp32 FMAs here (Intel
+// without AMX: platform/cpu_isa.h's matmul path) or NVTE_CPU_GEMM_COMPUTE asks for fp32.
+bool use_bf16_compute(NVTEDType dtype) {
+  if (dtype != kNVTEBFloat16 || !tile::has_bf16_dot()) return false;
+  const std::string mode = cpu_compute_mode();
+  if (mode == "fp32") return false;
+  return mode == "native" || cpu_matmul_path() != MatmulPath::kF32;
+}
 
 }  // namespace flash_cpu
 

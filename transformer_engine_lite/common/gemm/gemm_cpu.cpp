@@ -278,21 +278,30 @@ MatmulDesc make_desc(const GemmParams &p, Compute compute) {
   return d;
 }
 
-// The operand precisions to try, in order. NVTE_CPU_GEMM_COMPUTE (read at every call): auto (native,
-// then widened), native (never widen everything to fp32: the GEMM fails where oneDNN lacks the
-// kernel), fp32 (always widen to fp32: tests the fallback on any CPU).
+// Below this many rows or columns of D, widening an operand costs more than fp32 FMAs save: the
+// widening touches m k + k n elements for m n k multiply-adds, m n / (m + n) per element, and a
+// widened element costs about as much as 50 fp32 multiply-adds (a table lookup or shift, 6 bytes of
+// memory traffic) while fp32 saves ~40% of each (kF32's 1.75x); a decode-sized GEMM (m = 1..32)
+// also reads its bf16 weight once where the widened one is read at twice the bytes.
+constexpr size_t kWidenMinDim = 128;
+
+// The operand precisions to try, in order. NVTE_CPU_GEMM_COMPUTE (read at every call): auto (the
+// CPU's fastest exact path, platform/cpu_isa.h cpu_matmul_path(); widened fp32 only when both
+// output dims reach kWidenMinDim; then anything oneDNN implements), native (bf16/fp16 operands:
+// the GEMM fails where oneDNN lacks the kernel), fp32 (always widen to fp32: tests the fallback on
+// any CPU).
 std::vector<Compute> compute_candidates(const GemmParams &p) {
-  const char *v = env_value("NVTE_CPU_GEMM_COMPUTE");
-  const std::string mode = v ? v : "auto";
-  NVTE_CHECK(mode == "auto" || mode == "native" || mode == "fp32",
-             "environment variable NVTE_CPU_GEMM_COMPUTE: expected auto, native or fp32, got '",
-             mode, "'");
+  const std::string mode = cpu_compute_mode();
   if (mode == "fp32") return {Compute::kF32};
+  const bool all_f32 = p.A->data.dtype == kNVTEFloat32 && p.B->data.dtype == kNVTEFloat32;
+  if (mode == "auto" && !all_f32 && cpu_matmul_path() == MatmulPath::kF32 &&
+      std::min(p.m, p.n) >= kWidenMinDim) {
+    return {Compute::kF32, Compute::kNative};
+  }
   std::vector<Compute> c{Compute::kNative};
   if (p.A->data.dtype == kNVTEFloat16 || p.B->data.dtype == kNVTEFloat16) {
     c.push_back(Compute::kFp16AsF32);
   }
-  const bool all_f32 = p.A->data.dtype == kNVTEFloat32 && p.B->data.dtype == kNVTEFloat32;
   if (mode == "auto" && !all_f32) c.push_back(Compute::kF32);
   return c;
 }

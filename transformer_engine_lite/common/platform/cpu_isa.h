@@ -34,6 +34,31 @@ const char *cpu_isa_name(CpuIsa isa);
 // The clone a level runs: "x86-64-v4", "x86-64-v3" or "baseline".
 const char *cpu_clone_name(CpuIsa isa);
 
+// The fastest exact way to multiply bf16 (and FP8, which is exact in bf16) matrices on a CPU. All
+// three accumulate in fp32 and are exact per product; they differ in speed only (and in the fp32
+// summation order). Measured with torch's and our oneDNN matmuls (benchmarks/README.md, "CPU
+// levels"):
+//  - kBf16Tiles: AMX bf16 tiles (oneDNN), several times any other path.
+//  - kBf16Dot: AVX-512 BF16 dot products (vdpbf16ps). AMD Zen 4 issues them at its FMA rate, so
+//    they do twice the flops of fp32 FMAs: bf16 matmul 407 GFLOP/s vs fp32 150-205 on 2 cores.
+//  - kF32: operands widened once to fp32 (O(n^2)), fp32 FMAs (O(n^3)). Intel cores without AMX
+//    issue vdpbf16ps at half their FMA rate (bf16 164 GFLOP/s vs fp32 288 on 2 Sapphire Rapids
+//    cores with AMX off), and CPUs without AVX-512 BF16 have no bf16 arithmetic at all.
+enum class MatmulPath : int { kF32 = 0, kBf16Dot = 1, kBf16Tiles = 2 };
+// The rule, as a pure function of the level in use and the vendor (tests/cpp/test_cpu_isa.cpp).
+inline MatmulPath matmul_path_for(CpuIsa level, bool amd) {
+  if (level >= CpuIsa::kAvx512CoreAmx) return MatmulPath::kBf16Tiles;
+  if (level >= CpuIsa::kAvx512CoreBf16 && amd) return MatmulPath::kBf16Dot;
+  return MatmulPath::kF32;
+}
+// Whether the CPU is AMD's (CPUID vendor).
+bool cpu_is_amd();
+// The rule for this CPU at cpu_isa_level(). NVTE_CPU_GEMM_COMPUTE overrides it per call (gemm,
+// attention).
+MatmulPath cpu_matmul_path();
+// "f32", "bf16_dot", "bf16_tiles".
+const char *matmul_path_name(MatmulPath path);
+
 }  // namespace nvte
 
 #if defined(__x86_64__) && defined(__GNUC__) && !defined(__clang__) && !defined(NVTE_NO_CPU_CLONES) && \

@@ -98,7 +98,9 @@ std::string make_info() {
   // The CPU level the kernels run at (NVTE_CPU_ISA caps it) and the clone that level picks.
   ss << ", \"cpu_isa\": {\"detected\": \"" << cpu_isa_name(cpu_isa_detected())
      << "\", \"level\": \"" << cpu_isa_name(cpu_isa_level()) << "\", \"clone\": \""
-     << cpu_clone_name(cpu_isa_level()) << "\"}";
+     << cpu_clone_name(cpu_isa_level()) << "\", \"vendor_amd\": "
+     << (cpu_is_amd() ? "true" : "false") << ", \"matmul_path\": \""
+     << matmul_path_name(cpu_matmul_path()) << "\"}";
 #ifdef _OPENMP
   ss << ", \"openmp\": true, \"max_threads\": " << omp_get_max_threads();
 #else

@@ -102,6 +102,32 @@ const char *cpu_isa_name(CpuIsa isa) {
   return "unknown";
 }
 
+bool cpu_is_amd() {
+  static const bool amd = [] {
+#if defined(__x86_64__) && defined(__GNUC__)
+    __builtin_cpu_init();
+    return __builtin_cpu_is("amd") != 0;
+#else
+    return false;
+#endif
+  }();
+  return amd;
+}
+
+MatmulPath cpu_matmul_path() {
+  static const MatmulPath path = matmul_path_for(cpu_isa_level(), cpu_is_amd());
+  return path;
+}
+
+const char *matmul_path_name(MatmulPath path) {
+  switch (path) {
+    case MatmulPath::kF32: return "f32";
+    case MatmulPath::kBf16Dot: return "bf16_dot";
+    case MatmulPath::kBf16Tiles: return "bf16_tiles";
+  }
+  return "unknown";
+}
+
 const char *cpu_clone_name(CpuIsa isa) {
 #if defined(__x86_64__) && defined(__GNUC__) && !defined(__clang__) && !defined(NVTE_NO_CPU_CLONES) && \
     !defined(__CUDACC__) && !defined(__HIPCC__)

@@ -8,6 +8,7 @@
 #include <cstdint>
 #include <cstdlib>
 #include <cstring>
+#include <string>
 
 #include "error.h"
 
@@ -43,6 +44,19 @@ inline int64_t env_int(const char *name, int64_t dflt) {
   NVTE_CHECK(errno == 0 && end != v && *end == '\0', "environment variable ", name,
              ": expected a decimal integer, got '", v, "'");
   return static_cast<int64_t>(x);
+}
+
+// NVTE_CPU_GEMM_COMPUTE: how CPU matrix products (the GEMM and the flash-attention tiles) take
+// bf16/fp16/FP8 operands: "auto" (default: the CPU's fastest exact path, platform/cpu_isa.h),
+// "native" (as they are, bf16 dot products or tiles where the CPU has them) or "fp32" (widened to
+// fp32 everywhere).
+inline std::string cpu_compute_mode() {
+  const char *v = env_value("NVTE_CPU_GEMM_COMPUTE");
+  const std::string mode = v ? v : "auto";
+  NVTE_CHECK(mode == "auto" || mode == "native" || mode == "fp32",
+             "environment variable NVTE_CPU_GEMM_COMPUTE: expected auto, native or fp32, got '",
+             mode, "'");
+  return mode;
 }
 
 }  // namespace nvte

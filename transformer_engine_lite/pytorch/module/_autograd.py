@@ -14,7 +14,9 @@ from typing import Any, NamedTuple
 import torch
 
 from ..fp8 import FP8GlobalStateManager
-from ..quantization import QuantSpec, mx_dequantized, ops, quantize_per_tensor
+from ..quantization import Operand, QuantSpec, mx_dequantized, ops, quantize_per_tensor
+from ..tensor import Float8Tensor, MXFP8Tensor, QuantizedTensor
+from ..tensor.quantized_tensor import to_dtype_enum
 
 
 class GemmConfig(NamedTuple):
@@ -73,8 +75,17 @@ class _LinearFn(torch.autograd.Function):
         te = ops()
         k = inp.shape[-1]
         x2 = inp.reshape(-1, k).contiguous()
-        w = weight.contiguous()
         out_dtype = inp.dtype
+        # FP8 weight parameters (quantized_model_init) enter the GEMM as they are stored when the
+        # recipe matches; otherwise (other recipe, no autocast) as their dequantized values.
+        w_op = _stored_per_tensor(weight, cfg) if cfg.mode in ("delayed", "current") else None
+        w_col = ctx.needs_input_grad[0] and cfg.bwd_override is None
+        w_mx = _stored_mxfp8(weight, cfg, w_col) if cfg.mode == "mxfp8" else None
+        w = weight
+        if isinstance(weight, QuantizedTensor) and w_op is None and w_mx is None:
+            w = weight.dequantize(dtype=out_dtype if cfg.mode in ("hp", "calibrate") else None)
+        elif w_op is None and w_mx is None:
+            w = weight.contiguous()
         need_dgrad, need_wgrad = ctx.needs_input_grad[0], ctx.needs_input_grad[1]
         need_wgrad = need_wgrad or cfg.fuse_wgrad
         hp_bwd = cfg.bwd_override == "high_precision"
@@ -82,15 +93,20 @@ class _LinearFn(torch.autograd.Function):
             s = cfg.slot_fwd
             delayed = cfg.mode == "delayed"
             xq, x_amax = quantize_per_tensor(x2, cfg.inp, fwd_scale[s : s + 1] if delayed else None)
-            wq, w_amax = quantize_per_tensor(
-                w, cfg.weight, fwd_scale[s + 1 : s + 2] if delayed else None
-            )
+            if w_op is not None:
+                # nothing to quantize; the weight's history slot records 0 (its scale stays put)
+                wq, w_amax = w_op, torch.zeros_like(x_amax)
+            else:
+                wq, w_amax = quantize_per_tensor(
+                    w, cfg.weight, fwd_scale[s + 1 : s + 2] if delayed else None
+                )
             out = te.gemm(
                 wq.data, wq.scale_inv, True, xq.data, xq.scale_inv, False, out_dtype, bias
             )[0]
             amax = torch.cat([x_amax, w_amax]) if delayed else _empty_amax(inp)
             if hp_bwd:
-                saved = (x2, None, w, None)
+                # an FP8 weight is saved as its bytes and dequantized by the backward
+                saved = (x2, None, wq.data, wq.scale_inv) if w_op is not None else (x2, None, w, None)
             elif cfg.save_original_input:
                 saved = (x2, None, wq.data, wq.scale_inv)
             else:
@@ -103,7 +119,11 @@ class _LinearFn(torch.autograd.Function):
             quant_bwd = cfg.bwd_override is None
             x_col = need_wgrad and quant_bwd and not cfg.save_original_input
             xr, xc = mx_dequantized(x2, dt, True, x_col)
-            wr, wc = mx_dequantized(w, dt, True, need_dgrad and quant_bwd)
+            if w_mx is not None:
+                wr, wc = w_mx
+                w = wr  # what hp_bwd uses: the parameter's (exact) values
+            else:
+                wr, wc = mx_dequantized(w, dt, True, need_dgrad and quant_bwd)
             b = bias.to(torch.bfloat16) if bias is not None else None
             out = te.gemm(wr, None, True, xr, None, False, out_dtype, b)[0]
             amax = _empty_amax(inp)
@@ -210,6 +230,34 @@ class _LinearFn(torch.autograd.Function):
         if dgrad is not None:
             dgrad = dgrad.reshape(ctx.inp_shape)
         return dgrad, wgrad, dbias, None, None, None, None, None, None, None
+
+
+def _stored_per_tensor(weight: torch.Tensor, cfg: GemmConfig) -> Operand | None:
+    """The FP8 bytes and scale_inv of a Float8Tensor weight in the format cfg casts weights to."""
+    if isinstance(weight, Float8Tensor) and weight._fp8_dtype == to_dtype_enum(cfg.weight.dtype):
+        return Operand(weight._data.view(cfg.weight.dtype), weight._scale_inv)
+    return None
+
+
+def _stored_mxfp8(
+    weight: torch.Tensor, cfg: GemmConfig, columnwise: bool
+) -> tuple[torch.Tensor, torch.Tensor | None] | None:
+    """An MXFP8Tensor weight with both block copies, each dequantized to bf16 for the GEMM
+    (exact, as mx_dequantized): the same operands as quantizing the weight in the forward."""
+    if not isinstance(weight, MXFP8Tensor) or weight._fp8_dtype != to_dtype_enum(cfg.inp.dtype):
+        return None
+    if weight._rowwise_data is None or weight._columnwise_data is None:
+        return None
+    te, dt = ops(), cfg.inp.dtype
+    r = te.dequantize_mxfp8(
+        weight._rowwise_data.view(dt), weight._rowwise_scale_inv, False, torch.bfloat16
+    )
+    if not columnwise:
+        return r, None
+    c = te.dequantize_mxfp8(
+        weight._columnwise_data.view(dt), weight._columnwise_scale_inv, True, torch.bfloat16
+    )
+    return r, c
 
 
 class _DelayedWgrad:

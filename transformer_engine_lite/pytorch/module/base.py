@@ -34,8 +34,15 @@ from ..distributed import (
     reduce_from_tp_region,
     reduce_scatter_along_first_dim,
 )
-from ..fp8 import FP8GlobalStateManager
+from ..fp8 import FP8GlobalStateManager, get_fp8_torch_dtype
 from ..quantization import fake_quantize, spec_for
+from ..tensor import (
+    Float8CurrentScalingQuantizer,
+    Float8Quantizer,
+    MXFP8Quantizer,
+    QuantizedTensor,
+    Quantizer,
+)
 from ..utils import get_default_init_method
 from ._autograd import GemmConfig, linear
 
@@ -71,6 +78,51 @@ def get_dummy_wgrad(shape: list[int], dtype: torch.dtype, zero: bool = False) ->
     if zero:
         t.zero_()
     return t
+
+
+def weight_param_quantizer(owner: str, recipe: Recipe, weight: torch.Tensor) -> Quantizer:
+    """The quantizer of an FP8 weight parameter under quantized_model_init(recipe): the bytes it
+    produces are those the recipe's forward would quantize the weight to (delayed scaling: TE's
+    initial scale 1.0; current scaling: the recipe's fp8_quant_fwd_weight options). It is also
+    what re-quantizes the parameter after an in-place update (optimizer step, copy_); under
+    delayed scaling each re-quantization uses the scale (with the recipe's margin) computed from
+    the previous one's amax, as TE's weight amax history would give."""
+    fmt = getattr(recipe, "fp8_format", None)
+    if recipe.delayed():
+        dt = get_fp8_torch_dtype(fmt, True)
+        one = torch.ones(1, dtype=torch.float32, device=weight.device)
+        return Float8Quantizer(one, torch.zeros_like(one), dt, update_margin=float(recipe.margin))
+    if recipe.float8_current_scaling():
+        qp = recipe.fp8_quant_fwd_weight
+        dt = get_fp8_torch_dtype(fmt, True)
+        return Float8CurrentScalingQuantizer(
+            dt, weight.device, force_pow_2_scales=bool(qp.power_2_scale),
+            amax_epsilon=float(qp.amax_epsilon),
+        )
+    if recipe.mxfp8():
+        return MXFP8Quantizer(get_fp8_torch_dtype(fmt, True))
+    raise ValueError(
+        f"{owner}: quantized_model_init recipe: expected DelayedScaling, Float8CurrentScaling or "
+        f"MXFP8BlockScaling for FP8 weight parameters, got {type(recipe).__name__}"
+    )
+
+
+def _moved(param: QuantizedTensor, device: torch.device) -> torch.nn.Parameter:
+    """An FP8 parameter's copy on `device` (inner tensors and the quantizer's scale / amax)."""
+    new = param._shallow_copy()
+    for name in new._inner_names():
+        t = getattr(new, name)
+        setattr(new, name, None if t is None else t.to(device))
+    q = new._quantizer
+    if isinstance(q, Float8Quantizer):
+        new._quantizer = Float8Quantizer(
+            q.scale.to(device), q.amax.to(device), q.dtype, update_margin=q.update_margin
+        )
+    out = torch.nn.Parameter(new, requires_grad=param.requires_grad)
+    for k, v in param.__dict__.items():
+        if k not in new._inner_names() and k != "_quantizer":
+            setattr(out, k, v)
+    return out
 
 
 def default_device() -> torch.device:
@@ -133,13 +185,23 @@ class TransformerEngineBaseModule(torch.nn.Module):
     def _apply(self, fn: Callable[..., Any], recurse: bool = True) -> TransformerEngineBaseModule:
         # .to(dtype) / .bfloat16() / .half() must not touch the FP8 meta: it stays float32 (int32
         # flags) and only follows device moves.
+        # FP8 weight parameters likewise keep their FP8 storage (a dtype cast would dequantize
+        # them into plain tensors) and only follow device moves.
         saved = {n: self._buffers.pop(n) for n in self._FP8_META_BUFFERS if n in self._buffers}
+        fp8_params = {
+            n: self._parameters.pop(n)
+            for n, p in list(self._parameters.items())
+            if isinstance(p, QuantizedTensor)
+        }
         try:
             super()._apply(fn, recurse)
         finally:
             for n, t in saved.items():
                 probe = fn(torch.empty(0, device=t.device))
                 self._buffers[n] = t if probe.device == t.device else t.to(probe.device)
+            for n, p in fp8_params.items():
+                probe = fn(torch.empty(0, device=p.device))
+                self._parameters[n] = p if probe.device == p.device else _moved(p, probe.device)
         return self
 
     def __setstate__(self, state: dict[str, Any]) -> None:
@@ -308,7 +370,10 @@ class TransformerEngineBaseModule(torch.nn.Module):
                 if tp.sequence_parallel
                 else copy_to_tp_region(x, tp.group)
             )
-        w = weight if weight.dtype == dtype else weight.to(dtype)
+        # An FP8 parameter goes to the GEMM as it is: its bytes under a matching recipe, else
+        # dequantized there (a .to() here would dequantize it always).
+        keep = weight.dtype == dtype or isinstance(weight, QuantizedTensor)
+        w = weight if keep else weight.to(dtype)
         row = tp.size > 1 and parallel_mode == "row"
         b = bias if (add_bias and not row and bias is not None) else None
         if b is not None and b.dtype != dtype:
@@ -356,21 +421,50 @@ class TransformerEngineBaseModule(torch.nn.Module):
         rng_tracker: Callable[[], Any] | None = None,
         rng_tracker_name: str | None = None,
     ) -> None:
-        """init_method on the local shard (TE: under the RNG tracker's fork when given), then the
-        FP8 rounding of quantized_model_init."""
+        """init_method on the local shard (TE: under the RNG tracker's fork when given); under
+        quantized_model_init the parameter is then replaced by its FP8 form (same name)."""
         if param.device.type == "meta":
             return
         ctx: Any = contextlib.nullcontext()
         if rng_tracker is not None:
             tracker = rng_tracker()
             ctx = tracker.fork(rng_tracker_name) if rng_tracker_name else tracker.fork()
+        if isinstance(param, QuantizedTensor):  # reset_parameters() of an FP8 model
+            hp = torch.empty(param.shape, dtype=param.dtype, device=param.device)
+            with torch.no_grad(), ctx:
+                init_method(hp)
+            self._set_fp8_param(param, self._make_fp8_primary(hp))
+            return
         with torch.no_grad(), ctx:
             init_method(param)
         if self.primary_weights_in_fp8:
-            self._make_fp8_primary(param)
+            self._set_fp8_param(param, self._make_fp8_primary(param))
+
+    def _set_fp8_param(self, old: torch.Tensor, new: torch.nn.Parameter) -> None:
+        name = next(n for n, p in self._parameters.items() if p is old)
+        setattr(self, name, new)
 
     @torch.no_grad()
-    def _make_fp8_primary(self, param: torch.nn.Parameter) -> None:
+    def _make_fp8_primary(self, param: torch.Tensor) -> torch.nn.Parameter:
+        """The FP8 parameter holding `param` quantized with the quantized_model_init recipe's
+        forward format (TE's FP8 primary weights): Float8Tensor (per-tensor scale) or MXFP8Tensor
+        (row- and column-wise 1x32 blocks). No high-precision copy is kept, except the optional
+        CPU copy of preserve_high_precision_init_val."""
+        assert self._fp8_init_recipe is not None
+        quantizer = weight_param_quantizer(type(self).__name__, self._fp8_init_recipe, param)
+        new = torch.nn.Parameter(quantizer(param.detach()), requires_grad=param.requires_grad)
+        if self._preserve_init:
+            new._high_precision_init_val = param.detach().to("cpu", copy=True)
+        new.fp8_primary = True  # type: ignore[attr-defined]  # TE-lite's flag, kept for old code
+        for attr in ("sequence_parallel", "main_grad"):
+            if hasattr(param, attr):
+                setattr(new, attr, getattr(param, attr))
+        return new
+
+    @torch.no_grad()
+    def _fake_quantize_primary(self, param: torch.nn.Parameter) -> None:
+        """GroupedLinear(single_grouped_weight=True): its [n, out, in] weight is sliced per expert
+        at every forward, so it stays in high precision, rounded to FP8 values per expert."""
         if self._preserve_init:
             hp = param.detach().to("cpu", copy=True)
             param._high_precision_init_val = hp  # type: ignore[attr-defined]
@@ -381,7 +475,8 @@ class TransformerEngineBaseModule(torch.nn.Module):
 
             param.clear_high_precision_init_val = _clear  # type: ignore[attr-defined]
         assert self._fp8_init_recipe is not None
-        param.copy_(fake_quantize(param, self._fp8_init_recipe))
+        for w in param.unbind(0):
+            w.copy_(fake_quantize(w, self._fp8_init_recipe))
         param.fp8_primary = True  # type: ignore[attr-defined]
 
     # ------------------------------------------------------------------ checkpoint

@@ -137,8 +137,7 @@ class GroupedLinear(TransformerEngineBaseModule):
                     for w in self.weight.unbind(0):
                         self.init_method(w)
                 if self.primary_weights_in_fp8:
-                    for w in self.weight.unbind(0):
-                        self._make_fp8_primary(w)
+                    self._fake_quantize_primary(self.weight)
         else:
             for w in self._weights():
                 self._init_weight(w, self.init_method, tracker, self.rng_tracker_name)

@@ -4,6 +4,15 @@ from .float8_tensor import Float8CurrentScalingQuantizer, Float8Quantizer, Float
 from .mxfp8_tensor import MXFP8Quantizer, MXFP8Tensor
 from .quantized_tensor import QuantizedTensor, Quantizer
 
+import torch as _torch
+
+from .float8_tensor import rebuild_float8_tensor as _rebuild_f8
+from .mxfp8_tensor import rebuild_mxfp8_tensor as _rebuild_mx
+
+# torch.load(weights_only=True) of a state_dict holding FP8 parameters (fp8_model_init): the two
+# rebuild functions take plain tensors and values only.
+_torch.serialization.add_safe_globals([_rebuild_f8, _rebuild_mx])
+
 __all__ = [
     "Float8CurrentScalingQuantizer",
     "Float8Quantizer",

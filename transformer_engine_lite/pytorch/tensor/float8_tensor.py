@@ -63,6 +63,45 @@ class Float8Tensor(QuantizedTensor):
         self._scale_inv.copy_(other._scale_inv)
         self._transpose_invalid = True
 
+    def _inner_names(self) -> list[str]:
+        return ["_data", "_scale_inv"]
+
+    # torch.compile: a traceable wrapper subclass (AOTAutograd flattens it into these tensors).
+    def __tensor_flatten__(self) -> tuple[list[str], tuple[Any, ...]]:
+        return ["_data", "_scale_inv"], (self._fp8_dtype, self.dtype)
+
+    @staticmethod
+    def __tensor_unflatten__(
+        inner: dict[str, torch.Tensor], ctx: tuple[Any, ...], outer_size: Any, outer_stride: Any
+    ) -> Float8Tensor:
+        # The quantizer stays out of the metadata (dynamo guards compare it by value); traced
+        # code never re-quantizes a parameter.
+        fp8_dtype, dtype = ctx
+        return Float8Tensor(
+            shape=outer_size,
+            dtype=dtype,
+            data=inner["_data"],
+            fp8_scale_inv=inner["_scale_inv"],
+            fp8_dtype=fp8_dtype,
+            quantizer=None,
+        )
+
+    def __reduce_ex__(self, protocol: int) -> Any:
+        # torch.save / torch.load(weights_only=True): plain tensors and values only (the rebuild
+        # function is registered as a safe global in tensor/__init__.py).
+        q = self._quantizer
+        return (
+            rebuild_float8_tensor,
+            (
+                self._data,
+                self._scale_inv,
+                str(self.fp8_torch_dtype).replace("torch.", ""),
+                tuple(self.shape),
+                self.dtype,
+                None if q is None else q.state(),
+            ),
+        )
+
     def _shallow_copy(self) -> Float8Tensor:
         return Float8Tensor(
             shape=self.shape,
@@ -93,9 +132,54 @@ def _wrap(
     )
 
 
+def rebuild_float8_tensor(
+    data: torch.Tensor,
+    scale_inv: torch.Tensor,
+    fp8_dtype: str,
+    shape: tuple[int, ...],
+    dtype: torch.dtype,
+    quantizer_state: dict[str, Any] | None,
+) -> Float8Tensor:
+    """Unpickling target of Float8Tensor (see __reduce_ex__)."""
+    return Float8Tensor(
+        shape=shape,
+        dtype=dtype,
+        data=data,
+        fp8_scale_inv=scale_inv,
+        fp8_dtype=getattr(torch, fp8_dtype),
+        quantizer=None if quantizer_state is None else quantizer_from_state(quantizer_state),
+    )
+
+
+def quantizer_from_state(state: dict[str, Any]) -> Quantizer:
+    """The quantizer that Quantizer.state() described (checkpoint loading)."""
+    kind, fp8 = state.get("kind"), getattr(torch, str(state.get("fp8_dtype")), None)
+    usage = {"rowwise": state.get("rowwise", True), "columnwise": state.get("columnwise", True)}
+    if kind == "delayed":
+        return Float8Quantizer(
+            state["scale"], state["amax"], fp8, **usage, update_margin=state.get("update_margin")
+        )
+    if kind == "current":
+        return Float8CurrentScalingQuantizer(
+            fp8, **usage, force_pow_2_scales=state["pow2"], amax_epsilon=state["eps"]
+        )
+    if kind == "mxfp8":
+        from .mxfp8_tensor import MXFP8Quantizer
+
+        return MXFP8Quantizer(fp8, **usage)
+    raise ValueError(
+        f"quantizer_from_state: kind: expected 'delayed', 'current' or 'mxfp8', got {kind!r}"
+    )
+
+
 class Float8Quantizer(Quantizer):
     """Delayed scaling: quantize with the given `scale` ([1] or scalar fp32); the amax of each
-    quantized tensor is folded into `amax` (running max, as TE's cast kernel does)."""
+    quantized tensor is folded into `amax` (running max, as TE's cast kernel does).
+
+    update_margin (TE-lite, used for FP8 weight parameters): after each quantization, set `amax`
+    to this tensor's amax and `scale` to (fp8_max / amax) / 2^update_margin, so the next
+    re-quantization (optimizer step) uses the scale of the previous values: delayed scaling with a
+    one-entry history. None (default): TE's behaviour, the scale is left to its owner."""
 
     def __init__(
         self,
@@ -105,8 +189,10 @@ class Float8Quantizer(Quantizer):
         *,
         rowwise: bool = True,
         columnwise: bool = True,
+        update_margin: float | None = None,
     ) -> None:
         super().__init__(rowwise=rowwise, columnwise=columnwise)
+        self.update_margin = update_margin
         for name, t in (("scale", scale), ("amax", amax)):
             if not isinstance(t, torch.Tensor) or t.numel() != 1 or t.dtype != torch.float32:
                 got = (
@@ -120,13 +206,22 @@ class Float8Quantizer(Quantizer):
         self.scale, self.amax = scale, amax
         self.dtype = to_dtype_enum(fp8_torch_dtype("Float8Quantizer", fp8_dtype))
 
+    def state(self) -> dict[str, Any]:
+        return {**self._usage_state("delayed"), "scale": self.scale, "amax": self.amax,
+                "update_margin": self.update_margin}
+
     def _quantize(self, tensor: torch.Tensor) -> Float8Tensor:
         fp8 = fp8_torch_dtype("Float8Quantizer", self.dtype)
         data, amax, scale_inv = ops().quantize(
             tensor.contiguous().reshape(-1), self.scale.reshape(1), fp8
         )
         with torch.no_grad():
-            self.amax.copy_(torch.maximum(self.amax.reshape(1), amax).reshape(self.amax.shape))
+            if self.update_margin is None:
+                self.amax.copy_(torch.maximum(self.amax.reshape(1), amax).reshape(self.amax.shape))
+            else:
+                self.amax.copy_(amax.reshape(self.amax.shape))
+                scale, _ = ops().compute_scale_from_amax(amax, fp8, 0.0, False)
+                self.scale.copy_((scale / 2.0**self.update_margin).reshape(self.scale.shape))
         return _wrap(tensor, data, scale_inv, fp8, self)
 
 
@@ -158,6 +253,10 @@ class Float8CurrentScalingQuantizer(Quantizer):
         self.amax_reduction_group = amax_reduction_group
         self.force_pow_2_scales = bool(force_pow_2_scales)
         self.amax_epsilon = float(amax_epsilon)
+
+    def state(self) -> dict[str, Any]:
+        return {**self._usage_state("current"), "pow2": self.force_pow_2_scales,
+                "eps": self.amax_epsilon}
 
     def _quantize(self, tensor: torch.Tensor) -> Float8Tensor:
         te = ops()

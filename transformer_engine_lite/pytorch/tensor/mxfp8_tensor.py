@@ -72,6 +72,44 @@ class MXFP8Tensor(QuantizedTensor):
             else:
                 setattr(self, name, theirs)
 
+    _INNER = ("_rowwise_data", "_rowwise_scale_inv", "_columnwise_data", "_columnwise_scale_inv")
+
+    def _inner_names(self) -> list[str]:
+        return list(self._INNER)
+
+    # torch.compile: a traceable wrapper subclass (AOTAutograd flattens it into these tensors).
+    def __tensor_flatten__(self) -> tuple[list[str], tuple[Any, ...]]:
+        names = [n for n in self._INNER if getattr(self, n) is not None]
+        return names, (self._fp8_dtype, self.dtype)
+
+    @staticmethod
+    def __tensor_unflatten__(
+        inner: dict[str, torch.Tensor], ctx: tuple[Any, ...], outer_size: Any, outer_stride: Any
+    ) -> MXFP8Tensor:
+        # The quantizer stays out of the metadata (dynamo guards compare it by value); traced
+        # code never re-quantizes a parameter.
+        fp8_dtype, dtype = ctx
+        return MXFP8Tensor(
+            shape=outer_size,
+            dtype=dtype,
+            **{n[1:]: inner.get(n) for n in MXFP8Tensor._INNER},
+            fp8_dtype=fp8_dtype,
+            quantizer=None,
+        )
+
+    def __reduce_ex__(self, protocol: int) -> Any:
+        q = self._quantizer
+        return (
+            rebuild_mxfp8_tensor,
+            (
+                {n: getattr(self, n) for n in self._INNER},
+                str(self.fp8_data_dtype()).replace("torch.", ""),
+                tuple(self.shape),
+                self.dtype,
+                None if q is None else q.state(),
+            ),
+        )
+
     def _shallow_copy(self) -> MXFP8Tensor:
         return MXFP8Tensor(
             shape=self.shape,
@@ -85,12 +123,34 @@ class MXFP8Tensor(QuantizedTensor):
         )
 
 
+def rebuild_mxfp8_tensor(
+    inner: dict[str, torch.Tensor | None],
+    fp8_dtype: str,
+    shape: tuple[int, ...],
+    dtype: torch.dtype,
+    quantizer_state: dict[str, Any] | None,
+) -> MXFP8Tensor:
+    """Unpickling target of MXFP8Tensor (see __reduce_ex__)."""
+    from .float8_tensor import quantizer_from_state
+
+    return MXFP8Tensor(
+        shape=shape,
+        dtype=dtype,
+        **{n[1:]: inner.get(n) for n in MXFP8Tensor._INNER},
+        fp8_dtype=getattr(torch, fp8_dtype),
+        quantizer=None if quantizer_state is None else quantizer_from_state(quantizer_state),
+    )
+
+
 class MXFP8Quantizer(Quantizer):
     """MXFP8: 32-element blocks, each with a power-of-two E8M0 scale."""
 
     def __init__(self, fp8_dtype: Any, *, rowwise: bool = True, columnwise: bool = True) -> None:
         super().__init__(rowwise=rowwise, columnwise=columnwise)
         self.dtype = to_dtype_enum(fp8_torch_dtype("MXFP8Quantizer", fp8_dtype))
+
+    def state(self) -> dict[str, Any]:
+        return self._usage_state("mxfp8")
 
     def _quantize(self, tensor: torch.Tensor) -> MXFP8Tensor:
         if not (self.rowwise_usage or self.columnwise_usage):

@@ -9,6 +9,7 @@ ordinary tensors. `detach()` keeps the quantized form (nn.Parameter needs it).
 
 from __future__ import annotations
 
+import copy
 from typing import Any
 
 import torch
@@ -60,6 +61,15 @@ class Quantizer:
             self.rowwise_usage = bool(rowwise)
         if columnwise is not None:
             self.columnwise_usage = bool(columnwise)
+
+    def _usage_state(self, kind: str) -> dict[str, Any]:
+        dt = str(dtype_to_torch(self.dtype, f"{type(self).__name__}.dtype")).replace("torch.", "")
+        return {"kind": kind, "fp8_dtype": dt, "rowwise": self.rowwise_usage,
+                "columnwise": self.columnwise_usage}
+
+    def state(self) -> dict[str, Any]:  # pragma: no cover - abstract
+        """Plain values (and tensors) describing this quantizer, for checkpoints."""
+        raise NotImplementedError
 
     def __call__(self, tensor: torch.Tensor) -> QuantizedTensor:
         return self.quantize(tensor)
@@ -141,6 +151,30 @@ class QuantizedTensor(torch.Tensor):
             raise RuntimeError(f"{type(self).__name__}.quantize_: this tensor has no quantizer")
         return self._quantizer.update_quantized(tensor, self)
 
+    # -------------------------------------------------------------- parameters (fp8_model_init)
+    def get_high_precision_init_val(self) -> torch.Tensor | None:
+        """The values before quantization (a CPU copy), kept under quantized_model_init(
+        preserve_high_precision_init_val=True) until clear_high_precision_init_val()."""
+        return getattr(self, "_high_precision_init_val", None)
+
+    def clear_high_precision_init_val(self) -> None:
+        self._high_precision_init_val = None
+
+    def _inner_names(self) -> list[str]:  # pragma: no cover - abstract
+        raise NotImplementedError
+
+    def __deepcopy__(self, memo: dict[int, Any]) -> QuantizedTensor:
+        # A wrapper subclass has no storage for Tensor.__deepcopy__ to copy: copy the inner tensors,
+        # the quantizer and every other attribute (the high-precision init value, _is_param).
+        if id(self) in memo:
+            return memo[id(self)]
+        new = self._shallow_copy()
+        memo[id(self)] = new
+        for k, v in self.__dict__.items():
+            setattr(new, k, copy.deepcopy(v, memo))
+        new.requires_grad_(self.requires_grad)
+        return new
+
     __torch_function__ = torch._C._disabled_torch_function_impl
 
     @classmethod
@@ -148,19 +182,57 @@ class QuantizedTensor(torch.Tensor):
         kwargs = kwargs or {}
         if func is torch.ops.aten.detach.default:
             return args[0]._shallow_copy()
+        if func is torch.ops.aten.clone.default:
+            new = args[0]._shallow_copy()
+            for name in new._inner_names():
+                t = getattr(new, name)
+                setattr(new, name, None if t is None else t.clone())
+            return new
         if func is torch.ops.aten.copy_.default and isinstance(args[0], QuantizedTensor):
             dst, src = args[0], args[1]
+            if type(src) is type(dst) and src._same_layout(dst):
+                dst._assign_from(src)  # load_state_dict: the same bytes and scales, no re-cast
+                return dst
             src = src.dequantize() if isinstance(src, QuantizedTensor) else src
             q = dst._quantizer
             if q is None:
                 raise RuntimeError(f"{type(dst).__name__}.copy_: this tensor has no quantizer")
-            q.update_quantized(src.to(dst.dtype), dst)
+            q.update_quantized(src.to(device=dst.device, dtype=dst.dtype), dst)
             return dst
+        if (
+            args
+            and isinstance(args[0], QuantizedTensor)
+            and func._schema.name.endswith("_")
+            and func._schema.arguments
+            and func._schema.arguments[0].is_write
+        ):
+            # An in-place op on a quantized tensor (an optimizer's param.add_(grad, alpha=-lr)):
+            # dequantize, update in high precision, quantize back with the tensor's own quantizer
+            # (the recipe's scaling), in place.
+            dst = args[0]
+            if dst._quantizer is None:
+                raise RuntimeError(
+                    f"{type(dst).__name__}: in-place {func._schema.name} needs a quantizer to "
+                    "write the result back; this tensor has none"
+                )
+            hp = dst.dequantize()
+            rest = tree_map(_unwrap, (args[1:], kwargs))
+            func(hp, *rest[0], **rest[1])
+            dst._quantizer.update_quantized(hp, dst)
+            return dst
+        return func(*tree_map(_unwrap, args), **tree_map(_unwrap, kwargs))
 
-        def unwrap(t: Any) -> Any:
-            return t.dequantize() if isinstance(t, QuantizedTensor) else t
+    def _same_layout(self, other: QuantizedTensor) -> bool:
+        """Whether other's inner tensors can be copied into self's byte for byte."""
+        for name in self._inner_names():
+            a, b = getattr(self, name), getattr(other, name)
+            if (a is None) != (b is None) or (a is not None and a.shape != b.shape):
+                return False
+        return tuple(self.shape) == tuple(other.shape)
 
-        return func(*tree_map(unwrap, args), **tree_map(unwrap, kwargs))
+
+def _unwrap(t: Any) -> Any:
+    return t.dequantize() if isinstance(t, QuantizedTensor) else t
 
 
 def to_dtype_enum(dt: torch.dtype) -> DType:
