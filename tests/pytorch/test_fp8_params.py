@@ -170,6 +170,18 @@ def test_inplace_update_requantizes_with_the_recipe(recipe):
         assert torch.equal(a, b)
 
 
+def test_delayed_weight_rescales_on_update():
+    """DelayedScaling: created with TE's initial scale 1.0; each re-quantization then uses the
+    scale fp8_max / amax of the previous values (one-entry history)."""
+    m = _build("Linear", "delayed", preserve_high_precision_init_val=True)
+    p = m.weight
+    assert p._scale_inv.item() == 1.0
+    amax = p.get_high_precision_init_val().float().abs().max()
+    with torch.no_grad():
+        p.mul_(1.0)
+    assert p._scale_inv.item() == pytest.approx((amax / 448.0).item(), rel=1e-6)
+
+
 @pytest.mark.parametrize("opt", ["SGD", "Adam"])
 @pytest.mark.parametrize("recipe", list(RECIPES))
 def test_training_decreases_loss(recipe, opt):
