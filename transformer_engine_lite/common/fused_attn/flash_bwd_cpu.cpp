@@ -36,7 +36,7 @@ NVTE_CPU_KERNEL void recompute_probs(int rows, float *S, const float *bias, cons
     }
     for (int c = 0; c < kBlockKV; ++c) {
       const float x = s[c] * scale + bb[c];
-      s[c] = (c >= lo && c < hi) ? exp_f32(x - m) : 0.0f;
+      s[c] = (c >= lo && c < hi) ? exp_softmax_f32(x - m) : 0.0f;
     }
   }
 }

@@ -16,6 +16,7 @@
 #include <type_traits>
 #include <vector>
 
+#include "../platform/cpu_isa.h"
 #include "../platform/cpu_tile_gemm.h"
 #include "../platform/host_device.h"
 #include "../util/half.h"
@@ -36,6 +37,44 @@ alignas(64) inline constexpr float kZeroRow[kBlockKV] = {};
 using tile::v16f;
 typedef int32_t v16i __attribute__((vector_size(64)));
 constexpr v16i kLane = {0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15};
+
+// Max and sum of 16 lanes as fixed trees (lanes i and i + 8, then + 4, + 2, + 1): the same order
+// in every ISA clone, a 4-deep dependency chain instead of 16, and no trip through memory (the
+// halves are register shuffles).
+typedef float v8f __attribute__((vector_size(32)));
+typedef float v4f __attribute__((vector_size(16)));
+NVTE_CPU_KERNEL float hmax16(v16f v) {
+  const v8f a = __builtin_shufflevector(v, v, 0, 1, 2, 3, 4, 5, 6, 7);
+  const v8f b = __builtin_shufflevector(v, v, 8, 9, 10, 11, 12, 13, 14, 15);
+  const v8f m8 = b > a ? b : a;
+  const v4f c = __builtin_shufflevector(m8, m8, 0, 1, 2, 3);
+  const v4f d = __builtin_shufflevector(m8, m8, 4, 5, 6, 7);
+  const v4f m4 = d > c ? d : c;
+  const float x0 = m4[2] > m4[0] ? m4[2] : m4[0], x1 = m4[3] > m4[1] ? m4[3] : m4[1];
+  return x1 > x0 ? x1 : x0;
+}
+NVTE_CPU_KERNEL float hsum16(v16f v) {
+  const v8f s8 = __builtin_shufflevector(v, v, 0, 1, 2, 3, 4, 5, 6, 7) +
+                 __builtin_shufflevector(v, v, 8, 9, 10, 11, 12, 13, 14, 15);
+  const v4f s4 = __builtin_shufflevector(s8, s8, 0, 1, 2, 3) +
+                 __builtin_shufflevector(s8, s8, 4, 5, 6, 7);
+  return (s4[0] + s4[2]) + (s4[1] + s4[3]);
+}
+
+// x where lo <= idx < hi, else -inf, in integer arithmetic on the lanes: GCC 12 lowers vector
+// comparisons of int lanes (and `?:` on them) for AVX-512 lane by lane, with a test and a branch or
+// cmov per lane; that was the hottest code of the forward. Here the sign bits of idx - lo and
+// hi - 1 - idx say whether a lane is outside, spread over the lane by an arithmetic shift.
+NVTE_CPU_KERNEL v16f mask_outside(v16f x, v16i idx, int lo, int hi) {
+  const v16i keep = ~(((idx - lo) | ((hi - 1) - idx)) >> 31);  // all ones inside, zero outside
+  v16i xb, ninf;
+  const v16f ninf_f = kNegInf - v16f{};
+  std::memcpy(&xb, &x, sizeof(xb));
+  std::memcpy(&ninf, &ninf_f, sizeof(ninf));
+  xb = (xb & keep) | (ninf & ~keep);
+  std::memcpy(&x, &xb, sizeof(x));
+  return x;
+}
 
 inline int64_t round_up(int64_t x, int64_t m) { return (x + m - 1) / m * m; }
 inline int64_t ceil_div(int64_t x, int64_t m) { return (x + m - 1) / m; }

@@ -24,65 +24,65 @@ void gemm_f32_cloned(int M, int N, int K, const float *A, int lda, const float *
 
 namespace {
 
-// Online-softmax step of a tile. In: S [rows][64] raw q.k dots of keys j0..j0+63, bias [rows][64] or
-// nullptr, kept range [a[r], b[r]) relative to j0. Out: S = exp(x - m_new) (0 outside the range),
-// running max m and sum l updated, corr[r] = exp(m_old - m_new) to rescale the output accumulator.
-// Reductions use 16 fixed partial lanes, so the result does not depend on the ISA clone.
-NVTE_CPU_KERNEL void softmax_update(int rows, float *S, const float *bias, const int *a,
-                                    const int *b, float scale, float *m, float *l, float *corr) {
+// Online-softmax step of a tile, in three passes so that nothing runs scalar per element:
+//  1. per row: logits x = scale s + bias, masked to the kept range [a[r], b[r]) (relative to j0) with
+//     -inf, and the block's row max;
+//  2. over rows (vectorized across rows): the new running max and corr = exp(m_old - m_new), the
+//     factor that rescales the output accumulator and the running sum;
+//  3. per row: e = exp(x - m_new), its sum into l, P = e (x dropout keep-scale) in the compute type,
+//     and the accumulator row rescaled by corr.
+// Reductions are fixed trees over 16 lanes (util: hmax16/hsum16), so the result does not depend on
+// the ISA clone. A row whose logits are all masked (or -inf) keeps m, l and its accumulator, and
+// gets P = 0.
+template <typename E>
+NVTE_CPU_KERNEL void softmax_step(int rows, float *S, const float *bias, const int *a, const int *b,
+                                  float scale, const float *keep, float *m, float *l, float *mx,
+                                  float *corr, E *P, float *O, int ldo, int dv) {
   for (int r = 0; r < rows; ++r) {
     float *s = S + r * kBlockKV;
     const float *bb = bias ? bias + r * kBlockKV : kZeroRow;
     const int lo = a[r], hi = b[r];
-    // Masked logits and their max, 16 lanes at a time (vector extensions: gcc does not vectorize
-    // a scalar max reduction, and it may not reorder one).
     v16f mx16 = kNegInf - v16f{};
     for (int c0 = 0; c0 < kBlockKV; c0 += 16) {
       v16f x, bv;
       std::memcpy(&x, s + c0, sizeof(x));
       std::memcpy(&bv, bb + c0, sizeof(bv));
-      const v16i idx = kLane + c0;
       x = x * scale + bv;
-      x = (idx >= lo) & (idx < hi) ? x : kNegInf - v16f{};
+      x = mask_outside(x, kLane + c0, lo, hi);
       std::memcpy(s + c0, &x, sizeof(x));
       mx16 = x > mx16 ? x : mx16;
     }
-    float mx = kNegInf;
-    for (int k = 0; k < 16; ++k) mx = mx16[k] > mx ? mx16[k] : mx;
-    if (lo >= hi || mx == kNegInf) {  // nothing kept in this block (or -inf bias everywhere)
-      std::memset(s, 0, sizeof(float) * kBlockKV);
-      corr[r] = 1.0f;
+    mx[r] = hmax16(mx16);
+  }
+  for (int r = 0; r < rows; ++r) {  // vectorized across rows
+    const float m_new = mx[r] > m[r] ? mx[r] : m[r];
+    const float c = exp_softmax_f32(m[r] - m_new);
+    corr[r] = m[r] == kNegInf ? 0.0f : c;  // (-inf) - (-inf) would be NaN
+    mx[r] = m_new;
+  }
+  for (int r = 0; r < rows; ++r) {
+    float *s = S + r * kBlockKV;
+    E *pr = P + r * kBlockKV;
+    const float m_new = mx[r];
+    if (m_new == kNegInf) {  // nothing kept so far: m, l and the accumulator stay 0 / -inf
+      for (int c = 0; c < kBlockKV; ++c) pr[c] = Compute<E>::from_f32(0.0f);
       continue;
     }
-    const float m_new = m[r] > mx ? m[r] : mx;
-    corr[r] = m[r] == kNegInf ? 0.0f : exp_f32(m[r] - m_new);
-    for (int c = 0; c < kBlockKV; ++c) s[c] = exp_f32(s[c] - m_new);  // masked: exp(-inf) = 0
+    for (int c = 0; c < kBlockKV; ++c) s[c] = exp_softmax_f32(s[c] - m_new);  // masked: 0
     v16f sum16 = v16f{};
     for (int c0 = 0; c0 < kBlockKV; c0 += 16) {
       v16f e;
       std::memcpy(&e, s + c0, sizeof(e));
       sum16 += e;
     }
-    float sum = 0.0f;
-    for (int k = 0; k < 16; ++k) sum += sum16[k];
-    l[r] = l[r] * corr[r] + sum;
-    m[r] = m_new;
-  }
-}
-
-// P (compute type) = S * keep (dropout keep-scales, or none), and the accumulator rows rescaled.
-template <typename E>
-void finish_block(int rows, const float *S, const float *keep, E *P, const float *corr, float *O,
-                  int ldo, int dv) {
-  for (int r = 0; r < rows; ++r) {
-    const float *s = S + r * kBlockKV;
-    E *pr = P + r * kBlockKV;
     if (keep) {
       const float *kr = keep + r * kBlockKV;
       for (int c = 0; c < kBlockKV; ++c) pr[c] = Compute<E>::from_f32(s[c] * kr[c]);
     } else {
       for (int c = 0; c < kBlockKV; ++c) pr[c] = Compute<E>::from_f32(s[c]);
     }
+    l[r] = l[r] * corr[r] + hsum16(sum16);
+    m[r] = m_new;
     if (corr[r] != 1.0f) {
       float *o = O + static_cast<size_t>(r) * ldo;
       for (int d = 0; d < dv; ++d) o[d] *= corr[r];
@@ -171,7 +171,7 @@ void fwd(const AttnParams &p) {
     std::vector<E> qa(static_cast<size_t>(kBlockQ) * ldq), pbuf(kBlockQ * kBlockKV);
     std::vector<float> S(kBlockQ * kBlockKV), bias(has_bias ? kBlockQ * kBlockKV : 0),
         keep(p.dropout > 0 ? kBlockQ * kBlockKV : 0), acc(static_cast<size_t>(kBlockQ) * ldo);
-    float m[kBlockQ], l[kBlockQ], corr[kBlockQ];
+    float m[kBlockQ], l[kBlockQ], mx[kBlockQ], corr[kBlockQ];
     int64_t off[kBlockQ], lo[kBlockQ], hi[kBlockQ];
     int a[kBlockQ], b[kBlockQ];
 #pragma omp for schedule(dynamic, 1)
@@ -198,11 +198,11 @@ void fwd(const AttnParams &p) {
                          static_cast<size_t>(kv.k_block), S.data(), kBlockKV, false);
         const bool hb = has_bias && load_bias_tile<T>(p, tk.bi, tk.hi, tk.q0, rows, j0, sq, skv,
                                                       bias.data());
-        NVTE_CPU_DISPATCH(
-            softmax_update(rows, S.data(), hb ? bias.data() : nullptr, a, b, p.scale, m, l, corr));
         if (p.dropout > 0) dropout_tile(p, tk.bi, tk.hi, tk.q0, rows, j0, keep.data());
-        finish_block<E>(rows, S.data(), p.dropout > 0 ? keep.data() : nullptr, pbuf.data(), corr,
-                        acc.data(), ldo, static_cast<int>(p.d_v));
+        NVTE_CPU_DISPATCH(softmax_step<E>(rows, S.data(), hb ? bias.data() : nullptr, a, b,
+                                          p.scale, p.dropout > 0 ? keep.data() : nullptr, m, l,
+                                          mx, corr, pbuf.data(), acc.data(), ldo,
+                                          static_cast<int>(p.d_v)));
         Compute<E>::gemm(rows, static_cast<int>(p.d_v), kBlockKV, pbuf.data(), kBlockKV,
                          kv.v_at(p, tk.bi, g, blk), static_cast<size_t>(kBlockKV * tile::kPanel),
                          acc.data(), ldo, true);
