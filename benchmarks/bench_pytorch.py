@@ -13,9 +13,12 @@ fixed output gradient. References: torch.nn.Linear; torch.nn.LayerNorm + nn.Line
 as TE's) + nn.Linear; the FP8 emulation quantizes each GEMM operand to FP8 with a current
 (per-tensor, amax) scale, dequantizes it to bf16 and runs a bf16 matmul (TE's HYBRID format: E4M3
 forward, E5M2 gradients; the bias gradient from the unquantized gradient, as TE).
+layernorm_mlp_fp8_vs_bf16: our LayerNormMLP under FP8 current scaling against itself in bf16.
 Attention cases (attention_fwd_bf16, attention_fwd_bwd_bf16): te.DotProductAttention vs
 torch's scaled_dot_product_attention, bf16 causal B=2 H=16 S=2048 D=64; see _attention_cases.py
 (peak memory at S up to 8192: bench_attention_memory.py).
+TransformerLayer cases (transformer_layer_bf16, transformer_layer_bf16_vs_compile): te.TransformerLayer
+vs the same block in plain torch, eager and compiled; see _transformer_cases.py.
 Timing, ratio (= ref_ms / ours_ms), JSON and exit status: as bench_core.py (benchmarks/_common.py).
 """
 
@@ -35,6 +38,7 @@ import torch.nn.functional as F
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from _attention_cases import CASES as ATTENTION_CASES
 from _common import Case, bf16_peer_check, cli, rel_err
+from _transformer_cases import CASES as TRANSFORMER_CASES
 
 import transformer_engine_lite.pytorch as te
 from transformer_engine_lite.common import build_info
@@ -279,6 +283,12 @@ def _case(kind: str, fp8: bool, vs_emulation: bool = False) -> Callable[[bool], 
     return build
 
 
+def _fp8_vs_bf16(quick: bool) -> Case:
+    """Our LayerNormMLP under FP8 current scaling against itself in bf16 (what FP8 buys us)."""
+    s = setup("mlp", quick)
+    return Case(s.ours_step(True), s.ours_step(False), lambda: check_fp8(s))
+
+
 # name: (builder, target ratio or None for report-only)
 CASES: dict[str, tuple[Callable[[bool], Case], float | None]] = {
     "linear_bf16": (_case("linear", False), 1.0),
@@ -286,7 +296,10 @@ CASES: dict[str, tuple[Callable[[bool], Case], float | None]] = {
     "layernorm_mlp_bf16": (_case("mlp", False), 1.0),
     "layernorm_mlp_fp8": (_case("mlp", True), 0.8),
     "layernorm_mlp_fp8_vs_emulation": (_case("mlp", True, vs_emulation=True), None),
+    "layernorm_mlp_fp8_vs_bf16": (_fp8_vs_bf16, 1.0),
     **ATTENTION_CASES,  # attention_fwd_bf16, attention_fwd_bwd_bf16 (_attention_cases.py)
+    # transformer_layer_bf16, transformer_layer_bf16_vs_compile (_transformer_cases.py)
+    **TRANSFORMER_CASES,
 }
 
 

@@ -83,7 +83,9 @@ FP8_PARAM_CASES = [
 
 
 @pytest.mark.parametrize(
-    "module,init,recipe", FP8_PARAM_CASES, ids=[f"{m}-{i}-{r or 'bf16'}" for m, i, r in FP8_PARAM_CASES]
+    "module,init,recipe",
+    FP8_PARAM_CASES,
+    ids=[f"{m}-{i}-{r or 'bf16'}" for m, i, r in FP8_PARAM_CASES],
 )
 def test_compiled_fp8_parameters_equal_eager(module, init, recipe):
     """Modules built under quantized_model_init: their Float8Tensor / MXFP8Tensor parameters are

@@ -33,14 +33,18 @@ MODULES = {
         lambda: te.LayerNormMLP(64, 96, activation="swiglu", params_dtype=BF16),
         ["fc1_weight", "fc2_weight"],
     ),
-    "GroupedLinear": (lambda: te.GroupedLinear(2, 64, 96, params_dtype=BF16), ["weight0", "weight1"]),
+    "GroupedLinear": (
+        lambda: te.GroupedLinear(2, 64, 96, params_dtype=BF16),
+        ["weight0", "weight1"],
+    ),
 }
 
 
 def _build(module: str, recipe: str | None, seed: int = 0, **init_kw):
     torch.manual_seed(seed)
-    with te.quantized_model_init(enabled=recipe is not None,
-                                 recipe=RECIPES[recipe]() if recipe else None, **init_kw):
+    with te.quantized_model_init(
+        enabled=recipe is not None, recipe=RECIPES[recipe]() if recipe else None, **init_kw
+    ):
         return MODULES[module][0]()
 
 
@@ -97,8 +101,11 @@ def test_weights_are_fp8_parameters(module, recipe):
         assert isinstance(p, torch.nn.Parameter) and isinstance(p, TENSOR_TYPE[recipe]), name
         assert p.dtype == BF16 and p.requires_grad
         assert all(t.dtype == torch.uint8 or t.numel() * 32 <= p.numel() for t in _inner(p))
-    assert not any(isinstance(p, QuantizedTensor) for n, p in m.named_parameters()
-                   if n not in MODULES[module][1])
+    assert not any(
+        isinstance(p, QuantizedTensor)
+        for n, p in m.named_parameters()
+        if n not in MODULES[module][1]
+    )
 
 
 class _QuantizeLog(TorchDispatchMode):
@@ -110,9 +117,9 @@ class _QuantizeLog(TorchDispatchMode):
 
     def __torch_dispatch__(self, func, types, args=(), kwargs=None):
         name = str(func)
-        if name.startswith("te_lite.") and ("quantize" in name or "amax" in name):
-            if "dequantize" not in name:
-                self.numels.append(args[0].numel())
+        cast = "quantize" in name and "dequantize" not in name
+        if name.startswith("te_lite.") and (cast or "amax" in name):
+            self.numels.append(args[0].numel())
         return func(*args, **(kwargs or {}))
 
 
@@ -189,8 +196,12 @@ def test_training_decreases_loss(recipe, opt):
     the weights in place (QuantizedTensor.__torch_dispatch__); the loss falls as in bf16."""
     torch.manual_seed(3)
     with te.fp8_model_init(recipe=RECIPES[recipe]()):
-        m = te.LayerNormMLP(32, 64, params_dtype=torch.float32,
-                            init_method=lambda w: torch.nn.init.normal_(w, 0.0, 0.2))
+        m = te.LayerNormMLP(
+            32,
+            64,
+            params_dtype=torch.float32,
+            init_method=lambda w: torch.nn.init.normal_(w, 0.0, 0.2),
+        )
     x = torch.randn(64, 32)
     target = torch.sin(x)
     lr = 0.5 if opt == "SGD" else 0.01
@@ -282,13 +293,45 @@ def test_module_moves_keep_fp8_storage():
 
 
 def test_errors_name_what_was_expected():
-    with pytest.raises(TypeError, match="expected DelayedScaling, Float8CurrentScaling or MXFP8"):
-        with te.fp8_model_init(recipe=object()):
-            pass
-    bare = Float8Tensor(data=torch.zeros(4, 4, dtype=torch.uint8), fp8_scale_inv=torch.ones(1),
-                        fp8_dtype=torch.float8_e4m3fn, dtype=BF16)
+    with (
+        pytest.raises(TypeError, match="expected DelayedScaling, Float8CurrentScaling or MXFP8"),
+        te.fp8_model_init(recipe=object()),
+    ):
+        pass
+    assert not te.Linear(4, 4).primary_weights_in_fp8  # the failed context left no state behind
+    bare = Float8Tensor(
+        data=torch.zeros(4, 4, dtype=torch.uint8),
+        fp8_scale_inv=torch.ones(1),
+        fp8_dtype=torch.float8_e4m3fn,
+        dtype=BF16,
+    )
     with pytest.raises(RuntimeError, match="needs a quantizer"):
         bare.add_(torch.ones(4, 4, dtype=BF16))
     m = _build("Linear", "current")
     with pytest.raises(RuntimeError, match="size mismatch"):
         m.load_state_dict({**m.state_dict(), "weight": torch.zeros(3, 3)})
+
+
+@pytest.mark.parametrize("recipe", list(RECIPES))
+@pytest.mark.parametrize("module", ["Linear", "LayerNormMLP"])
+def test_is_first_microbatch_casts_each_weight_once(module, recipe):
+    """Gradient accumulation with TE's is_first_microbatch: the first microbatch casts the
+    high-precision weights and caches the casts, the later ones reuse them; results equal those
+    without the cache (current scaling and MXFP8 casts are functions of the weight alone)."""
+    cached, plain = _build(module, None), _build(module, None)
+    weight_numels = {getattr(cached, n).numel() for n in MODULES[module][1]}
+    xs = [torch.randn(7, 64, dtype=BF16) for _ in range(3)]
+    for i, x in enumerate(xs):
+        log = _QuantizeLog()
+        with log, te.fp8_autocast(fp8_recipe=RECIPES[recipe]()):
+            y = cached(x, is_first_microbatch=i == 0)
+        y.float().square().sum().backward()
+        assert bool(weight_numels & set(log.numels)) == (i == 0), f"microbatch {i}"
+        with te.fp8_autocast(fp8_recipe=RECIPES[recipe]()):
+            y_ref = plain(x)
+        y_ref.float().square().sum().backward()
+        if recipe != "delayed":  # delayed: the uncached casts follow the scale updates
+            assert torch.equal(y, y_ref), f"microbatch {i}"
+    if recipe != "delayed":
+        for n in MODULES[module][1]:
+            assert torch.equal(getattr(cached, n).grad, getattr(plain, n).grad), n

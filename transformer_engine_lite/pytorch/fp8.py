@@ -332,9 +332,10 @@ class FP8GlobalStateManager:
     @classmethod
     @contextlib.contextmanager
     def _model_init(cls, enabled: bool, recipe: Recipe | None, preserve: bool) -> Iterator[None]:
+        checked = _check_recipe(recipe) if enabled else None  # a bad recipe changes nothing
         saved = (cls._model_init_enabled, cls._model_init_recipe, cls._model_init_preserve)
         cls._model_init_enabled = enabled
-        cls._model_init_recipe = _check_recipe(recipe) if enabled else None
+        cls._model_init_recipe = checked
         cls._model_init_preserve = preserve
         try:
             yield

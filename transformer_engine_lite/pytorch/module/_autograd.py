@@ -71,16 +71,24 @@ class _LinearFn(torch.autograd.Function):
         main_grad: torch.Tensor | None,
         cfg: GemmConfig,
         wgrad_store: list[Any] | None,
+        w_cast: WeightCast | None,
     ) -> tuple[torch.Tensor, torch.Tensor]:
         te = ops()
         k = inp.shape[-1]
         x2 = inp.reshape(-1, k).contiguous()
         out_dtype = inp.dtype
         # FP8 weight parameters (quantized_model_init) enter the GEMM as they are stored when the
-        # recipe matches; otherwise (other recipe, no autocast) as their dequantized values.
-        w_op = _stored_per_tensor(weight, cfg) if cfg.mode in ("delayed", "current") else None
+        # recipe matches; otherwise (other recipe, no autocast) as their dequantized values. A
+        # weight cast cached by the module (is_first_microbatch) enters the same way.
+        per_tensor = cfg.mode in ("delayed", "current")
+        w_op = _stored_per_tensor(weight, cfg) if per_tensor else None
         w_col = ctx.needs_input_grad[0] and cfg.bwd_override is None
         w_mx = _stored_mxfp8(weight, cfg, w_col) if cfg.mode == "mxfp8" else None
+        cast_amax = None
+        if w_cast is not None and w_op is None and w_mx is None:
+            w_op = w_cast.operand if per_tensor else None
+            w_mx = w_cast.mx if cfg.mode == "mxfp8" else None
+            cast_amax = w_cast.amax
         w = weight
         if isinstance(weight, QuantizedTensor) and w_op is None and w_mx is None:
             w = weight.dequantize(dtype=out_dtype if cfg.mode in ("hp", "calibrate") else None)
@@ -94,8 +102,10 @@ class _LinearFn(torch.autograd.Function):
             delayed = cfg.mode == "delayed"
             xq, x_amax = quantize_per_tensor(x2, cfg.inp, fwd_scale[s : s + 1] if delayed else None)
             if w_op is not None:
-                # nothing to quantize; the weight's history slot records 0 (its scale stays put)
-                wq, w_amax = w_op, torch.zeros_like(x_amax)
+                # nothing to quantize; an FP8 parameter's or a reused cast's history slot records
+                # 0 (its scale stays put), the first microbatch's cast its amax
+                wq = w_op
+                w_amax = cast_amax if cast_amax is not None else torch.zeros_like(x_amax)
             else:
                 wq, w_amax = quantize_per_tensor(
                     w, cfg.weight, fwd_scale[s + 1 : s + 2] if delayed else None
@@ -106,7 +116,8 @@ class _LinearFn(torch.autograd.Function):
             amax = torch.cat([x_amax, w_amax]) if delayed else _empty_amax(inp)
             if hp_bwd:
                 # an FP8 weight is saved as its bytes and dequantized by the backward
-                saved = (x2, None, wq.data, wq.scale_inv) if w_op is not None else (x2, None, w, None)
+                w_saved = (wq.data, wq.scale_inv) if w_op is not None else (w, None)
+                saved = (x2, None, *w_saved)
             elif cfg.save_original_input:
                 saved = (x2, None, wq.data, wq.scale_inv)
             else:
@@ -229,7 +240,28 @@ class _LinearFn(torch.autograd.Function):
             dbias = dy.sum(0).to(ctx.bias_dtype)
         if dgrad is not None:
             dgrad = dgrad.reshape(ctx.inp_shape)
-        return dgrad, wgrad, dbias, None, None, None, None, None, None, None
+        return dgrad, wgrad, dbias, None, None, None, None, None, None, None, None
+
+
+class WeightCast(NamedTuple):
+    """A weight cast the module cached across microbatches (TE's is_first_microbatch): the
+    per-tensor operand, or the MXFP8 (row-wise, column-wise) copies dequantized to bf16; amax: the
+    weight's amax to record (delayed scaling, first microbatch), else None."""
+
+    operand: Operand | None
+    mx: tuple[torch.Tensor, torch.Tensor] | None
+    amax: torch.Tensor | None
+
+
+def cast_weight(w: torch.Tensor, cfg: GemmConfig, scale: torch.Tensor | None) -> WeightCast:
+    """The weight's FP8 cast under cfg, as the forward would make it (scale: delayed scaling's
+    weight scale, a [1] view)."""
+    with torch.no_grad():
+        if cfg.mode == "mxfp8":
+            r, c = mx_dequantized(w.reshape(-1, w.shape[-1]), cfg.inp.dtype, True, True)
+            return WeightCast(None, (r, c), None)
+        op, amax = quantize_per_tensor(w, cfg.weight, scale if cfg.mode == "delayed" else None)
+        return WeightCast(op, None, amax if cfg.mode == "delayed" else None)
 
 
 def _stored_per_tensor(weight: torch.Tensor, cfg: GemmConfig) -> Operand | None:
@@ -299,10 +331,12 @@ def linear(
     main_grad: torch.Tensor | None,
     cfg: GemmConfig,
     wgrad_store: list[Any] | None = None,
+    w_cast: WeightCast | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """Functional entry of _LinearFn; meta = (fwd_scale, bwd_hist, bwd_scale, bwd_ran);
-    wgrad_store: the module's queue of delayed weight gradients (cfg.delay_wgrad)."""
-    return _LinearFn.apply(inp, weight, bias, *meta, main_grad, cfg, wgrad_store)
+    wgrad_store: the module's queue of delayed weight gradients (cfg.delay_wgrad); w_cast: a cached
+    cast of `weight` to use instead of casting it (gradients still go to `weight`)."""
+    return _LinearFn.apply(inp, weight, bias, *meta, main_grad, cfg, wgrad_store, w_cast)
 
 
 def norm(

@@ -44,7 +44,7 @@ from ..tensor import (
     Quantizer,
 )
 from ..utils import get_default_init_method
-from ._autograd import GemmConfig, linear
+from ._autograd import GemmConfig, WeightCast, cast_weight, linear
 
 __all__ = [
     "EXTRA_STATE_VERSION",
@@ -96,7 +96,9 @@ def weight_param_quantizer(owner: str, recipe: Recipe, weight: torch.Tensor) -> 
         qp = recipe.fp8_quant_fwd_weight
         dt = get_fp8_torch_dtype(fmt, True)
         return Float8CurrentScalingQuantizer(
-            dt, weight.device, force_pow_2_scales=bool(qp.power_2_scale),
+            dt,
+            weight.device,
+            force_pow_2_scales=bool(qp.power_2_scale),
             amax_epsilon=float(qp.amax_epsilon),
         )
     if recipe.mxfp8():
@@ -171,6 +173,8 @@ class TransformerEngineBaseModule(torch.nn.Module):
         self._preserve_init = FP8GlobalStateManager.preserve_high_precision_init_val()
         # delay_wgrad_compute: weight gradients queued by the backward, run by backward_dw()
         self._wgrad_store: list[Any] = []
+        # is_first_microbatch: GEMM index -> (key, cached weight cast); see _weight_cast
+        self._weight_cast_cache: dict[int, tuple[Any, WeightCast]] = {}
         FP8GlobalStateManager.register_module(self)
 
     _FP8_META_BUFFERS = (
@@ -208,6 +212,7 @@ class TransformerEngineBaseModule(torch.nn.Module):
         # copy.deepcopy and unpickling build modules without __init__: register the copy too, or
         # its delayed-scaling state would never be updated.
         super().__setstate__(state)
+        self.__dict__.setdefault("_weight_cast_cache", {})
         FP8GlobalStateManager.register_module(self)
 
     # ------------------------------------------------------------------ split backward
@@ -359,9 +364,11 @@ class TransformerEngineBaseModule(torch.nn.Module):
         add_bias: bool,
         main_grad: torch.Tensor | None = None,
         input_gathered: bool = False,
+        is_first_microbatch: bool | None = None,
     ) -> torch.Tensor:
         """One GEMM with its tensor-parallel communication (see distributed.py). add_bias=False
-        leaves the bias to the caller (return_bias)."""
+        leaves the bias to the caller (return_bias). is_first_microbatch: TE's weight-cast cache
+        (see _weight_cast)."""
         mode, recipe, code = fp8
         dtype = x.dtype
         if tp.size > 1 and parallel_mode == "column" and not input_gathered:
@@ -383,7 +390,8 @@ class TransformerEngineBaseModule(torch.nn.Module):
         if mode == "delayed":
             # activation recompute: the recompute quantizes with the forward's scales
             meta = (stash_scales(self, meta[0]), *meta[1:])
-        y, amax = linear(x, w, b, meta, main_grad, cfg, self._wgrad_store)
+        w_cast = self._weight_cast(gemm, w, cfg, meta[0], is_first_microbatch)
+        y, amax = linear(x, w, b, meta, main_grad, cfg, self._wgrad_store, w_cast)
         if not recomputing():  # a recompute repeats a step that was already recorded
             self._record_forward(cfg, amax)
         if row:
@@ -395,6 +403,34 @@ class TransformerEngineBaseModule(torch.nn.Module):
             if add_bias and bias is not None:
                 y = y + bias.to(dtype)
         return y
+
+    def _weight_cast(
+        self,
+        gemm: int,
+        w: torch.Tensor,
+        cfg: GemmConfig,
+        fwd_scale: torch.Tensor,
+        is_first_microbatch: bool | None,
+    ) -> WeightCast | None:
+        """TE's weight-cast cache for gradient accumulation: is_first_microbatch=True casts the
+        weight and keeps the cast; False reuses it (the weight must not have changed in between:
+        TE's contract), so a step of n microbatches casts each weight once instead of n times;
+        None: no cache. FP8 parameters need no cast. Eager only (a compiled forward casts)."""
+        if (
+            is_first_microbatch is None
+            or cfg.mode not in ("delayed", "current", "mxfp8")
+            or isinstance(w, QuantizedTensor)
+            or torch.compiler.is_compiling()
+        ):
+            return None
+        key = (cfg.mode, cfg.inp, cfg.weight, w.dtype, tuple(w.shape), w.device)
+        entry = self._weight_cast_cache.get(gemm)
+        if is_first_microbatch or entry is None or entry[0] != key:
+            scale = fwd_scale[cfg.slot_fwd + 1 : cfg.slot_fwd + 2]
+            cast = cast_weight(w.detach(), cfg, scale)
+            self._weight_cast_cache[gemm] = (key, cast._replace(amax=None))
+            return cast  # the first microbatch records the weight's amax (delayed scaling)
+        return entry[1]
 
     @staticmethod
     def _main_grad(owner: str, fuse_wgrad: bool, weight: torch.Tensor) -> torch.Tensor | None:

@@ -195,6 +195,7 @@ class GroupedLinear(TransformerEngineBaseModule):
                     fp8,
                     add_bias=not self.return_bias,
                     main_grad=main_grad,
+                    is_first_microbatch=is_first_microbatch,
                 )
             )
         y = torch.cat(outs, 0).reshape(*x.shape[:-1], outs[0].shape[-1])

@@ -205,6 +205,7 @@ class LayerNormLinear(TransformerEngineBaseModule):
             add_bias=not self.return_bias,
             main_grad=main_grad,
             input_gathered=gathered,
+            is_first_microbatch=is_first_microbatch,
         )
         outs: list[Any] = [y]
         if self.return_bias:

@@ -226,8 +226,8 @@ class LayerNormMLP(TransformerEngineBaseModule):
         if self.checkpoint and torch.is_grad_enabled():
             # Selective activation checkpointing: only the input is kept; norm, fc1, activation
             # (and fc2) run again in the backward, with the forward's FP8 scales (checkpoint.py).
-            return checkpoint_fn(self._forward, inp, use_reentrant=False)
-        return self._forward(inp)
+            return checkpoint_fn(self._forward, inp, is_first_microbatch, use_reentrant=False)
+        return self._forward(inp, is_first_microbatch)
 
     def _activation(self, h: torch.Tensor) -> torch.Tensor:
         if self.activation == "clamped_swiglu":
@@ -235,7 +235,7 @@ class LayerNormMLP(TransformerEngineBaseModule):
             return clamped_swiglu(h, p["limit"], p["alpha"])
         return apply_activation(h, self.activation)
 
-    def _forward(self, inp: torch.Tensor) -> Any:
+    def _forward(self, inp: torch.Tensor, is_first_microbatch: bool | None = None) -> Any:
         owner = "LayerNormMLP"
         x, fp8 = self._prepare_input(owner, inp, self.hidden_size, "hidden_size")
         ln_out = apply_norm(
@@ -266,6 +266,7 @@ class LayerNormMLP(TransformerEngineBaseModule):
             add_bias=True,
             main_grad=self._main_grad(owner, fuse, self.fc1_weight),
             input_gathered=gathered,
+            is_first_microbatch=is_first_microbatch,
         )
         h = self._activation(h)
         y = self._run_linear(
@@ -278,6 +279,7 @@ class LayerNormMLP(TransformerEngineBaseModule):
             fp8,
             add_bias=not self.return_bias,
             main_grad=self._main_grad(owner, fuse, self.fc2_weight),
+            is_first_microbatch=is_first_microbatch,
         )
         outs: list[Any] = [y]
         if self.return_bias:

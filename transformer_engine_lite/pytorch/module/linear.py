@@ -68,8 +68,9 @@ class Linear(TransformerEngineBaseModule):
     parallel_mode: None, "column" or "row"; tp_group / tp_size: tensor-parallel group;
         sequence_parallel: sequence-sharded activations around the GEMM (see distributed.py).
     get_rng_state_tracker, rng_tracker_name: RNG tracker forked around weight initialization.
-    The forward accepts TE's is_first_microbatch (weight-cast caching is an optimization TE-lite
-    does not do; results are identical), fp8_output and fp8_grad (FP8 outputs: not supported).
+    The forward accepts TE's is_first_microbatch (True: cast the weight to FP8 and cache the cast;
+    False: reuse it, for the later microbatches of a gradient-accumulation step; None: no cache),
+    fp8_output and fp8_grad (FP8 outputs: not supported).
     """
 
     def __init__(
@@ -229,6 +230,7 @@ class Linear(TransformerEngineBaseModule):
             fp8,
             add_bias=not self.return_bias,
             main_grad=main_grad,
+            is_first_microbatch=is_first_microbatch,
         )
         if self.return_bias:
             return y, (bias.to(x.dtype) if bias is not None else None)

@@ -1,13 +1,12 @@
 """TE's quantized tensors and quantizers (transformer_engine.pytorch.tensor)."""
 
-from .float8_tensor import Float8CurrentScalingQuantizer, Float8Quantizer, Float8Tensor
-from .mxfp8_tensor import MXFP8Quantizer, MXFP8Tensor
-from .quantized_tensor import QuantizedTensor, Quantizer
-
 import torch as _torch
 
+from .float8_tensor import Float8CurrentScalingQuantizer, Float8Quantizer, Float8Tensor
 from .float8_tensor import rebuild_float8_tensor as _rebuild_f8
+from .mxfp8_tensor import MXFP8Quantizer, MXFP8Tensor
 from .mxfp8_tensor import rebuild_mxfp8_tensor as _rebuild_mx
+from .quantized_tensor import QuantizedTensor, Quantizer
 
 # torch.load(weights_only=True) of a state_dict holding FP8 parameters (fp8_model_init): the two
 # rebuild functions take plain tensors and values only.

@@ -207,8 +207,12 @@ class Float8Quantizer(Quantizer):
         self.dtype = to_dtype_enum(fp8_torch_dtype("Float8Quantizer", fp8_dtype))
 
     def state(self) -> dict[str, Any]:
-        return {**self._usage_state("delayed"), "scale": self.scale, "amax": self.amax,
-                "update_margin": self.update_margin}
+        return {
+            **self._usage_state("delayed"),
+            "scale": self.scale,
+            "amax": self.amax,
+            "update_margin": self.update_margin,
+        }
 
     def _quantize(self, tensor: torch.Tensor) -> Float8Tensor:
         fp8 = fp8_torch_dtype("Float8Quantizer", self.dtype)
@@ -255,8 +259,11 @@ class Float8CurrentScalingQuantizer(Quantizer):
         self.amax_epsilon = float(amax_epsilon)
 
     def state(self) -> dict[str, Any]:
-        return {**self._usage_state("current"), "pow2": self.force_pow_2_scales,
-                "eps": self.amax_epsilon}
+        return {
+            **self._usage_state("current"),
+            "pow2": self.force_pow_2_scales,
+            "eps": self.amax_epsilon,
+        }
 
     def _quantize(self, tensor: torch.Tensor) -> Float8Tensor:
         te = ops()

@@ -64,8 +64,12 @@ class Quantizer:
 
     def _usage_state(self, kind: str) -> dict[str, Any]:
         dt = str(dtype_to_torch(self.dtype, f"{type(self).__name__}.dtype")).replace("torch.", "")
-        return {"kind": kind, "fp8_dtype": dt, "rowwise": self.rowwise_usage,
-                "columnwise": self.columnwise_usage}
+        return {
+            "kind": kind,
+            "fp8_dtype": dt,
+            "rowwise": self.rowwise_usage,
+            "columnwise": self.columnwise_usage,
+        }
 
     def state(self) -> dict[str, Any]:  # pragma: no cover - abstract
         """Plain values (and tensors) describing this quantizer, for checkpoints."""
