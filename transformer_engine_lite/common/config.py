@@ -61,12 +61,12 @@ ENV_VARS: tuple[EnvVar, ...] = (
            "oneDNN's own cap of its kernels' ISA (e.g. AVX2, AVX512_CORE_BF16); wins over "
            "NVTE_CPU_ISA for oneDNN; build_info()['onednn_isa'] reports the level in use"),
     EnvVar("NVTE_CPU_GEMM_COMPUTE", "auto", "runtime",
-           "operand precision of the CPU GEMM and flash-attention tiles: auto (the CPU's fastest "
-           "exact path, build_info()['cpu_isa']['matmul_path']: bf16 tiles/dot products as they "
-           "are, FP8 as bf16, on AMX and AMD AVX-512 BF16 CPUs; every operand widened exactly to "
-           "fp32 on other CPUs, for GEMMs with both output dims >= 128; else whatever oneDNN "
-           "has), native (never widen to fp32: NotImplementedError where oneDNN lacks the "
-           "kernel), fp32 (always widen)"),
+           "operand precision of the CPU GEMM and flash-attention tiles: auto (GEMM: the CPU's "
+           "fastest exact path, build_info()['cpu_isa']['matmul_path']: bf16 tiles/dot products "
+           "as they are, FP8 as bf16, on AMX and AMD AVX-512 BF16 CPUs; every operand widened "
+           "exactly to fp32 on other CPUs, for GEMMs with both output dims >= 128; attention: "
+           "bf16 dot products wherever the CPU has them), native (never widen to fp32: "
+           "NotImplementedError where oneDNN lacks the kernel), fp32 (always widen)"),
     EnvVar("NVTE_FP8_CURRENT_SCALING_POWER_2_SCALES", "0", "runtime",
            "1: Float8CurrentScaling() defaults to use_power_2_scales=True (power-of-two scales "
            "for every tensor role)"),

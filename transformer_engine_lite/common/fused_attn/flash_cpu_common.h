@@ -41,8 +41,8 @@ constexpr v16i kLane = {0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15};
 // Max and sum of 16 lanes as fixed trees (lanes i and i + 8, then + 4, + 2, + 1): the same order
 // in every ISA clone, a 4-deep dependency chain instead of 16, and no trip through memory (the
 // halves are register shuffles).
-typedef float v8f __attribute__((vector_size(32)));
-typedef float v4f __attribute__((vector_size(16)));
+using tile::v4f;
+using tile::v8f;
 NVTE_CPU_KERNEL float hmax16(v16f v) {
   const v8f a = __builtin_shufflevector(v, v, 0, 1, 2, 3, 4, 5, 6, 7);
   const v8f b = __builtin_shufflevector(v, v, 8, 9, 10, 11, 12, 13, 14, 15);

@@ -19,7 +19,17 @@ namespace flash_cpu {
 
 void gemm_f32_cloned(int M, int N, int K, const float *A, int lda, const float *B,
                      size_t panel_stride, float *C, int ldc, bool acc) {
-  NVTE_CPU_DISPATCH(tile::gemm_f32(M, N, K, A, lda, B, panel_stride, C, ldc, acc));
+  const CpuIsa isa = cpu_isa_level();
+  if (isa >= CpuIsa::kAvx512Core) {
+    NVTE_CPU_DISPATCH(tile::gemm_f32<tile::F32Blocking::kAvx512>(M, N, K, A, lda, B, panel_stride,
+                                                                  C, ldc, acc));
+  } else if (isa >= CpuIsa::kAvx2) {
+    NVTE_CPU_DISPATCH(tile::gemm_f32<tile::F32Blocking::kAvx2>(M, N, K, A, lda, B, panel_stride, C,
+                                                                ldc, acc));
+  } else {
+    NVTE_CPU_DISPATCH(tile::gemm_f32<tile::F32Blocking::kSse2>(M, N, K, A, lda, B, panel_stride, C,
+                                                                ldc, acc));
+  }
 }
 
 namespace {
@@ -237,13 +247,13 @@ void fwd(const AttnParams &p) {
 
 }  // namespace
 
-// bf16 dot products where the CPU has them, unless they are slower than fp32 FMAs here (Intel
-// without AMX: platform/cpu_isa.h's matmul path) or NVTE_CPU_GEMM_COMPUTE asks for fp32.
+// bf16 dot products wherever the CPU has them, unless NVTE_CPU_GEMM_COMPUTE=fp32. Unlike the GEMM
+// (cpu_matmul_path), the tiles do not widen on Intel CPUs without AMX: their fp32 kernel multiplies
+// and adds separately (no contraction, so every clone rounds alike), two instructions per 16
+// products where vdpbf16ps does 32 products in one, so bf16 wins even at Intel's half rate.
 bool use_bf16_compute(NVTEDType dtype) {
   if (dtype != kNVTEBFloat16 || !tile::has_bf16_dot()) return false;
-  const std::string mode = cpu_compute_mode();
-  if (mode == "fp32") return false;
-  return mode == "native" || cpu_matmul_path() != MatmulPath::kF32;
+  return cpu_compute_mode() != "fp32";
 }
 
 }  // namespace flash_cpu

@@ -109,51 +109,62 @@ inline void gemm_bf16(int M, int N, int K, const uint16_t *A, int lda, const uin
 }
 
 // ---- fp32 kernel (vector extensions; no intrinsics) ----
+// V: the clone's native vector (v16f: 1 zmm, v8f: 1 ymm, v4f: 1 xmm). A generic 64-byte vector in
+// AVX2 or SSE2 code is split by GCC through the stack, so each clone gets its own width.
 typedef float v16f __attribute__((vector_size(64)));
+typedef float v8f __attribute__((vector_size(32)));
+typedef float v4f __attribute__((vector_size(16)));
 
-template <int R, int NV>
+template <typename V, int R, int NV>
 __attribute__((always_inline)) inline void mk_f32(const float *A, int lda, const float *B, int K,
                                                   float *C, int ldc, bool acc) {
-  v16f c[R][NV];
+  constexpr int W = sizeof(V) / sizeof(float);
+  V c[R][NV];
   for (int r = 0; r < R; ++r)
     for (int v = 0; v < NV; ++v) {
       if (acc)
-        std::memcpy(&c[r][v], C + r * ldc + v * 16, sizeof(v16f));
+        std::memcpy(&c[r][v], C + r * ldc + v * W, sizeof(V));
       else
-        c[r][v] = v16f{};
+        c[r][v] = V{};
     }
   for (int k = 0; k < K; ++k) {
-    v16f b[NV];
+    V b[NV];
     for (int v = 0; v < NV; ++v)
-      std::memcpy(&b[v], B + static_cast<size_t>(k) * kPanel + v * 16, sizeof(v16f));
+      std::memcpy(&b[v], B + static_cast<size_t>(k) * kPanel + v * W, sizeof(V));
     for (int r = 0; r < R; ++r) {
-      const v16f a = A[static_cast<size_t>(r) * lda + k] - v16f{};  // broadcast
+      const V a = A[static_cast<size_t>(r) * lda + k] - V{};  // broadcast
       for (int v = 0; v < NV; ++v) c[r][v] += a * b[v];
     }
   }
   for (int r = 0; r < R; ++r)
-    for (int v = 0; v < NV; ++v) std::memcpy(C + r * ldc + v * 16, &c[r][v], sizeof(v16f));
+    for (int v = 0; v < NV; ++v) std::memcpy(C + r * ldc + v * W, &c[r][v], sizeof(V));
 }
 
-template <int NV>
-__attribute__((always_inline)) inline void panel_f32(int M, const float *A, int lda, const float *B, int K, float *C, int ldc,
-                      bool acc) {
+// M rows in blocks of R (the remainder with R - 1, R - 2, ...).
+template <typename V, int R, int NV>
+__attribute__((always_inline)) inline void rows_f32(int M, const float *A, int lda, const float *B,
+                                                    int K, float *C, int ldc, bool acc) {
   int r = 0;
-  for (; r + kRows <= M; r += kRows)
-    mk_f32<kRows, NV>(A + static_cast<size_t>(r) * lda, lda, B, K, C + r * ldc, ldc, acc);
-  const size_t off = static_cast<size_t>(r);
-  switch (M - r) {
-    case 5: mk_f32<5, NV>(A + off * lda, lda, B, K, C + off * ldc, ldc, acc); break;
-    case 4: mk_f32<4, NV>(A + off * lda, lda, B, K, C + off * ldc, ldc, acc); break;
-    case 3: mk_f32<3, NV>(A + off * lda, lda, B, K, C + off * ldc, ldc, acc); break;
-    case 2: mk_f32<2, NV>(A + off * lda, lda, B, K, C + off * ldc, ldc, acc); break;
-    case 1: mk_f32<1, NV>(A + off * lda, lda, B, K, C + off * ldc, ldc, acc); break;
-    default: break;
+  for (; r + R <= M; r += R)
+    mk_f32<V, R, NV>(A + static_cast<size_t>(r) * lda, lda, B, K,
+                     C + static_cast<size_t>(r) * ldc, ldc, acc);
+  if constexpr (R > 1) {
+    if (r < M)
+      rows_f32<V, R - 1, NV>(M - r, A + static_cast<size_t>(r) * lda, lda, B, K,
+                             C + static_cast<size_t>(r) * ldc, ldc, acc);
   }
 }
 
+// Register blocking of the fp32 kernel per clone, R rows x NV native vectors of accumulators with
+// room for the B vectors: AVX-512 6 x 4 zmm (24 of 32 registers, + 4 B), AVX2 6 x 2 ymm (12 of 16,
+// + 2), SSE2 4 x 2 xmm (8 of 16, + 2). AVX-512's blocking compiled for AVX2 spilled every
+// accumulator (16x slower). Every blocking sums each output over k in the same order, so all
+// clones give the same bits.
+enum class F32Blocking { kAvx512, kAvx2, kSse2 };
+
 // C (+)= A * B with fp32 operands. Inline: compiled into (and vectorized for) each ISA clone of the
-// caller.
+// caller, which passes its blocking.
+template <F32Blocking kB>
 __attribute__((always_inline)) inline void gemm_f32(int M, int N, int K, const float *A, int lda,
                                                     const float *B, size_t panel_stride, float *C,
                                                     int ldc, bool accumulate) {
@@ -161,11 +172,20 @@ __attribute__((always_inline)) inline void gemm_f32(int M, int N, int K, const f
     const int cols = N - p * kPanel < kPanel ? N - p * kPanel : kPanel;
     const float *Bp = B + static_cast<size_t>(p) * panel_stride;
     float *Cp = C + p * kPanel;
-    switch ((cols + 15) / 16) {
-      case 1: panel_f32<1>(M, A, lda, Bp, K, Cp, ldc, accumulate); break;
-      case 2: panel_f32<2>(M, A, lda, Bp, K, Cp, ldc, accumulate); break;
-      case 3: panel_f32<3>(M, A, lda, Bp, K, Cp, ldc, accumulate); break;
-      default: panel_f32<4>(M, A, lda, Bp, K, Cp, ldc, accumulate); break;
+    const int groups = (cols + 15) / 16;  // 16-column groups, each written in full
+    if constexpr (kB == F32Blocking::kAvx512) {
+      switch (groups) {
+        case 1: rows_f32<v16f, kRows, 1>(M, A, lda, Bp, K, Cp, ldc, accumulate); break;
+        case 2: rows_f32<v16f, kRows, 2>(M, A, lda, Bp, K, Cp, ldc, accumulate); break;
+        case 3: rows_f32<v16f, kRows, 3>(M, A, lda, Bp, K, Cp, ldc, accumulate); break;
+        default: rows_f32<v16f, kRows, 4>(M, A, lda, Bp, K, Cp, ldc, accumulate); break;
+      }
+    } else if constexpr (kB == F32Blocking::kAvx2) {
+      for (int g = 0; g < groups; ++g)
+        rows_f32<v8f, kRows, 2>(M, A, lda, Bp + g * 16, K, Cp + g * 16, ldc, accumulate);
+    } else {
+      for (int g = 0; g < 2 * groups; ++g)
+        rows_f32<v4f, 4, 2>(M, A, lda, Bp + g * 8, K, Cp + g * 8, ldc, accumulate);
     }
   }
 }
