@@ -149,6 +149,22 @@ template <typename E, typename T>
 void pack_b_rows_as_columns(E *dst, int kpad, const T *src, const int64_t *row_off, int n,
                             int kdim) {
   std::memset(dst, 0, sizeof(E) * kpad * tile::kPanel);
+  if constexpr (std::is_same<E, uint16_t>::value && std::is_same<T, bf16>::value) {
+    // bf16 as bf16: a K pair (kk, kk + 1) of column j is adjacent in the source row and in the
+    // panel, so whole 32-bit words move (half the moves, no index arithmetic per element).
+    const int pairs = kdim / 2;
+    uint32_t *d32 = reinterpret_cast<uint32_t *>(dst);
+    for (int j = 0; j < n; ++j) {
+      const T *s = src + row_off[j];
+      for (int pp = 0; pp < pairs; ++pp) {
+        uint32_t w;
+        std::memcpy(&w, s + 2 * pp, sizeof(w));
+        d32[static_cast<size_t>(pp) * tile::kPanel + j] = w;
+      }
+      if (kdim % 2) dst[b_index<E>(kdim - 1, j)] = s[kdim - 1].x;
+    }
+    return;
+  }
   for (int j = 0; j < n; ++j) {
     const T *s = src + row_off[j];
     for (int kk = 0; kk < kdim; ++kk) dst[b_index<E>(kk, j)] = Compute<E>::load(s[kk]);
