@@ -16,6 +16,7 @@ import sys
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
+from typing import Any
 
 import torch
 
@@ -267,3 +268,17 @@ def cli(
     if args.strict and any(r["status"] == "BELOW TARGET" for r in rows):
         return 1
     return 0
+
+
+def fwd_bwd_step(fn: Callable, params: list, x: Any, dy: Any) -> Callable[[], Any]:
+    """One timed training call: gradients reset to None, y = fn(x), y.backward(dy); returns y."""
+
+    def step() -> Any:
+        for p in params:
+            p.grad = None
+        x.grad = None
+        y = fn(x)
+        y.backward(dy)
+        return y
+
+    return step

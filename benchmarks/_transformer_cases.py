@@ -13,7 +13,7 @@ from collections.abc import Callable
 
 import torch
 import torch.nn.functional as F
-from _common import Case, bf16_peer_check
+from _common import Case, bf16_peer_check, fwd_bwd_step
 
 BF16 = torch.bfloat16
 LN_EPS = 1e-5
@@ -116,17 +116,7 @@ class _Setup:
             self._compiled = torch.compile(self.torch_bf16)
         return self._compiled
 
-    @staticmethod
-    def _step(fn: Callable, params: list[torch.Tensor], x: torch.Tensor, dy: torch.Tensor):
-        def step() -> torch.Tensor:
-            for p in params:
-                p.grad = None
-            x.grad = None
-            y = fn(x)
-            y.backward(dy)
-            return y
-
-        return step
+    _step = staticmethod(fwd_bwd_step)
 
     def ours_step(self) -> Callable[[], torch.Tensor]:
         return self._step(self.ours, list(self.ours.parameters()), self.x, self.dy)

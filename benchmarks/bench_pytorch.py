@@ -37,7 +37,7 @@ import torch.nn.functional as F
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from _attention_cases import CASES as ATTENTION_CASES
-from _common import Case, bf16_peer_check, cli, rel_err
+from _common import Case, bf16_peer_check, cli, fwd_bwd_step, rel_err
 from _transformer_cases import CASES as TRANSFORMER_CASES
 
 import transformer_engine_lite.pytorch as te
@@ -202,17 +202,7 @@ class Setup:
     def ref_step(self, mod: torch.nn.Module, x: torch.Tensor | None = None) -> Callable:
         x = self.x if x is None else x
         dy = self.dy.to(x.dtype)
-        params = list(mod.parameters())
-
-        def step() -> torch.Tensor:
-            for p in params:
-                p.grad = None
-            x.grad = None
-            y = mod(x)
-            y.backward(dy)
-            return y
-
-        return step
+        return fwd_bwd_step(mod, list(mod.parameters()), x, dy)
 
     def results(self, step: Callable[[], torch.Tensor], mod: torch.nn.Module, x, ours: bool):
         """{name: tensor}: the output, dx and each parameter's gradient (our names)."""
