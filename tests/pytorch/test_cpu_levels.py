@@ -23,7 +23,7 @@ def run_python(code: str, **env: str) -> subprocess.CompletedProcess:
     e.update(env)
     e.setdefault("OMP_NUM_THREADS", "1")
     return subprocess.run([sys.executable, "-c", textwrap.dedent(code)], env=e, capture_output=True,
-                          text=True, timeout=600)
+                          text=True, timeout=600, check=False)
 
 
 INFO = """
