@@ -189,9 +189,10 @@ def test_delayed_weight_rescales_on_update():
     assert p._scale_inv.item() == pytest.approx((amax / 448.0).item(), rel=1e-6)
 
 
+@pytest.mark.parametrize("foreach", [False, True])
 @pytest.mark.parametrize("opt", ["SGD", "Adam"])
 @pytest.mark.parametrize("recipe", list(RECIPES))
-def test_training_decreases_loss(recipe, opt):
+def test_training_decreases_loss(recipe, opt, foreach):
     """Plain torch optimizers on FP8 parameters: each step dequantizes, updates and re-quantizes
     the weights in place (QuantizedTensor.__torch_dispatch__); the loss falls as in bf16."""
     torch.manual_seed(3)
@@ -205,7 +206,8 @@ def test_training_decreases_loss(recipe, opt):
     x = torch.randn(64, 32)
     target = torch.sin(x)
     lr = 0.5 if opt == "SGD" else 0.01
-    optim = getattr(torch.optim, opt)(m.parameters(), lr=lr)
+    # foreach=True: the multi-tensor (_foreach_*_) updates, one op over the parameter list
+    optim = getattr(torch.optim, opt)(m.parameters(), lr=lr, foreach=foreach)
     losses, w0 = [], m.fc1_weight.dequantize()
     for _ in range(8):
         with te.fp8_autocast(fp8_recipe=RECIPES[recipe]()):

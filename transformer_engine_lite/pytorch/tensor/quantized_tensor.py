@@ -224,6 +224,30 @@ class QuantizedTensor(torch.Tensor):
             func(hp, *rest[0], **rest[1])
             dst._quantizer.update_quantized(hp, dst)
             return dst
+        if (
+            args
+            and isinstance(args[0], (list, tuple))
+            and any(isinstance(t, QuantizedTensor) for t in args[0])
+            and func._schema.name.endswith("_")
+            and func._schema.arguments
+            and func._schema.arguments[0].is_write
+        ):
+            # An in-place foreach op over a list holding quantized tensors (optimizers with
+            # foreach=True): the same per tensor, so no update lands on a temporary copy.
+            dsts = list(args[0])
+            for d in dsts:
+                if isinstance(d, QuantizedTensor) and d._quantizer is None:
+                    raise RuntimeError(
+                        f"{type(d).__name__}: in-place {func._schema.name} needs a quantizer to "
+                        "write the result back; this tensor has none"
+                    )
+            hps = [_unwrap(d) for d in dsts]
+            rest = tree_map(_unwrap, (args[1:], kwargs))
+            func(hps, *rest[0], **rest[1])
+            for d, hp in zip(dsts, hps):
+                if isinstance(d, QuantizedTensor):
+                    d._quantizer.update_quantized(hp, d)
+            return None
         return func(*tree_map(_unwrap, args), **tree_map(_unwrap, kwargs))
 
     def _same_layout(self, other: QuantizedTensor) -> bool:
