@@ -140,8 +140,10 @@ TEST_F(Select, ThisBuildGpuTensors) {
   ASSERT_EQ(r.status, NVTE_SUCCESS) << r.error;
   EXPECT_EQ(r.reasons[NVTE_CK], "not built in this build");
   if (this_build_has_aotriton()) {  // the device's arch: none here without a device
-    EXPECT_EQ(r.reasons[NVTE_AOTriton].rfind("aotriton has no images for GPU arch", 0), 0u)
-        << r.reasons[NVTE_AOTriton];
+    const std::string &why = r.reasons[NVTE_AOTriton];
+    EXPECT_TRUE(why.rfind("aotriton has no images for GPU arch", 0) == 0 ||
+                why.find("no GPU arch is known (no device is visible)") != std::string::npos)
+        << why;
   } else {
     EXPECT_EQ(r.reasons[NVTE_AOTriton], "not built in this build");
   }
