@@ -43,7 +43,7 @@ constexpr v16i kLane = {0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15};
 // halves are register shuffles).
 using tile::v4f;
 using tile::v8f;
-NVTE_CPU_KERNEL float hmax16(v16f v) {
+NVTE_CPU_KERNEL float hmax16(const v16f &v) {
   const v8f a = __builtin_shufflevector(v, v, 0, 1, 2, 3, 4, 5, 6, 7);
   const v8f b = __builtin_shufflevector(v, v, 8, 9, 10, 11, 12, 13, 14, 15);
   const v8f m8 = b > a ? b : a;
@@ -53,7 +53,7 @@ NVTE_CPU_KERNEL float hmax16(v16f v) {
   const float x0 = m4[2] > m4[0] ? m4[2] : m4[0], x1 = m4[3] > m4[1] ? m4[3] : m4[1];
   return x1 > x0 ? x1 : x0;
 }
-NVTE_CPU_KERNEL float hsum16(v16f v) {
+NVTE_CPU_KERNEL float hsum16(const v16f &v) {
   const v8f s8 = __builtin_shufflevector(v, v, 0, 1, 2, 3, 4, 5, 6, 7) +
                  __builtin_shufflevector(v, v, 8, 9, 10, 11, 12, 13, 14, 15);
   const v4f s4 = __builtin_shufflevector(s8, s8, 0, 1, 2, 3) +
@@ -65,7 +65,10 @@ NVTE_CPU_KERNEL float hsum16(v16f v) {
 // comparisons of int lanes (and `?:` on them) for AVX-512 lane by lane, with a test and a branch or
 // cmov per lane; that was the hottest code of the forward. Here the sign bits of idx - lo and
 // hi - 1 - idx say whether a lane is outside, spread over the lane by an arithmetic shift.
-NVTE_CPU_KERNEL v16f mask_outside(v16f x, v16i idx, int lo, int hi) {
+// Lanes are columns c0 .. c0 + 15. Vectors pass by reference: a 64-byte vector argument or return
+// value changes the ABI between the AVX-512 and the other clones (-Wpsabi).
+NVTE_CPU_KERNEL void mask_outside(v16f &x, int c0, int lo, int hi) {
+  const v16i idx = kLane + c0;
   const v16i keep = ~(((idx - lo) | ((hi - 1) - idx)) >> 31);  // all ones inside, zero outside
   v16i xb, ninf;
   const v16f ninf_f = kNegInf - v16f{};
@@ -73,7 +76,6 @@ NVTE_CPU_KERNEL v16f mask_outside(v16f x, v16i idx, int lo, int hi) {
   std::memcpy(&ninf, &ninf_f, sizeof(ninf));
   xb = (xb & keep) | (ninf & ~keep);
   std::memcpy(&x, &xb, sizeof(x));
-  return x;
 }
 
 inline int64_t round_up(int64_t x, int64_t m) { return (x + m - 1) / m * m; }

@@ -58,7 +58,7 @@ NVTE_CPU_KERNEL void softmax_step(int rows, float *S, const float *bias, const i
       std::memcpy(&x, s + c0, sizeof(x));
       std::memcpy(&bv, bb + c0, sizeof(bv));
       x = x * scale + bv;
-      x = mask_outside(x, kLane + c0, lo, hi);
+      mask_outside(x, c0, lo, hi);
       std::memcpy(s + c0, &x, sizeof(x));
       mx16 = x > mx16 ? x : mx16;
     }
