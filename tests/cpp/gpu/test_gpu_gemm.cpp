@@ -336,14 +336,17 @@ TEST_P(GpuGemmEmptyTest, MatchesCpuBytes) {
   D.set_scale(4.0f);
   D.set_amax(-1.0f);
   D.set_scale_inv(-1.0f);
-  const size_t bias_len = md.grad && !md.gelu ? d.n : d.m;
+  // An empty buffer is "no data" for bias/pre: pass them only where they have elements. The bias
+  // length follows what is passed: a gradient without pre_gelu_out is the bias gradient of op(B),
+  // [n]; otherwise one value per column of D, [m] (so dgelu_bgrad with n = 0 passes no bias).
+  const bool use_pre = md.gelu && d.n * d.m > 0;
+  const size_t bias_len = md.grad && !use_pre ? d.n : d.m;
+  const bool use_bias = md.bias && bias_len > 0;
   TestTensor bias({bias_len}, kBF16), pre({d.n, d.m}, kBF16);
   bias.fill_uniform(rng, -1, 1);  // gradients overwrite it with zeros
   pre.fill_uniform(rng, -1, 1);
   TestTensor gD = clone(D), gbias = clone(bias), gpre = clone(pre);
   GpuTensor dA(A), dB(B), dD(gD), dbias(gbias), dpre(gpre);
-  // An empty buffer is "no data" for bias/pre: pass them only where they have elements.
-  const bool use_bias = md.bias && bias_len > 0, use_pre = md.gelu && d.n * d.m > 0;
   ASSERT_NVTE_OK(nvte_cublas_gemm(A, B, D, use_bias ? bias.handle() : nullptr,
                                   use_pre ? pre.handle() : nullptr, true, false, md.grad, nullptr,
                                   false, false, 0, nullptr));

@@ -129,16 +129,22 @@ __global__ void __launch_bounds__(kThreads) quantize_mx_rowwise_kernel(const MxP
   OType *dst = static_cast<OType *>(p.data);
   const int lane = threadIdx.x % kMx;
   const size_t scale_cols = ceil_div(p.cols, kMx), nblocks = p.rows * scale_cols;
-  // All 32 lanes of a group take the same trip count (the shuffles need them all).
-  for (size_t b = global_thread() / kMx; b < nblocks; b += grid_threads() / kMx) {
-    const size_t r = b / scale_cols, c = (b - r * scale_cols) * kMx + lane;
-    const bool inside = c < p.cols;
+  const size_t groups = blockDim.x / kMx, stride = grid_threads() / kMx;
+  // Block-uniform trip count: every thread of the block iterates while any of its groups has a
+  // block to quantize (the others compute on zeros and store nothing). A 64-lane wavefront holds two
+  // groups; with per-group trip counts, one group's shuffles would run with the other group's lanes
+  // gone from the loop.
+  for (size_t first = blockIdx.x * groups; first < nblocks; first += stride) {
+    const size_t b = first + threadIdx.x / kMx;
+    const bool active = b < nblocks;
+    const size_t r = active ? b / scale_cols : 0, c = (b - r * scale_cols) * kMx + lane;
+    const bool inside = active && c < p.cols;
     const float v = inside ? to_float(src[r * p.cols + c]) : 0.0f;
     const uint32_t block_amax = warp_reduce_max_u32(magnitude_bits(v), kMx);
     const uint8_t s = mx_scale_byte<OType>(block_amax);
     // 1 / scale is a power of two, so the product is the exact scaled value before encoding.
     if (inside) dst[r * p.cols + c] = from_float<OType>(v * e8m0_inverse_to_float(s));
-    if (lane == 0) p.scales[b] = s;
+    if (active && lane == 0) p.scales[b] = s;
   }
 }
 

@@ -209,17 +209,21 @@ __global__ void __launch_bounds__(kRowThreads)
   constexpr int kWarps = kRowThreads / kWarpSize;
   const int lane = threadIdx.x % kWarpSize;
   const int64_t rows = p.b * p.h * p.s_q;
-  for (int64_t row = static_cast<int64_t>(blockIdx.x) * kWarps + threadIdx.x / kWarpSize;
-       row < rows; row += static_cast<int64_t>(gridDim.x) * kWarps) {
+  // Block-uniform trip count (warps past the last row reduce zeros and store nothing): no warp of
+  // a block leaves the loop while another still shuffles in it.
+  for (int64_t first = static_cast<int64_t>(blockIdx.x) * kWarps; first < rows;
+       first += static_cast<int64_t>(gridDim.x) * kWarps) {
+    const int64_t row = first + threadIdx.x / kWarpSize;
+    const bool active = row < rows;
     const int64_t i = row % p.s_q, bh = row / p.s_q, hi = bh % p.h, bi = bh / p.h;
     float s = 0.0f;
-    if (i < p.len_q(bi)) {
+    if (active && i < p.len_q(bi)) {
       const T *o = static_cast<const T *>(p.o) + p.token_q(p.so_, bi, i) + hi * p.so_.head;
       const T *d_o = static_cast<const T *>(p.d_o) + p.token_q(p.sdo_, bi, i) + hi * p.sdo_.head;
       for (int64_t d = lane; d < p.d_v; d += kWarpSize) s += to_float(d_o[d]) * to_float(o[d]);
     }
     s = warp_reduce_sum(s);
-    if (lane == 0) delta[row] = s;
+    if (active && lane == 0) delta[row] = s;
   }
 }
 
