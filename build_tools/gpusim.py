@@ -44,6 +44,7 @@ RE_STATIC_SHARED = re.compile(
     re.MULTILINE,
 )
 RE_SHARED_WORD = re.compile(r"\b__shared__\b")
+RE_STRING = re.compile(r'"(?:\\.|[^"\\])*"')
 
 
 def rewrite_shared(text: str, origin: str) -> str:
@@ -55,7 +56,7 @@ def rewrite_shared(text: str, origin: str) -> str:
         text,
     )
     for n, line in enumerate(text.splitlines(), 1):
-        code = line.split("//", 1)[0]
+        code = RE_STRING.sub('""', line).split("//", 1)[0]  # code only: no strings, comments
         if RE_SHARED_WORD.search(code):
             raise ValueError(
                 f"{origin}:{n}: expected `__shared__ T name[dims];` or `extern __shared__ T "

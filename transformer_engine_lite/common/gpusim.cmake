@@ -17,9 +17,25 @@ else()
   message(FATAL_ERROR "NVTE_GPUSIM_FLAVOUR: expected cuda or rocm, got '${NVTE_GPUSIM_FLAVOUR}'")
 endif()
 
+# NVTE_GPUSIM_CHECK: the kernels' memory accesses are checked (platform/gpusim/access_check.cpp:
+# shared-memory races between barriers, uninitialised shared reads, shared and global bounds),
+# through GCC's kernel-address instrumentation in call mode, whose entry points the runtime defines.
+# Not with -fsanitize=address in the same build (ASan's runtime defines the same entry points).
+option(NVTE_GPUSIM_CHECK "gpusim: check the kernels' shared/global memory accesses" OFF)
+
 set(_gpusim_dir ${CMAKE_CURRENT_SOURCE_DIR}/platform/gpusim)
 add_library(nvte_gpusim SHARED ${_gpusim_dir}/runtime.cpp ${_gpusim_dir}/scheduler.cpp
-            ${_gpusim_dir}/fiber.cpp)
+            ${_gpusim_dir}/fiber.cpp ${_gpusim_dir}/access_check.cpp)
+if(NVTE_GPUSIM_CHECK)
+  if(CMAKE_CXX_FLAGS MATCHES "-fsanitize=[^ ]*address")
+    message(FATAL_ERROR "NVTE_GPUSIM_CHECK=ON: expected a build without -fsanitize=address (both "
+                        "define __asan_load*_noabort), got CMAKE_CXX_FLAGS='${CMAKE_CXX_FLAGS}'")
+  endif()
+  target_compile_definitions(nvte_gpusim PRIVATE GPUSIM_ACCESS_HOOKS=1)
+  set(_gpusim_check_flags -fsanitize=kernel-address
+      --param=asan-instrumentation-with-call-threshold=0 --param=asan-stack=0
+      --param=asan-globals=0)
+endif()
 target_include_directories(nvte_gpusim PUBLIC $<BUILD_INTERFACE:${_gpusim_dir}/include>)
 target_compile_definitions(nvte_gpusim PUBLIC GPUSIM_WARP_SIZE=${_gpusim_warp})
 target_compile_options(nvte_gpusim PRIVATE -O2 -Wall -Wextra
@@ -69,7 +85,8 @@ foreach(src ${NVTE_GPU_SOURCES})
 endforeach()
 # The kernels are C++ here (#pragma unroll is nvcc's: ignored); the harness's cuda_runtime.h / hip/hip_runtime.h come first on their
 # include path (the CPU sources never include a runtime header).
-set_source_files_properties(${_gpusim_kernels} PROPERTIES LANGUAGE CXX COMPILE_OPTIONS "-Wno-unknown-pragmas"
+set_source_files_properties(${_gpusim_kernels} PROPERTIES LANGUAGE CXX
+  COMPILE_OPTIONS "-Wno-unknown-pragmas;${_gpusim_check_flags}"
   INCLUDE_DIRECTORIES "${_gpusim_src};${_gpusim_dir}/include" GENERATED ON)
 target_sources(transformer_engine_lite PRIVATE ${_gpusim_kernels})
 target_link_libraries(transformer_engine_lite PRIVATE nvte_gpusim)
@@ -83,5 +100,5 @@ set_property(TARGET transformer_engine_lite APPEND PROPERTY INSTALL_RPATH "$ORIG
 set_property(SOURCE ${CMAKE_CURRENT_SOURCE_DIR}/util/build_info.cpp APPEND PROPERTY
   COMPILE_DEFINITIONS NVTE_GPU_ARCHS="gpusim-${NVTE_GPUSIM_FLAVOUR}" NVTE_GPU_FP8="ocp")
 install(TARGETS nvte_gpusim LIBRARY DESTINATION .)
-message(STATUS "gpusim: ${NVTE_GPUSIM_FLAVOUR} flavour (warp ${_gpusim_warp}); kernel sources in "
-               "${_gpusim_src}")
+message(STATUS "gpusim: ${NVTE_GPUSIM_FLAVOUR} flavour (warp ${_gpusim_warp}), access checks "
+               "${NVTE_GPUSIM_CHECK}; kernel sources in ${_gpusim_src}")

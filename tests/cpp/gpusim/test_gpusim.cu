@@ -242,7 +242,8 @@ TEST(GpusimChecksDeathTest, SharedMemoryLimit) {
                "too_much_shared_kernel.*static shared memory 102400 bytes");
 }
 
-#if !defined(__SANITIZE_ADDRESS__) && !defined(__SANITIZE_THREAD__)
+// (GCC defines __SANITIZE_ADDRESS__ for the access checks' kernel-address instrumentation too.)
+#if (!defined(__SANITIZE_ADDRESS__) || defined(GPUSIM_ACCESS_CHECKS))
 TEST(GpusimChecksDeathTest, StackOverflowHitsTheGuardPage) {
   GTEST_FLAG_SET(death_test_style, "threadsafe");
   EXPECT_DEATH(launch_and_sync([](int *p) { recursion_kernel<<<1, 2>>>(p, 1 << 20); }),
@@ -250,14 +251,15 @@ TEST(GpusimChecksDeathTest, StackOverflowHitsTheGuardPage) {
 }
 #endif
 
-#if defined(__SANITIZE_ADDRESS__)
+#if defined(__SANITIZE_ADDRESS__) && !defined(GPUSIM_ACCESS_CHECKS)
 __global__ void shared_oob_kernel(int *p) {
   __shared__ int a[32];
   __shared__ int b[32];
   a[threadIdx.x] = 1;
   b[threadIdx.x] = 2;
   __syncthreads();
-  p[threadIdx.x] = a[threadIdx.x + 32];  // one past a: the red zone, not b
+  const int *pa = a;  // through a pointer: UBSan's array-bounds check would report first
+  p[threadIdx.x] = pa[threadIdx.x + 32];  // one past a: the red zone, not b
 }
 
 __global__ void global_oob_kernel(int *p) { p[threadIdx.x + 4096] = 1; }
@@ -271,19 +273,79 @@ TEST(GpusimChecksDeathTest, OutOfBoundsUnderAsan) {
 }
 #endif
 
-#if defined(__SANITIZE_THREAD__)
-// Thread 0 reads what thread 1 writes with no barrier between: a shared-memory race.
-__global__ void race_kernel(int *p) {
+#if defined(GPUSIM_ACCESS_CHECKS)
+// Each kernel breaks one rule the access checks enforce.
+__global__ void shared_race_kernel(int *p) {
   __shared__ int s[64];
   s[threadIdx.x] = static_cast<int>(threadIdx.x);
-  p[threadIdx.x] = s[(threadIdx.x + 1) % blockDim.x];
+  // Thread t reads what thread t - 1 wrote: no barrier orders the two.
+  p[threadIdx.x] = threadIdx.x > 0 ? s[threadIdx.x - 1] : 0;
 }
 
-TEST(GpusimChecksDeathTest, SharedMemoryRaceUnderTsan) {
+__global__ void write_after_read_kernel(int *p) {
+  __shared__ int s[64];
+  s[threadIdx.x] = 1;
+  __syncthreads();
+  p[threadIdx.x] = s[0];
+  if (threadIdx.x == 63) s[0] = 2;  // every thread read s[0] in this same interval
+}
+
+__global__ void uninit_shared_kernel(int *p) {
+  __shared__ int s[64];
+  if (threadIdx.x < 32) s[threadIdx.x] = 1;
+  __syncthreads();
+  p[threadIdx.x] = s[threadIdx.x];
+}
+
+__global__ void shared_bounds_kernel(int *p) {
+  __shared__ int s[32];
+  s[threadIdx.x] = 1;
+  __syncthreads();
+  const int *ps = s;  // through a pointer: UBSan's array-bounds check would report first
+  p[threadIdx.x] = ps[threadIdx.x + 1];  // thread 31 reads s[32]
+}
+
+__global__ void global_bounds_kernel(int *p) { p[threadIdx.x + 4096] = 1; }
+__global__ void global_before_kernel(int *p) { p[static_cast<int>(threadIdx.x) - 8] = 1; }
+
+// Correct communication through shared memory passes.
+__global__ void clean_kernel(int *p) {
+  __shared__ int s[64];
+  s[threadIdx.x] = static_cast<int>(threadIdx.x);
+  __syncthreads();
+  p[threadIdx.x] = s[63 - threadIdx.x];
+  __syncthreads();
+  s[threadIdx.x] = 0;
+}
+
+TEST(GpusimAccessChecks, CleanKernelPasses) {
+  DeviceBuf<int> out(4096);
+  clean_kernel<<<3, 64>>>(out.p);
+  const std::vector<int> h = out.get();
+  for (int t = 0; t < 64; ++t) EXPECT_EQ(h[t], 63 - t);
+}
+
+TEST(GpusimChecksDeathTest, AccessChecks) {
   GTEST_FLAG_SET(death_test_style, "threadsafe");
-  EXPECT_DEATH(launch_and_sync([](int *p) { race_kernel<<<1, 64>>>(p); }),
-               "ThreadSanitizer: data race.*race_kernel");
+  EXPECT_DEATH(launch_and_sync([](int *p) { shared_race_kernel<<<1, 64>>>(p); }),
+               "shared_race_kernel.*shared-memory race on __shared__ s byte 0: thread "
+               "\\(1,0,0\\) reads it after thread \\(0,0,0\\) wrote it");
+  EXPECT_DEATH(launch_and_sync([](int *p) { write_after_read_kernel<<<1, 64>>>(p); }),
+               "write_after_read_kernel.*race on __shared__ s byte 0: thread \\(63,0,0\\) "
+               "writes it after another thread read it");
+  EXPECT_DEATH(launch_and_sync([](int *p) { uninit_shared_kernel<<<1, 64>>>(p); }),
+               "uninit_shared_kernel.*thread \\(32,0,0\\) reads __shared__ s byte 128.*no "
+               "thread of the block wrote");
+  EXPECT_DEATH(launch_and_sync([](int *p) { shared_bounds_kernel<<<1, 32>>>(p); }),
+               "shared_bounds_kernel.*thread \\(31,0,0\\): 4-byte read of __shared__ s at "
+               "byte 128, out of bounds \\(it has 128 bytes\\)");
+  EXPECT_DEATH(launch_and_sync([](int *p) { global_bounds_kernel<<<1, 32>>>(p); }),
+               "global_bounds_kernel.*thread \\(0,0,0\\): 4-byte write .* 4 bytes past the end "
+               "of a 16384-byte device allocation");
+  EXPECT_DEATH(launch_and_sync([](int *p) { global_before_kernel<<<1, 32>>>(p); }),
+               "global_before_kernel.*32 bytes before the start of a 16384-byte");
 }
 #endif
+
 
 }  // namespace

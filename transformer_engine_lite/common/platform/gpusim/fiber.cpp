@@ -13,24 +13,17 @@
 #include <ucontext.h>
 #endif
 
-// Sanitizer fiber interfaces, bound when the process has that sanitizer's runtime (weak: the same
-// runtime library serves plain, ASan and TSan builds).
+// ASan's fiber interface, bound when the process has ASan's runtime (weak: the same runtime
+// library serves plain and ASan builds).
 extern "C" {
 void __sanitizer_start_switch_fiber(void **fake_stack_save, const void *bottom, size_t size)
     __attribute__((weak));
 void __sanitizer_finish_switch_fiber(void *fake_stack_save, const void **bottom_old,
                                      size_t *size_old) __attribute__((weak));
-void *__tsan_get_current_fiber(void) __attribute__((weak));
-void *__tsan_create_fiber(unsigned flags) __attribute__((weak));
-void __tsan_destroy_fiber(void *fiber) __attribute__((weak));
-void __tsan_switch_to_fiber(void *fiber, unsigned flags) __attribute__((weak));
-void __tsan_set_fiber_name(void *fiber, const char *name) __attribute__((weak));
 }
 
 namespace gpusim {
 namespace {
-
-constexpr unsigned kTsanNoSync = 1;  // __tsan_switch_to_fiber_no_sync
 
 [[noreturn]] void die(const char *what) {
   std::fprintf(stderr, "gpusim: %s\n", what);
@@ -108,11 +101,9 @@ Fiber::Fiber(size_t stack_bytes, void (*entry)()) {
   uctx_ = uc;
   return_uctx_ = ret;
 #endif
-  if (__tsan_create_fiber != nullptr) tsan_fiber_ = __tsan_create_fiber(0);
 }
 
 Fiber::~Fiber() {
-  if (tsan_fiber_ != nullptr && __tsan_destroy_fiber != nullptr) __tsan_destroy_fiber(tsan_fiber_);
 #if !defined(__x86_64__)
   delete static_cast<ucontext_t *>(uctx_);
   delete static_cast<ucontext_t *>(return_uctx_);
@@ -120,17 +111,8 @@ Fiber::~Fiber() {
   if (map_ != nullptr) munmap(map_, map_bytes_);
 }
 
-void Fiber::set_name(const char *name) {
-  if (tsan_fiber_ != nullptr && __tsan_set_fiber_name != nullptr)
-    __tsan_set_fiber_name(tsan_fiber_, name);
-}
-
 void Fiber::resume() {
   void *fake = nullptr;
-  if (tsan_fiber_ != nullptr) {
-    tsan_return_ = __tsan_get_current_fiber();
-    __tsan_switch_to_fiber(tsan_fiber_, kTsanNoSync);
-  }
   if (__sanitizer_start_switch_fiber != nullptr)
     __sanitizer_start_switch_fiber(&fake, map_ + guard_, map_bytes_ - guard_);
 #if defined(__x86_64__)
@@ -143,7 +125,6 @@ void Fiber::resume() {
 }
 
 void Fiber::suspend() {
-  if (tsan_fiber_ != nullptr) __tsan_switch_to_fiber(tsan_return_, kTsanNoSync);
   if (__sanitizer_start_switch_fiber != nullptr)
     __sanitizer_start_switch_fiber(&asan_fake_stack_, return_stack_bottom_, return_stack_size_);
 #if defined(__x86_64__)

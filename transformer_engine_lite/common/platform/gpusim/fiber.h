@@ -2,9 +2,7 @@
 // it, so an overflow faults instead of corrupting a neighbour) and a context switch that saves only
 // what the x86-64 System V ABI says a call preserves (rbx, rbp, r12-r15, MXCSR, the x87 control
 // word): ~5 ns a switch, against ~300 ns for swapcontext (which makes a signal-mask system call).
-// Other architectures use ucontext. The sanitizers are told about every switch (ASan: the stack in
-// use; TSan: the fiber in use, switched without synchronisation so that only the barriers the
-// runtime annotates order one GPU thread's accesses against another's).
+// Other architectures use ucontext. ASan is told about every switch (the stack in use).
 #pragma once
 
 #include <cstddef>
@@ -26,8 +24,8 @@ class Fiber {
 
   // The guard page's range (for the stack-overflow report).
   const char *guard_begin() const { return map_; }
-  const char *guard_end() const { return map_ + guard_; }
-  void set_name(const char *name);  // TSan reports name the fiber (the GPU thread)
+  const char *guard_end() const { return map_ + guard_; }  // = the stack's lowest byte
+  size_t stack_bytes() const { return map_bytes_ - guard_; }
 
  private:
   char *map_ = nullptr;  // guard page, then the stack
@@ -36,7 +34,6 @@ class Fiber {
   void *return_sp_ = nullptr;  // the resumer's saved stack pointer
   void *uctx_ = nullptr;       // ucontext fallback
   void *return_uctx_ = nullptr;
-  void *tsan_fiber_ = nullptr, *tsan_return_ = nullptr;
   void *asan_fake_stack_ = nullptr;
   const void *return_stack_bottom_ = nullptr;
   size_t return_stack_size_ = 0;

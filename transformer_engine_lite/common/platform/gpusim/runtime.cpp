@@ -1,5 +1,8 @@
 // gpusim's runtime API (include/gpusim/api.h): device memory, in-order stream queues, events,
 // device properties and the sticky/last error, for the CUDA and HIP spellings alike.
+#include <sys/mman.h>
+#include <unistd.h>
+
 #include <chrono>
 #include <cstdio>
 #include <cstdlib>
@@ -65,10 +68,19 @@ void enqueue(cudaStream_t s, std::function<void()> op) {
   stream_of(s).ops.push_back(std::move(op));
 }
 
-// Live allocations: base -> size, to check frees and the device side of copies and memsets.
-std::map<const char *, size_t> &allocations() {
-  static std::map<const char *, size_t> m;
+// Live allocations: base -> size asked and size mapped (check builds: whole pages and the guard
+// page after them, see allocate),
+// to check frees, the device side of copies and memsets, and (check builds) kernel accesses.
+struct Allocation {
+  size_t size, mapped;
+};
+std::map<const char *, Allocation> &allocations() {
+  static std::map<const char *, Allocation> m;
   return m;
+}
+size_t page_size() {
+  static const size_t p = static_cast<size_t>(sysconf(_SC_PAGESIZE));
+  return p;
 }
 
 // [p, p + bytes) lies inside one live allocation.
@@ -78,8 +90,8 @@ bool in_allocation(const void *p, size_t bytes) {
   auto it = m.upper_bound(c);
   if (it == m.begin()) return false;
   --it;
-  return c >= it->first && static_cast<size_t>(c - it->first) <= it->second &&
-         bytes <= it->second - static_cast<size_t>(c - it->first);
+  const size_t size = it->second.size, off = static_cast<size_t>(c - it->first);
+  return off <= size && bytes <= size - off;
 }
 
 cudaError_t bad_range(const char *api, const void *p, size_t bytes) {
@@ -115,11 +127,23 @@ cudaError_t allocate(void **ptr, size_t bytes) {
   *ptr = nullptr;
   if (bytes == 0) return cudaSuccess;  // CUDA: a null pointer and success
   void *p = nullptr;
-  // Exactly `bytes` (ASan's red zone starts right after), 256-byte aligned like cudaMalloc.
-  if (posix_memalign(&p, 256, bytes) != 0) return fail(cudaErrorMemoryAllocation);
+  size_t mapped = bytes;
+  if (access_checks_enabled()) {
+    // Pages of its own, then an inaccessible page: the access checks report an access past the
+    // end up to the page's end, and one beyond faults; no other object lives in between.
+    const size_t pages = (bytes + page_size() - 1) / page_size() * page_size();
+    mapped = pages + page_size();
+    p = mmap(nullptr, mapped, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE,
+             -1, 0);
+    if (p == MAP_FAILED) return fail(cudaErrorMemoryAllocation);
+    mprotect(static_cast<char *>(p) + pages, page_size(), PROT_NONE);
+  } else if (posix_memalign(&p, 256, bytes) != 0) {
+    // Exactly `bytes` (ASan's red zone starts right after), 256-byte aligned like cudaMalloc.
+    return fail(cudaErrorMemoryAllocation);
+  }
   std::memset(p, fill_byte(), bytes);
   std::lock_guard<std::recursive_mutex> g(lock());
-  allocations()[static_cast<const char *>(p)] = bytes;
+  allocations()[static_cast<const char *>(p)] = {bytes, mapped};
   *ptr = p;
   return cudaSuccess;
 }
@@ -132,12 +156,39 @@ cudaError_t release(void *ptr, const char *api) {
     std::fprintf(stderr, "gpusim: %s: expected a pointer cudaMalloc returned, got %p\n", api, ptr);
     return fail(cudaErrorInvalidDevicePointer);
   }
+  const size_t mapped = it->second.mapped;
   allocations().erase(it);
-  std::free(ptr);
+  if (access_checks_enabled()) {
+    munmap(ptr, mapped);
+  } else {
+    std::free(ptr);
+  }
   return cudaSuccess;
 }
 
 }  // namespace
+
+bool find_allocation(uintptr_t p, size_t n, uintptr_t *base, size_t *size, size_t *mapped) {
+  auto &m = allocations();
+  const char *c = reinterpret_cast<const char *>(p);
+  auto it = m.upper_bound(c);  // the first allocation above p
+  if (it != m.end() && reinterpret_cast<uintptr_t>(it->first) - p <= 256 + n) {
+    *base = reinterpret_cast<uintptr_t>(it->first);  // p lies just before it
+    *size = it->second.size;
+    *mapped = it->second.mapped;
+    if (it == m.begin()) return true;
+    auto prev = std::prev(it);  // unless it lies inside the one below
+    if (p >= reinterpret_cast<uintptr_t>(prev->first) + prev->second.mapped) return true;
+  }
+  if (it == m.begin()) return false;
+  --it;
+  const uintptr_t b = reinterpret_cast<uintptr_t>(it->first);
+  if (p >= b + it->second.mapped) return false;
+  *base = b;
+  *size = it->second.size;
+  *mapped = it->second.mapped;
+  return true;
+}
 
 unsigned char fill_byte() {
   static const unsigned char b = [] {

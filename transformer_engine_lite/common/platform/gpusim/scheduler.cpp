@@ -24,89 +24,18 @@
 #include <thread>
 #include <vector>
 
-#include "fiber.h"
-#include "internal.h"
+#include "scheduler_state.h"
 
 extern "C" {
 void __asan_poison_memory_region(void const volatile *addr, size_t size) __attribute__((weak));
 void __asan_unpoison_memory_region(void const volatile *addr, size_t size) __attribute__((weak));
-void __tsan_acquire(void *addr) __attribute__((weak));
-void __tsan_release(void *addr) __attribute__((weak));
 }
 
 namespace gpusim {
 
 thread_local const Coords *tls_coords = nullptr;
 
-namespace {
-
-constexpr int kWarp = GPUSIM_WARP_SIZE;
-constexpr size_t kRedZone = 64;  // poisoned gap around each shared allocation (ASan builds)
-
-size_t stack_bytes() {
-  static const size_t n = [] {
-    const char *e = std::getenv("GPUSIM_STACK_KB");
-    const size_t kb = e != nullptr && *e != '\0' ? std::strtoul(e, nullptr, 10) : 256;
-    return std::max<size_t>(kb, 16) * 1024;
-  }();
-  return n;
-}
-
-enum class Wait : unsigned char { kRunnable, kBlockBarrier, kWarpOp, kDone };
-
-struct SimThread {
-  Coords coords;
-  unsigned linear = 0;
-  Wait wait = Wait::kRunnable;
-  unsigned barriers = 0;   // __syncthreads passed
-  uint64_t warp_ops = 0;   // warp operations completed
-  const char *file = nullptr;
-  int line = 0;
-};
-
-struct WarpState {
-  uint64_t value[2][kWarp];
-  // The warp-op index each lane deposited per phase (UINT64_MAX: none). Two phases, like the values:
-  // a lane that has read op n may deposit op n + 1 before a slower lane reads op n.
-  uint64_t op[2][kWarp];
-};
-
-struct SharedAlloc {
-  const void *key;
-  size_t offset, bytes;
-};
-
-// One host thread's execution state: its fibers (one per GPU thread of the largest block seen) and
-// the block it runs.
-struct Worker {
-  std::vector<std::unique_ptr<Fiber>> fibers;
-  std::vector<SimThread> threads;
-  std::vector<WarpState> warps;
-  std::vector<unsigned char> arena;  // dynamic shared memory first, then static allocations
-  std::vector<SharedAlloc> allocs;
-  size_t arena_used = 0;
-  const LaunchSpec *spec = nullptr;
-  uint3 block{0, 0, 0};
-  unsigned nthreads = 0;
-  SimThread *current = nullptr;
-  Fiber *current_fiber = nullptr;
-  int tsan_sync = 0;  // address for TSan's barrier happens-before edges
-};
-
 thread_local Worker *tls_worker = nullptr;
-
-std::string block_str(const Worker &w) {
-  char buf[96];
-  std::snprintf(buf, sizeof buf, "block (%u,%u,%u)", w.block.x, w.block.y, w.block.z);
-  return buf;
-}
-
-std::string thread_str(const SimThread &t) {
-  char buf[64];
-  std::snprintf(buf, sizeof buf, "thread (%u,%u,%u)", t.coords.thread_idx.x,
-                t.coords.thread_idx.y, t.coords.thread_idx.z);
-  return buf;
-}
 
 [[noreturn]] void violation(const Worker &w, const char *fmt, ...) {
   char msg[2048];
@@ -119,6 +48,17 @@ std::string thread_str(const SimThread &t) {
                w.spec->file, w.spec->line, block_str(w).c_str(), msg);
   std::fflush(stderr);
   std::abort();
+}
+
+namespace {
+
+size_t stack_bytes() {
+  static const size_t n = [] {
+    const char *e = std::getenv("GPUSIM_STACK_KB");
+    const size_t kb = e != nullptr && *e != '\0' ? std::strtoul(e, nullptr, 10) : 256;
+    return std::max<size_t>(kb, 16) * 1024;
+  }();
+  return n;
 }
 
 // "threads 0-31, 64" style list of the threads for which pred holds.
@@ -152,9 +92,7 @@ void fiber_entry() {
   fiber_started(self);
   for (;;) {
     SimThread *t = w->current;
-    if (__tsan_acquire != nullptr) __tsan_acquire(&w->tsan_sync);
     w->spec->entry(w->spec->ctx);
-    if (__tsan_release != nullptr) __tsan_release(&w->tsan_sync);
     t->wait = Wait::kDone;
     self->suspend();
   }
@@ -184,10 +122,10 @@ void park(Wait why, const char *file, int line) {
   t->wait = why;
   t->file = file;
   t->line = line;
-  if (__tsan_release != nullptr) __tsan_release(&w->tsan_sync);
   f->suspend();
-  if (__tsan_acquire != nullptr) __tsan_acquire(&w->tsan_sync);
 }
+
+void fill_shared(unsigned char *p, size_t n) { std::memset(p, fill_byte(), n); }
 
 // ------------------------------------------------------------------ one block
 bool same_site(const SimThread &a, const SimThread &b) {
@@ -271,7 +209,9 @@ void run_block(Worker &w, uint3 block) {
   if (s.dynamic_smem != 0) {
     if (__asan_unpoison_memory_region != nullptr)
       __asan_unpoison_memory_region(w.arena.data(), s.dynamic_smem);
-    std::memset(w.arena.data(), fill_byte(), s.dynamic_smem);
+    fill_shared(w.arena.data(), s.dynamic_smem);
+    w.allocs.push_back({nullptr, 0, s.dynamic_smem, "extern __shared__"});
+    shadow_reset(w, 0, s.dynamic_smem);
   }
   for (unsigned i = 0; i < w.nthreads; ++i) {
     SimThread &t = w.threads[i];
@@ -281,7 +221,6 @@ void run_block(Worker &w, uint3 block) {
     t.warp_ops = 0;
   }
   for (WarpState &ws : w.warps) std::fill(&ws.op[0][0], &ws.op[0][0] + 2 * kWarp, ~uint64_t{0});
-  if (__tsan_release != nullptr) __tsan_release(&w.tsan_sync);
 
   for (;;) {
     for (unsigned i = 0; i < w.nthreads; ++i) {
@@ -315,7 +254,6 @@ void run_block(Worker &w, uint3 block) {
       ++w.threads[i].barriers;
     }
   }
-  if (__tsan_acquire != nullptr) __tsan_acquire(&w.tsan_sync);
 }
 
 // Makes the worker ready for a launch of `spec` (fibers, thread coordinates, warps, arena).
@@ -326,9 +264,6 @@ void prepare(Worker &w, const LaunchSpec &spec) {
   tls_worker = &w;
   while (w.fibers.size() < w.nthreads) {
     w.fibers.push_back(std::make_unique<Fiber>(stack_bytes(), fiber_entry));
-    char name[48];
-    std::snprintf(name, sizeof name, "gpu thread %zu", w.fibers.size() - 1);
-    w.fibers.back()->set_name(name);
   }
   w.threads.resize(w.nthreads);
   for (unsigned i = 0; i < w.nthreads; ++i) {
@@ -341,6 +276,7 @@ void prepare(Worker &w, const LaunchSpec &spec) {
   w.warps.resize((w.nthreads + kWarp - 1) / kWarp);
   const size_t arena = kSharedLimitOptin + kStaticSharedLimit + 64 * kRedZone;
   if (w.arena.size() < arena) w.arena.assign(arena, 0);
+  if (access_checks_enabled() && w.shadow.size() < arena) w.shadow.resize(arena);
 }
 
 // --------------------------------------------------------------- worker pool
@@ -435,6 +371,15 @@ extern "C" void gpusim_segv(int sig, siginfo_t *info, void *) {
                                 w->spec->kernel + std::strspn(w->spec->kernel, "( "),
                                 w->spec->file, w->spec->line, w->current->linear,
                                 w->block.x, w->block.y, w->block.z, stack_bytes() / 1024);
+    if (n > 0) (void)!write(2, msg, static_cast<size_t>(std::min(n, 511)));
+  } else if (w != nullptr && w->current != nullptr) {
+    char msg[512];
+    const int n = std::snprintf(msg, sizeof msg,
+                                "gpusim: kernel %s (launched at %s:%d): GPU thread %u of block "
+                                "(%u,%u,%u) faulted at address %p\n",
+                                w->spec->kernel + std::strspn(w->spec->kernel, "( "),
+                                w->spec->file, w->spec->line, w->current->linear, w->block.x,
+                                w->block.y, w->block.z, info->si_addr);
     if (n > 0) (void)!write(2, msg, static_cast<size_t>(std::min(n, 511)));
   }
   signal(sig, SIG_DFL);  // returning re-runs the access, which now takes the default action
@@ -531,7 +476,7 @@ void *static_shared(const void *key, size_t bytes, size_t align, const char *nam
     if (a.key == key) return w->arena.data() + a.offset;
   }
   size_t static_total = bytes;
-  for (const SharedAlloc &a : w->allocs) static_total += a.bytes;
+  for (const SharedAlloc &a : w->allocs) static_total += a.key != nullptr ? a.bytes : 0;
   if (static_total > kStaticSharedLimit)
     violation(*w, "static shared memory %zu bytes (with __shared__ %s) above the %zu-byte limit",
               static_total, name, kStaticSharedLimit);
@@ -543,8 +488,9 @@ void *static_shared(const void *key, size_t bytes, size_t align, const char *nam
   w->arena_used = offset + bytes + kRedZone;
   unsigned char *p = w->arena.data() + offset;
   if (__asan_unpoison_memory_region != nullptr) __asan_unpoison_memory_region(p, bytes);
-  std::memset(p, fill_byte(), bytes);
-  w->allocs.push_back({key, offset, bytes});
+  fill_shared(p, bytes);
+  shadow_reset(*w, offset, bytes);
+  w->allocs.push_back({key, offset, bytes, name});
   return p;
 }
 
