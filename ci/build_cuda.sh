@@ -17,6 +17,10 @@
 #                          cleanly here
 #   build.cuda.cublaslt_optional  configure only, with cuBLASLt hidden: NVTE_WITH_CUBLASLT=AUTO (the
 #                          default) falls back to the tiled GEMM with one line; ON fails, naming it
+#   build.cuda.gpu_check_dry_run  ci/gpu_check.sh --dry-run: the lent-GPU check up to its first
+#                          device use (its own sm_90 build in build/gpu-check, gtest and pytest
+#                          collection, sanitizer cases, timing cases), so the command cannot rot;
+#                          ~4 min on 2 cores (logs: build/gpu_check/out)
 # This build asks for cuBLASLt explicitly (NVTE_WITH_CUBLASLT=ON): its path must compile here.
 # NVTE_CUDA_ARCHS (default 80;90) picks the archs.
 set -u
@@ -97,4 +101,5 @@ run_tagged build.cuda.aotriton_launch aotriton_launch
 run_tagged build.cuda.aotriton_reproducible aotriton_reproducible
 run_tagged build.cuda.driverless cuda_driverless
 run_tagged build.cuda.cublaslt_optional cublaslt_optional
+run_tagged build.cuda.gpu_check_dry_run bash "$REPO_ROOT/ci/gpu_check.sh" --dry-run
 finish_tests build.cuda

@@ -101,3 +101,20 @@ def test_empty_dense_fp8_state_keeps_scale():
         jnp.zeros((0, 8), F32), q)
     np.testing.assert_array_equal(np.asarray(new_q.x.scale), [1.0])
     np.testing.assert_array_equal(np.asarray(new_q.x.amax_history), np.zeros(4))
+
+
+# AOTriton runs through the core's fused call (the flash path); CK has no binding. The selection
+# never picks either for host arrays, so it is stubbed.
+@pytest.mark.parametrize("picked,runs", [("aotriton", "flash"), ("flash", "flash"),
+                                         ("unfused", "unfused"), ("ck", None)])
+def test_selected_backend_binding(monkeypatch, picked, runs):
+    from transformer_engine_lite.jax import attention as attn
+
+    monkeypatch.setattr(attn.selection, "select", lambda *key, **kw: (picked, {}))
+    args = (jnp.bfloat16, attn.QKVLayout.BSHD_BSHD_BSHD, attn.AttnBiasType.NO_BIAS,
+            attn.AttnMaskType.NO_MASK, 0.0, 4, 4, 16, 16, 64, 64)
+    if runs is None:
+        with pytest.raises(NotImplementedError, match="backend 'ck' was selected"):
+            attn.attention_backend(*args)
+    else:
+        assert attn.attention_backend(*args) == runs

@@ -298,3 +298,19 @@ MODULE_BAD = [
 def test_bad_module_arguments(call, err, match):
     with pytest.raises(err, match=match):
         call()
+
+
+# What each selected backend runs as: AOTriton through the core's fused call (the flash module,
+# whose nvte_fused_attn_* launch the AOTriton images when the selection picks them); CK has no
+# binding. On a CPU machine the selection never picks either, so the selection is stubbed.
+@pytest.mark.parametrize("picked,runs", [("aotriton", "flash"), ("flash", "flash"),
+                                         ("unfused", "unfused"), ("ck", None)])
+def test_selected_backend_binding(monkeypatch, picked, runs):
+    from transformer_engine_lite.pytorch.attention import backends
+
+    monkeypatch.setattr(backends.selection, "select", lambda *key: (picked, {}))
+    if runs is None:
+        with pytest.raises(NotImplementedError, match="backend 'ck' was selected"):
+            backends._select(12345, "key")
+    else:
+        assert backends._select(12345, "key") == runs

@@ -110,6 +110,15 @@ ENV_VARS: tuple[EnvVar, ...] = (
     EnvVar("NVTE_DEBUG_LEVEL", "0", "runtime",
            "with NVTE_DEBUG=1: 0 warnings, 1 info (selected backend), 2 debug (every rejected "
            "backend and why)"),
+    EnvVar("GPUSIM_WORKERS", None, "runtime",
+           "gpusim builds (NVTE_BACKEND=gpusim, test infrastructure): host threads that run a "
+           "launch's blocks (default: every core; 1 runs blocks in order, for a debugger)"),
+    EnvVar("GPUSIM_FILL", "0xFF", "runtime",
+           "gpusim builds: the byte fresh device memory and each block's shared memory start as "
+           "(0xFF: NaN / -1), so a kernel that reads what nobody wrote shows it in its results"),
+    EnvVar("GPUSIM_STACK_KB", "256", "runtime",
+           "gpusim builds: stack of each GPU thread (a fiber) in KiB, with a guard page below it; "
+           "an overflow is reported naming the kernel and thread"),
     EnvVar("TEST_LEVEL", "99", "ci", "how many configurations ci/*.sh run"),
     EnvVar("TE_LITE_VENV", "build/venv", "ci",
            "virtual environment the README commands create and use (python -m venv, no system "
@@ -131,6 +140,30 @@ ENV_VARS: tuple[EnvVar, ...] = (
            "1: a fuzz harness (tests/fuzz) prints per-op counts of successful and rejected calls "
            "at exit (ci/fuzz.sh's corpus replay); 2: also one line per call "
            "(tests/fuzz/make_corpus.py)"),
+    EnvVar("NVTE_GPUSIM_BUILD_DIR", "build/gpusim", "ci",
+           "folder of ci/gpusim.sh's builds (library + tests per flavour, the runtime under "
+           "ASan), reused between runs"),
+    EnvVar("GPU_CHECK_ARCH", "90", "ci",
+           "ci/gpu_check.sh: the one CUDA arch it builds for (the lent GPU's)"),
+    EnvVar("GPU_CHECK_BUILD", "build/gpu-check", "ci",
+           "ci/gpu_check.sh: its build folder (core, staged Python package, GPU gtests)"),
+    EnvVar("GPU_CHECK_CARRY", "build/gpu_check_carry", "ci",
+           "ci/gpu_check.sh: what --pack downloads (oneDNN wheels, googletest sources) and the run "
+           "on the GPU machine, which has no network, takes from (the device call's carry)"),
+    EnvVar("GPU_CHECK_REPEAT", "20", "ci",
+           "ci/gpu_check.sh: timed runs per case of its timing table (the median is reported)"),
+    EnvVar("GPU_CHECK_ONEDNN", "auto", "ci",
+           "ci/gpu_check.sh: where oneDNN (the CPU side of GEMM comparisons) comes from: auto "
+           "(DNNL_ROOT, the Python prefix, then the carried wheels), carry, or off"),
+    EnvVar("GPU_CHECK_GTEST", "auto", "ci",
+           "ci/gpu_check.sh: auto uses the machine's GTest, else the carried sources; carry "
+           "always builds the carried sources"),
+    EnvVar("GPU_CHECK_STRICT", "0", "ci",
+           "1 (set by ci/gpu_check.sh): tests/*/test_gpu_parity.py fail instead of skipping "
+           "when no GPU is usable"),
+    EnvVar("GPU_PARITY_DEVICE", "cuda (jax: gpu)", "ci",
+           "device side of tests/*/test_gpu_parity.py; cpu runs it on the CPU (checks the tests' "
+           "own logic on a machine without a GPU)"),
     EnvVar("TEST_FILTER", None, "ci", "space-separated globs over test tags, e.g. 'core.test_gemm'"),
     EnvVar("TEST_SGPU", "1", "ci", "run single-process suites"),
     EnvVar("TEST_MGPU", "1", "ci", "run multi-process suites"),

@@ -317,10 +317,12 @@ def attention_backend(q_dtype, qkv_layout, attn_bias_type, attn_mask_type, dropo
         _window(window_size, mask))
     if backend is None:
         raise selection.no_backend_error("fused_attn", key, reasons)
-    if backend in ("ck", "aotriton"):
-        raise NotImplementedError(f"fused_attn: backend '{backend}' was selected but the JAX "
-                                  "front end has no binding for it (not built in this project)")
-    return backend
+    if backend == "ck":
+        raise NotImplementedError("fused_attn: backend 'ck' was selected but the JAX front end has "
+                                  "no binding for it (not built in this project)")
+    # AOTriton runs inside the core's fused call (nvte_fused_attn_fwd/bwd launch its images when
+    # the same selection picks it), which the flash path calls: it is AOTriton's binding too.
+    return "flash" if backend == "aotriton" else backend
 
 
 # ------------------------------------------------------------------------------------ API

@@ -56,12 +56,15 @@ def _select(owner: int, *key: Any) -> str:
     backend, reasons = selection.select(owner, *key)
     if backend is None:
         raise selection.no_backend_error("DotProductAttention", key, reasons)
-    if backend in ("ck", "aotriton"):
+    if backend == "ck":
         raise NotImplementedError(
-            f"DotProductAttention: backend '{backend}' was selected but the PyTorch front end "
-            "has no binding for it (it is not built in this project's builds)"
+            "DotProductAttention: backend 'ck' was selected but the PyTorch front end has no "
+            "binding for it (it is not built in this project's builds)"
         )
-    return backend
+    # AOTriton runs inside the core's fused call: nvte_fused_attn_fwd/bwd launch its images when
+    # the same selection picks it (and the flash kernel otherwise), so the flash module is its
+    # binding too; its backward workspace comes through the core's workspace query.
+    return "flash" if backend == "aotriton" else backend
 
 
 def _static(n: Any) -> int:
