@@ -1,8 +1,9 @@
 #!/usr/bin/env bash
 # The README's test command: installs everything (into the virtual environment of ci/_venv.sh), builds
 # once, runs every suite (core, python, pytorch, jax), the CPU-level matrix (ci/isa_matrix.sh), the C++ suites under ASan + UBSan
-# (ci/sanitize.sh) and the libFuzzer harnesses of the C API (ci/fuzz.sh), then compiles the CUDA
-# and ROCm backends with warnings as errors (build.cuda.*, build.rocm.*: no GPU needed); exits non-zero
+# (ci/sanitize.sh), the libFuzzer harnesses of the C API (ci/fuzz.sh), the GPU kernels executed on
+# the CPU at warp 32 and 64 (ci/gpusim.sh), then compiles the CUDA and ROCm backends with warnings as
+# errors (build.cuda.*, build.rocm.*, incl. ci/gpu_check.sh --dry-run: no GPU needed); exits non-zero
 # on any failure. TEST_FILTER / TEST_LEVEL (see ci/_utils.sh) narrow what runs.
 set -u
 REPO_ROOT=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
@@ -22,6 +23,7 @@ suite jax
 suite isa_matrix
 suite sanitize
 suite fuzz
+suite gpusim
 suite build_cuda
 suite build_rocm
 printf 'ci/run_all.sh: suite times: %s\n' "$(IFS=,; echo "${times[*]}")"

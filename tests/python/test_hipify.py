@@ -99,6 +99,8 @@ def test_same_layout_and_only_gpu_sources(common_out):
         assert (COMMON / rel).is_file(), f"{rel}: expected the same path as its source"
         assert p.suffix in (".cu", ".cuh", ".h", ".hpp", ".inl"), f"{rel}: not a GPU source kind"
     assert not list(dst.rglob("*.cpp")), "CPU .cpp files are compiled from the source tree"
+    # The gpusim harness (stand-in runtime headers for CPU test builds) is no GPU build's source.
+    assert not (dst / "platform" / "gpusim").exists(), "platform/gpusim/ must not be copied"
 
 
 def test_no_cuda_runtime_names_left(common_out):
