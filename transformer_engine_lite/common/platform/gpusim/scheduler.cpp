@@ -503,6 +503,22 @@ void *dynamic_shared() {
   return w->arena.data();
 }
 
+// For debuggers: `call (void)gpusim_where()` in gdb names the GPU thread a breakpoint stopped in.
+extern "C" GPUSIM_API void gpusim_where() {
+  const Worker *w = tls_worker;
+  if (w == nullptr || w->current == nullptr) {
+    std::fprintf(stderr, "gpusim: no GPU thread runs on this host thread\n");
+    return;
+  }
+  const SimThread &t = *w->current;
+  std::fprintf(stderr,
+               "gpusim: kernel %s (launched at %s:%d), %s of %u, %s (linear id %u), after "
+               "__syncthreads #%u and warp op #%llu\n",
+               kernel_name(*w->spec).c_str(), w->spec->file, w->spec->line, block_str(*w).c_str(),
+               w->spec->grid.x * w->spec->grid.y * w->spec->grid.z, thread_str(t).c_str(),
+               t.linear, t.barriers, static_cast<unsigned long long>(t.warp_ops));
+}
+
 void execute(const LaunchSpec &spec) {
   static std::once_flag once;
   std::call_once(once, [] { Pool::install_overflow_handler(); });
