@@ -383,6 +383,41 @@ TEST(FusedAttnErrors, PackedEntryPoints) {
   EXPECT_TRUE(f.untouched());
 }
 
+// Fuzzing finding (fuzz_attn, CI): the packed entry points checked their outputs through the Q/K/V
+// views, whose extents cover only a dense-sized part of the packed buffer. cu_seqlens lying in the
+// rest of dQKV was accepted; the backward wrote dK/dV over the offsets while reading them (a
+// negative sequence length, then a 2^60-element allocation). The whole packed buffers are checked.
+TEST(FusedAttnErrors, PackedBuffersOverSideInputs) {
+  TestTensor qkv({2, 5, 3, 4, 8}, kNVTEFloat32), dqkv({2, 5, 3, 4, 8}, kNVTEFloat32),
+      o({2, 5, 4, 8}, kNVTEFloat32), d_o({2, 5, 4, 8}, kNVTEFloat32), lse({2, 4, 5}, kNVTEFloat32),
+      cu({3}, kNVTEInt32);
+  for (size_t i = 0; i < qkv.numel(); ++i) qkv.f32(kNVTERowwiseData)[i] = 0.01f * (i % 17);
+  for (size_t i = 0; i < d_o.numel(); ++i) d_o.f32(kNVTERowwiseData)[i] = 0.02f * (i % 5);
+  const int32_t offsets[3] = {0, 4, 9};
+  std::memcpy(cu.bytes(), offsets, sizeof(offsets));
+  // Float 900 of 960: past the dense extent of each view (dV's ends at float 384).
+  uint8_t *dqkv_tail = dqkv.bytes() + 900 * sizeof(float);
+  uint8_t *qkv_tail = qkv.bytes() + 900 * sizeof(float);
+  View cu_in_dqkv(dqkv_tail, {3}, kNVTEInt32), lse_in_qkv(qkv_tail, {2, 4, 5}, kNVTEFloat32);
+  auto fwd = [&](NVTETensor l) {
+    return nvte_fused_attn_fwd_qkvpacked(qkv, nullptr, o, l, cu, nullptr, 5, true, 0.35f, 0.0f,
+                                         NVTE_BS3HD, NVTE_NO_BIAS, NVTE_PADDING_MASK, -1, -1,
+                                         nullptr, nullptr);
+  };
+  auto bwd = [&](NVTETensor c) {
+    return nvte_fused_attn_bwd_qkvpacked(qkv, o, d_o, lse, nullptr, dqkv, nullptr, c, nullptr, 5,
+                                         0.35f, 0.0f, NVTE_BS3HD, NVTE_NO_BIAS, NVTE_PADDING_MASK,
+                                         -1, -1, true, nullptr, nullptr);
+  };
+  EXPECT_NVTE_ERROR(fwd(lse_in_qkv), kInvalid, "'softmax_lse'", "'QKV'", "overlapping");
+  ASSERT_NVTE_OK(fwd(lse));
+  std::memcpy(dqkv_tail, offsets, sizeof(offsets));
+  const std::vector<uint8_t> before = dqkv.buffer().bytes;
+  EXPECT_NVTE_ERROR(bwd(cu_in_dqkv), kInvalid, "'dQKV'", "'cu_seqlens_q'", "overlapping");
+  EXPECT_EQ(dqkv.buffer().bytes, before) << "a rejected call wrote dQKV";
+  ASSERT_NVTE_OK(bwd(cu));  // the same call with the offsets elsewhere: accepted
+}
+
 TEST(FusedAttnErrors, DropoutMask) {
   TestTensor rng({2}, kNVTEInt64), mask({1, 2, 3, 4}, kNVTEByte),
       mask_f32({1, 2, 3, 4}, kNVTEFloat32), mask3({2, 3, 4}, kNVTEByte), rng1({1}, kNVTEInt64);

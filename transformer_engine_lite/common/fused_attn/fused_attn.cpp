@@ -412,7 +412,10 @@ void run_fwd(const CallArgs &c, const Tensor *o, Tensor *lse, bool is_training,
   NVTEFusedAttnConfig cfg;
   AttnParams p = make_params(c, &device, &cfg);
   check_output(o, "O", *c.q, static_cast<size_t>(p.d_v), p.dtype, device);
-  for (auto [t, n] : {std::pair{c.q, "Q"}, {c.k, "K"}, {c.v, "V"}}) check_no_overlap(t->data, n, o->data, "O");
+  std::vector<std::pair<const Tensor *, const char *>> inputs = {
+      {c.q, "Q"}, {c.k, "K"}, {c.v, "V"}};
+  if (c.packed != nullptr) inputs.push_back({c.packed, c.packed_name});
+  for (auto [t, n] : inputs) check_no_overlap(t->data, n, o->data, "O");
   const auto side = side_inputs(c, p);
   for (const auto &[t, n] : side) check_no_overlap(*t, n, o->data, "O");
   if (is_training) {
@@ -425,9 +428,7 @@ void run_fwd(const CallArgs &c, const Tensor *o, Tensor *lse, bool is_training,
     p.lse = lse->data.ptr<float>();
   }
   if (p.lse != nullptr) {  // written too: disjoint from every input
-    for (auto [t, n] : {std::pair{c.q, "Q"}, {c.k, "K"}, {c.v, "V"}}) {
-      check_no_overlap(t->data, n, lse->data, "softmax_lse");
-    }
+    for (auto [t, n] : inputs) check_no_overlap(t->data, n, lse->data, "softmax_lse");
     for (const auto &[t, n] : side) check_no_overlap(*t, n, lse->data, "softmax_lse");
   }
   p.o = o->data.dptr;
@@ -485,13 +486,20 @@ void run_bwd(const CallArgs &c, const BwdTensors &t, bool deterministic, NVTETen
                t.dbias->data.describe());
     NVTE_CHECK(t.dbias->device == device, "argument 'dBias': expected the inputs' device");
   }
+  // Every buffer written (packed gradients: the whole packed buffer, not only the views' dense
+  // extents) is disjoint from every buffer read.
+  std::vector<std::pair<const Tensor *, const char *>> inputs = {
+      {c.q, "Q"}, {c.k, "K"}, {c.v, "V"}, {t.o, "O"}, {t.d_o, "dO"}, {t.lse, "softmax_lse"}};
+  if (c.packed != nullptr) inputs.push_back({c.packed, c.packed_name});
   for (auto [g, gn] : {std::pair{(const Tensor *)t.dq, "dQ"}, {t.dk, "dK"}, {t.dv, "dV"},
-                       {want_dbias ? t.dbias : nullptr, "dBias"}}) {
+                       {want_dbias ? t.dbias : nullptr, "dBias"},
+                       {t.packed_grad, t.packed_grad_name}}) {
     if (g == nullptr) continue;
-    for (auto [in, n] : {std::pair{c.q, "Q"}, {c.k, "K"}, {c.v, "V"}, {t.o, "O"}, {t.d_o, "dO"},
-                         {t.lse, "softmax_lse"}})
-      check_no_overlap(in->data, n, g->data, gn);
+    for (auto [in, n] : inputs) check_no_overlap(in->data, n, g->data, gn);
     for (const auto &[in, n] : side_inputs(c, p)) check_no_overlap(*in, n, g->data, gn);
+  }
+  if (t.packed_grad != nullptr && want_dbias) {
+    check_no_overlap(t.packed_grad->data, t.packed_grad_name, t.dbias->data, "dBias");
   }
   p.o = t.o->data.dptr;
   p.so_ = dense_strides(p.format, p.b, p.s_q, p.h, p.d_v);

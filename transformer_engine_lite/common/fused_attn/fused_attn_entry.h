@@ -20,12 +20,19 @@ struct CallArgs {
   NVTE_Bias_Type bias_type;
   NVTE_Mask_Type mask;
   int64_t left, right;
+  // Packed entry points: the whole QKV / KV tensor that q/k/v (or k/v) are strided views of. A
+  // view's own extent covers only a dense-sized part of the packed buffer, so overlap checks of
+  // the outputs are made against this whole tensor too.
+  const Tensor *packed = nullptr;
+  const char *packed_name = nullptr;
 };
 
 struct BwdTensors {
   const Tensor *o, *d_o, *lse;
   Tensor *dq, *dk, *dv, *dbias;
   bool packed_grads;  // dQ/dK/dV are views of one packed buffer (the *_packed entry points)
+  const Tensor *packed_grad = nullptr;  // that whole dQKV / dKV buffer (see CallArgs::packed)
+  const char *packed_grad_name = nullptr;
 };
 
 // Validates everything, then runs the flash kernel on the tensors' device.

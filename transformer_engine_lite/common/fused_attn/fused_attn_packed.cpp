@@ -46,13 +46,14 @@ QKVViews split_kv(const Tensor &q, const Tensor &kv, NVTE_QKV_Layout layout) {
   return {q, packed_view(kv, "KV", g, 0, thd), packed_view(kv, "KV", g, 1, thd)};
 }
 
-CallArgs args(const QKVViews &v, const NVTETensor Bias, const NVTETensor cu_q,
-              const NVTETensor cu_kv, const NVTETensor rng, size_t max_q, size_t max_kv,
-              float scale, float dropout, NVTE_QKV_Layout layout, NVTE_Bias_Type bias_type,
-              NVTE_Mask_Type mask, int64_t left, int64_t right) {
+CallArgs args(const QKVViews &v, const Tensor &packed, const char *packed_name,
+              const NVTETensor Bias, const NVTETensor cu_q, const NVTETensor cu_kv,
+              const NVTETensor rng, size_t max_q, size_t max_kv, float scale, float dropout,
+              NVTE_QKV_Layout layout, NVTE_Bias_Type bias_type, NVTE_Mask_Type mask, int64_t left,
+              int64_t right) {
   return CallArgs{&v.q, &v.k, &v.v, as_tensor_opt(Bias), as_tensor_opt(cu_q), as_tensor_opt(cu_kv),
                   as_tensor_opt(rng), max_q, max_kv, scale, dropout, layout, bias_type, mask,
-                  left, right};
+                  left, right, &packed, packed_name};
 }
 
 }  // namespace
@@ -65,9 +66,10 @@ NVTEStatus nvte_fused_attn_fwd_qkvpacked(
     NVTETensor workspace, NVTEStream stream) {
   return guarded("nvte_fused_attn_fwd_qkvpacked", [&] {
     check_group(qkv_layout, true);
-    const QKVViews v = split_qkv(as_tensor(QKV, "QKV"), qkv_layout);
-    run_fwd(args(v, Bias, cu_seqlens, cu_seqlens, rng_state, max_seqlen, max_seqlen, attn_scale,
-                 dropout, qkv_layout, bias_type, attn_mask_type, window_size_left,
+    const Tensor &qkv = as_tensor(QKV, "QKV");
+    const QKVViews v = split_qkv(qkv, qkv_layout);
+    run_fwd(args(v, qkv, "QKV", Bias, cu_seqlens, cu_seqlens, rng_state, max_seqlen, max_seqlen,
+                 attn_scale, dropout, qkv_layout, bias_type, attn_mask_type, window_size_left,
                  window_size_right),
             &as_tensor(O, "O"), softmax_lse ? &as_tensor_mut(softmax_lse, "softmax_lse") : nullptr,
             is_training, workspace, stream);
@@ -94,9 +96,10 @@ NVTEStatus nvte_fused_attn_bwd_qkvpacked(
     const QKVViews v = split_qkv(qkv, qkv_layout);
     QKVViews g = split_qkv(dqkv, qkv_layout);
     const BwdTensors t{&as_tensor(O, "O"), &as_tensor(dO, "dO"), &as_tensor(softmax_lse, "softmax_lse"),
-                       &g.q, &g.k, &g.v, dBias ? &as_tensor_mut(dBias, "dBias") : nullptr, true};
-    run_bwd(args(v, Bias, cu_seqlens, cu_seqlens, rng_state, max_seqlen, max_seqlen, attn_scale,
-                 dropout, qkv_layout, bias_type, attn_mask_type, window_size_left,
+                       &g.q, &g.k, &g.v, dBias ? &as_tensor_mut(dBias, "dBias") : nullptr, true,
+                       &dqkv, "dQKV"};
+    run_bwd(args(v, qkv, "QKV", Bias, cu_seqlens, cu_seqlens, rng_state, max_seqlen, max_seqlen,
+                 attn_scale, dropout, qkv_layout, bias_type, attn_mask_type, window_size_left,
                  window_size_right),
             t, deterministic, workspace, stream);
   });
@@ -111,9 +114,10 @@ NVTEStatus nvte_fused_attn_fwd_kvpacked(
     NVTETensor workspace, NVTEStream stream) {
   return guarded("nvte_fused_attn_fwd_kvpacked", [&] {
     check_group(qkv_layout, false);
-    const QKVViews v = split_kv(as_tensor(Q, "Q"), as_tensor(KV, "KV"), qkv_layout);
-    run_fwd(args(v, Bias, cu_seqlens_q, cu_seqlens_kv, rng_state, max_seqlen_q, max_seqlen_kv,
-                 attn_scale, dropout, qkv_layout, bias_type, attn_mask_type, window_size_left,
+    const Tensor &kv = as_tensor(KV, "KV");
+    const QKVViews v = split_kv(as_tensor(Q, "Q"), kv, qkv_layout);
+    run_fwd(args(v, kv, "KV", Bias, cu_seqlens_q, cu_seqlens_kv, rng_state, max_seqlen_q,
+                 max_seqlen_kv, attn_scale, dropout, qkv_layout, bias_type, attn_mask_type, window_size_left,
                  window_size_right),
             &as_tensor(O, "O"), softmax_lse ? &as_tensor_mut(softmax_lse, "softmax_lse") : nullptr,
             is_training, workspace, stream);
@@ -145,9 +149,10 @@ NVTEStatus nvte_fused_attn_bwd_kvpacked(
     QKVViews g = split_kv(dq, dkv, qkv_layout);
     // dQ is dense; dK and dV are views of dKV: written with KV's (packed) strides.
     const BwdTensors t{&as_tensor(O, "O"), &as_tensor(dO, "dO"), &as_tensor(softmax_lse, "softmax_lse"),
-                       &g.q, &g.k, &g.v, dBias ? &as_tensor_mut(dBias, "dBias") : nullptr, true};
-    run_bwd(args(v, Bias, cu_seqlens_q, cu_seqlens_kv, rng_state, max_seqlen_q, max_seqlen_kv,
-                 attn_scale, dropout, qkv_layout, bias_type, attn_mask_type, window_size_left,
+                       &g.q, &g.k, &g.v, dBias ? &as_tensor_mut(dBias, "dBias") : nullptr, true,
+                       &dkv, "dKV"};
+    run_bwd(args(v, kv, "KV", Bias, cu_seqlens_q, cu_seqlens_kv, rng_state, max_seqlen_q,
+                 max_seqlen_kv, attn_scale, dropout, qkv_layout, bias_type, attn_mask_type, window_size_left,
                  window_size_right),
             t, deterministic, workspace, stream);
   });
