@@ -17,7 +17,7 @@ from setuptools import Extension, find_packages, setup
 from setuptools.command.build_ext import build_ext
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from build_tools import utils  # noqa: E402
+from build_tools import as_te_hook, utils  # noqa: E402
 
 LIB_NAME = "libtransformer_engine_lite.so"
 CORE_EXT_NAME = "transformer_engine_lite.libtransformer_engine_lite"
@@ -89,10 +89,16 @@ if "jax" in FRAMEWORKS:
 if "pytorch" in FRAMEWORKS:
     ext_modules.append(pytorch_build.extension(utils.core_lib_dir(), BACKEND.backend))
 
+# build_py and editable_wheel also install the TE_LITE_AS_TRANSFORMER_ENGINE startup hook.
+cmdclass = {"build_ext": CMakeBuild, "build_py": as_te_hook.BuildPyWithHook}
+editable_wheel = as_te_hook.editable_wheel_with_hook()
+if editable_wheel is not None:
+    cmdclass["editable_wheel"] = editable_wheel
+
 setup(
     packages=find_packages(include=["transformer_engine_lite", "transformer_engine_lite.*"]),
     ext_modules=ext_modules,
-    cmdclass={"build_ext": CMakeBuild},
+    cmdclass=cmdclass,
     package_data={"transformer_engine_lite": ["common/include/transformer_engine_lite/*.h"]},
     zip_safe=False,
 )

@@ -70,6 +70,14 @@ ENV_VARS: tuple[EnvVar, ...] = (
     EnvVar("NVTE_FP8_CURRENT_SCALING_POWER_2_SCALES", "0", "runtime",
            "1: Float8CurrentScaling() defaults to use_power_2_scales=True (power-of-two scales "
            "for every tensor role)"),
+    EnvVar("NVTE_FP8_BLOCK_SCALING_FP32_SCALES", "0", "runtime",
+           "1: Float8BlockScaling() defaults to fp32 scales (default: power-of-two scales, "
+           "as TE)"),
+    EnvVar("TE_LITE_AS_TRANSFORMER_ENGINE", "0", "runtime",
+           "1: at interpreter start (the transformer_engine_lite_as_te.pth hook the package "
+           "installs) map `transformer_engine`, `transformer_engine.<sub>` and "
+           "`transformer_engine_torch` to this package, so unmodified TE code runs on it; "
+           "never when a real TE is installed (see README: Running unmodified TE code)"),
     EnvVar("NVTE_BACKWARD_OVERRIDE", "", "runtime",
            "default backward_override of the FP8 recipes (read when a recipe is created): unset "
            "(backward GEMMs in FP8), high_precision (backward GEMMs on the unquantized inputs "

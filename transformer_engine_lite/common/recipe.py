@@ -9,14 +9,16 @@ end maps to its own dtype.
 from __future__ import annotations
 
 import math
+import warnings
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import InitVar, dataclass, field
 from enum import Enum
 from typing import Any, NamedTuple
 
 __all__ = [
     "FP8_MAX",
     "DelayedScaling",
+    "Float8BlockScaling",
     "Float8CurrentScaling",
     "Format",
     "MMParams",
@@ -151,7 +153,7 @@ class Recipe:
         return isinstance(self, MXFP8BlockScaling)
 
     def float8_block_scaling(self) -> bool:
-        return False
+        return isinstance(self, Float8BlockScaling)
 
     def nvfp4(self) -> bool:
         return False
@@ -193,6 +195,14 @@ class DelayedScaling(Recipe):
     fp8_dpa, fp8_mha: FP8 attention: DotProductAttention raises NotImplementedError when set (the
         attention kernels are not FP8 here).
     backward_override: None only (TE's rule for delayed scaling; see Float8CurrentScaling).
+
+    Keywords of TE 1.x that clients still pass (Megatron-Core's TEDelayedScaling, accelerate's
+    FP8RecipeKwargs), accepted with a DeprecationWarning, not stored:
+    override_linear_precision: (fprop, dgrad, wgrad) GEMMs kept in high precision; only
+        (False, False, False) (TE 2.x's behaviour) is supported, a True raises NotImplementedError.
+    interval: ignored since TE 1.8 (the scales update every step), as here.
+    params_dtype, device: module arguments Megatron-Core passes to its recipe too; a recipe holds
+        no parameters, so they have no meaning here.
     """
 
     margin: int = 0
@@ -204,9 +214,16 @@ class DelayedScaling(Recipe):
     fp8_dpa: bool = False
     fp8_mha: bool = False
     backward_override: str | None = field(default_factory=_default_backward_override)
+    override_linear_precision: InitVar[Any] = None
+    interval: InitVar[Any] = None
+    params_dtype: InitVar[Any] = None
+    device: InitVar[Any] = None
 
-    def __post_init__(self) -> None:
+    def __post_init__(
+        self, override_linear_precision: Any, interval: Any, params_dtype: Any, device: Any
+    ) -> None:
         name = "DelayedScaling"
+        _check_legacy_keywords(name, override_linear_precision, interval, params_dtype, device)
         check_backward_override(name, self.backward_override, delayed=True)
         _check_margin(name, self.margin)
         _check_format(name, self.fp8_format)
@@ -233,6 +250,35 @@ class DelayedScaling(Recipe):
             f"amax_compute_algo={self.amax_compute_algo}, fp8_dpa={self.fp8_dpa}, "
             f"fp8_mha={self.fp8_mha}"
         )
+
+
+def _check_legacy_keywords(
+    name: str, override_linear_precision: Any, interval: Any, params_dtype: Any, device: Any
+) -> None:
+    given = [k for k, v in (("override_linear_precision", override_linear_precision),
+                            ("interval", interval), ("params_dtype", params_dtype),
+                            ("device", device)) if v is not None]
+    if not given:
+        return
+    olp = override_linear_precision
+    if olp is not None:
+        if not isinstance(olp, tuple) or len(olp) != 3 or not all(isinstance(v, bool) for v in olp):
+            raise TypeError(
+                f"{name}: override_linear_precision: expected a tuple of three bools "
+                f"(fprop, dgrad, wgrad), got {olp!r}"
+            )
+        if any(olp):
+            raise NotImplementedError(
+                f"{name}: override_linear_precision={olp} (GEMMs kept in high precision) is not "
+                "supported by transformer_engine_lite (nor by TE 2.x); use (False, False, False), "
+                "or Float8CurrentScaling(backward_override='high_precision') for a high-precision "
+                "backward"
+            )
+    if interval is not None and (not isinstance(interval, int) or isinstance(interval, bool)):
+        raise TypeError(f"{name}: interval: expected an int, got {interval!r}")
+    warnings.warn(
+        f"{name}: {', '.join(given)}: TE 1.x keywords, accepted and ignored (TE 2.x has none of "
+        "them)", DeprecationWarning, stacklevel=4)
 
 
 class QParams(NamedTuple):
@@ -350,4 +396,71 @@ class MXFP8BlockScaling(Recipe):
         return (
             f"recipe_type={type(self).__name__}, margin={self.margin}, "
             f"format={self.fp8_format.name}"
+        )
+
+
+def _block_scaling_default_qparams() -> QParams:
+    # TE: power-of-two scales unless NVTE_FP8_BLOCK_SCALING_FP32_SCALES=1
+    return QParams(power_2_scale=not _env_flag("NVTE_FP8_BLOCK_SCALING_FP32_SCALES"))
+
+
+@dataclass()
+class Float8BlockScaling(Recipe):
+    """FP8 with one scale per block (DeepSeek-V3's recipe, TE 2.3+): 1x128 tiles for activations
+    and gradients (x/grad_block_scaling_dim=1), 128x128 blocks for weights (w_block_scaling_dim=2).
+
+    The recipe object is TE's (fields, defaults, checks), so that clients can build, compare and
+    checkpoint it; its kernels are not implemented yet: fp8_autocast / autocast with it raises
+    NotImplementedError, and is_fp8_block_scaling_available() says so.
+    """
+
+    use_f32_scales: bool = field(default_factory=lambda: _env_flag(
+        "NVTE_FP8_BLOCK_SCALING_FP32_SCALES"))
+    fp8_format: Format = Format.E4M3
+    fp8_quant_fwd_inp: QParams = field(default_factory=_block_scaling_default_qparams)
+    fp8_quant_fwd_weight: QParams = field(default_factory=_block_scaling_default_qparams)
+    fp8_quant_bwd_grad: QParams = field(default_factory=_block_scaling_default_qparams)
+    x_block_scaling_dim: int = 1
+    w_block_scaling_dim: int = 2
+    grad_block_scaling_dim: int = 1
+    fp8_gemm_fprop: MMParams = field(default_factory=lambda: MMParams(True))
+    fp8_gemm_dgrad: MMParams = field(default_factory=lambda: MMParams(True))
+    fp8_gemm_wgrad: MMParams = field(default_factory=lambda: MMParams(True))
+    fp8_dpa: bool = False
+    fp8_mha: bool = False
+
+    def __post_init__(self) -> None:
+        name = "Float8BlockScaling"
+        _check_bool(name, "use_f32_scales", self.use_f32_scales)
+        _check_format(name, self.fp8_format)
+        for q in ("fp8_quant_fwd_inp", "fp8_quant_fwd_weight", "fp8_quant_bwd_grad"):
+            _check_qparams(name, q, getattr(self, q))
+        for m in ("fp8_gemm_fprop", "fp8_gemm_dgrad", "fp8_gemm_wgrad"):
+            if not isinstance(getattr(self, m), MMParams):
+                raise TypeError(f"{name}: {m}: expected an MMParams, got {getattr(self, m)!r}")
+        for d in ("x_block_scaling_dim", "w_block_scaling_dim", "grad_block_scaling_dim"):
+            v = getattr(self, d)
+            if v not in (1, 2) or isinstance(v, bool):
+                raise ValueError(f"{name}: {d}: expected 1 or 2, got {v!r}")
+        pairs = (("x_block_scaling_dim", "w_block_scaling_dim"),
+                 ("x_block_scaling_dim", "grad_block_scaling_dim"),
+                 ("w_block_scaling_dim", "grad_block_scaling_dim"))
+        for a, b in pairs:  # TE: a GEMM of two 2D-blocked operands is not supported
+            if getattr(self, a) == 2 and getattr(self, b) == 2:
+                raise ValueError(f"{name}: {a}=2 with {b}=2: a 2D-by-2D block GEMM is not supported")
+        for flag in ("fp8_dpa", "fp8_mha"):
+            _check_bool(name, flag, getattr(self, flag))
+        if self.fp8_dpa or self.fp8_mha:
+            raise ValueError(f"{name}: fp8_dpa / fp8_mha: FP8 attention is not supported with "
+                             "this recipe (nor by TE)")
+
+    def __repr__(self) -> str:
+        return (
+            f"recipe_type={type(self).__name__}, format={self.fp8_format.name}, "
+            f"fp8_quant_fwd_inp={self.fp8_quant_fwd_inp}, "
+            f"fp8_quant_fwd_weight={self.fp8_quant_fwd_weight}, "
+            f"fp8_quant_bwd_grad={self.fp8_quant_bwd_grad}, "
+            f"x_block_scaling_dim={self.x_block_scaling_dim}, "
+            f"w_block_scaling_dim={self.w_block_scaling_dim}, "
+            f"grad_block_scaling_dim={self.grad_block_scaling_dim}"
         )

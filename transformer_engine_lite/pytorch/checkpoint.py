@@ -11,11 +11,20 @@ autocast exited) and the backward may run outside any autocast:
 - autocasts opened inside the recompute restore state without running delayed-scaling updates.
 `is_fp8_activation_recompute_enabled()` is true inside a checkpointed callable while FP8 is on;
 `in_fp8_activation_recompute_phase()` additionally only during the recompute.
+
+`activation_recompute_forward(activation_recompute, recompute_phase)` is TE's lower-level form for
+clients that checkpoint on their own (Megatron-Core's CheckpointWithoutOutput): they run the
+forward inside (True, False) and the recompute inside (True, True), each a separate context, and
+open their own fp8_autocast for the recompute. The stash then cannot live in one checkpoint call:
+each module keeps a FIFO of forward scales (TE keeps one per module too), which recomputes consume
+in the order the forwards ran.
 """
 
 from __future__ import annotations
 
 import contextlib
+import weakref
+from collections import deque
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from typing import Any
@@ -26,6 +35,7 @@ import torch.utils.checkpoint as torch_checkpoint
 from .fp8 import FP8GlobalStateManager
 
 __all__ = [
+    "activation_recompute_forward",
     "checkpoint",
     "in_fp8_activation_recompute_phase",
     "is_fp8_activation_recompute_enabled",
@@ -37,9 +47,12 @@ class _Region:
     recompute: bool = False
     stash: dict[int, list[torch.Tensor]] = field(default_factory=dict)
     cursor: dict[int, int] = field(default_factory=dict)
+    fifo: bool = False  # an activation_recompute_forward context: scales go through _fifos
 
 
 _regions: list[_Region] = []
+# activation_recompute_forward: per module, the forward scales its recomputes have yet to use.
+_fifos: weakref.WeakKeyDictionary[Any, deque[torch.Tensor]] = weakref.WeakKeyDictionary()
 
 
 def is_fp8_activation_recompute_enabled() -> bool:
@@ -58,6 +71,18 @@ def stash_scales(module: Any, scale: torch.Tensor) -> torch.Tensor:
     if not _regions:
         return scale
     region = _regions[-1]
+    if region.fifo:
+        queue = _fifos.setdefault(module, deque())
+        if not region.recompute:
+            queue.append(scale.detach().clone())
+            return scale
+        if not queue:
+            raise RuntimeError(
+                f"activation_recompute_forward: recompute of {type(module).__name__} has no "
+                "forward scales left (each recompute phase must follow a forward that ran "
+                "inside activation_recompute_forward(activation_recompute=True))"
+            )
+        return queue.popleft()
     key = id(module)
     if region.recompute:
         stashed = region.stash.get(key, [])
@@ -91,6 +116,26 @@ def _enter(region: _Region, fp8_state: Any) -> Iterator[None]:
         if restore is not None:
             FP8GlobalStateManager.exit_recompute(restore)
         _regions.pop()
+
+
+@contextlib.contextmanager
+def activation_recompute_forward(
+    activation_recompute: bool = False, recompute_phase: bool = False
+) -> Iterator[None]:
+    """TE's context for a client's own activation checkpointing (module docstring): the forward
+    runs inside (activation_recompute=True, recompute_phase=False), the recompute inside (True,
+    True). With activation_recompute=False it does nothing."""
+    if not isinstance(activation_recompute, bool) or not isinstance(recompute_phase, bool):
+        raise TypeError(
+            "activation_recompute_forward: activation_recompute and recompute_phase: expected "
+            f"bools, got {type(activation_recompute).__name__} and {type(recompute_phase).__name__}"
+        )
+    if not activation_recompute:
+        yield
+        return
+    region = _Region(recompute=recompute_phase, fifo=True)
+    with _enter(region, FP8GlobalStateManager.snapshot()):
+        yield
 
 
 def checkpoint(

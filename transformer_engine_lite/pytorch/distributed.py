@@ -44,6 +44,17 @@ def get_distributed_rank(group: Any = None) -> int:
     return dist.get_rank(group) if _initialized() else 0
 
 
+def set_tensor_model_parallel_attributes(
+    tensor: torch.Tensor, is_parallel: bool, dim: int, stride: int
+) -> None:
+    """TE's tags on a parameter for Megatron-style tensor parallelism: `tensor_model_parallel`
+    (sharded over the TP group, so every rank's copy counts in a grad norm), `partition_dim`,
+    `partition_stride`. The modules set them in reset_parameters, as TE's do."""
+    tensor.tensor_model_parallel = is_parallel  # type: ignore[attr-defined]
+    tensor.partition_dim = dim  # type: ignore[attr-defined]
+    tensor.partition_stride = stride  # type: ignore[attr-defined]
+
+
 def split_size(owner: str, what: str, size: int, parts: int) -> int:
     if size % parts:
         raise ValueError(f"{owner}: {what} ({size}) must be divisible by tp_size ({parts})")
@@ -257,13 +268,16 @@ class CudaRNGStatesTracker:
 
 # TE exports the activation-recompute queries from pytorch.distributed (they live in checkpoint.py).
 from .checkpoint import (  # noqa: E402
+    activation_recompute_forward,
     checkpoint,
     in_fp8_activation_recompute_phase,
     is_fp8_activation_recompute_enabled,
 )
 
 __all__ += [
+    "set_tensor_model_parallel_attributes",
     "CudaRNGStatesTracker",
+    "activation_recompute_forward",
     "checkpoint",
     "in_fp8_activation_recompute_phase",
     "is_fp8_activation_recompute_enabled",

@@ -39,6 +39,11 @@ from ..common.recipe import (
 __all__ = [
     "FP8GlobalStateManager",
     "autocast",
+    "check_fp8_block_scaling_support",
+    "check_fp8_support",
+    "check_mxfp8_support",
+    "check_nvfp4_support",
+    "check_recipe_support",
     "fp8_autocast",
     "fp8_model_init",
     "get_default_fp8_recipe",
@@ -149,9 +154,40 @@ def is_nvfp4_available(return_reason: bool = False) -> bool | tuple[bool, str]:
     return _answer((False, reason), return_reason)
 
 
+# TE's check_*_support: (available, reason) pairs (accelerate and Megatron-Core call them).
+def check_fp8_support() -> tuple[bool, str]:
+    return _fp8_support()
+
+
+def check_mxfp8_support() -> tuple[bool, str]:
+    return _mxfp8_support()
+
+
+def check_fp8_block_scaling_support() -> tuple[bool, str]:
+    return is_fp8_block_scaling_available(return_reason=True)  # type: ignore[return-value]
+
+
+def check_nvfp4_support() -> tuple[bool, str]:
+    return is_nvfp4_available(return_reason=True)  # type: ignore[return-value]
+
+
+def check_recipe_support(recipe: Recipe) -> None:
+    """Raises when recipe cannot run here (TE: an assertion with the reason)."""
+    _check_recipe(recipe)
+    ok, reason = (check_mxfp8_support() if recipe.mxfp8() else check_fp8_support())
+    if not ok:
+        raise RuntimeError(f"{type(recipe).__name__}: {reason}")
+
+
 def _check_recipe(recipe: Any) -> Recipe:
     if recipe is None:
         return get_default_fp8_recipe()
+    if isinstance(recipe, Recipe) and (recipe.float8_block_scaling() or recipe.nvfp4()):
+        raise NotImplementedError(
+            f"fp8 recipe: {type(recipe).__name__} (block-scaled FP8 / FP4) is not implemented by "
+            "transformer_engine_lite yet; use DelayedScaling, Float8CurrentScaling or "
+            "MXFP8BlockScaling"
+        )
     if not isinstance(recipe, (DelayedScaling, Float8CurrentScaling, MXFP8BlockScaling)):
         raise TypeError(
             "fp8 recipe: expected DelayedScaling, Float8CurrentScaling or MXFP8BlockScaling, "

@@ -136,6 +136,10 @@ def reject_unsupported(owner: str, **flags: Any) -> None:
     """NotImplementedError for each TE argument set to a value this implementation cannot honour
     (userbuffers overlap, delayed wgrad, symmetric all-reduce, ...)."""
     for name, value in flags.items():
+        if name == "ub_name":  # a label naming the userbuffers buffer: only the ub_overlap_* flags
+            if value is not None and not isinstance(value, str):  # would use it (and they raise)
+                raise TypeError(f"{owner}: ub_name: expected a str or None, got {value!r}")
+            continue
         if value not in (None, False):
             raise NotImplementedError(
                 f"{owner}: argument '{name}'={value!r} is not supported by transformer_engine_lite "
@@ -346,6 +350,15 @@ class TransformerEngineBaseModule(torch.nn.Module):
         """Common forward prologue: validate `inp`, cast it to the activation dtype, and read the FP8
         mode of this step (noting its recipe for checkpoints)."""
         dtype = self._activation_dtype(owner, inp)
+        if not torch.is_autocast_enabled(inp.device.type):
+            # TE's rule: outside torch.autocast the input sets the compute dtype and every parameter
+            # must already have it (an fp32 input into bf16 weights is an error, not a silent cast).
+            for name, param in self.named_parameters(recurse=False):
+                if param.dtype != inp.dtype:
+                    raise ValueError(
+                        f"{owner}: input dtype {inp.dtype} differs from parameter {name!r} dtype "
+                        f"{param.dtype}; outside torch.autocast they must match (TE's rule)"
+                    )
         self._check_last_dim(owner, inp, expected, what)
         x = inp if inp.dtype == dtype else inp.to(dtype)
         fp8 = self._fp8_mode()

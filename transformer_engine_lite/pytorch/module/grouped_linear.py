@@ -7,7 +7,7 @@ from typing import Any
 
 import torch
 
-from ..distributed import TPConfig, split_size
+from ..distributed import TPConfig, set_tensor_model_parallel_attributes, split_size
 from .base import TransformerEngineBaseModule, default_device, reject_unsupported
 from ..utils import get_default_init_method
 
@@ -145,6 +145,17 @@ class GroupedLinear(TransformerEngineBaseModule):
             for b in [self.bias] if self.single_grouped_bias else self._biases():
                 if b is not None and b.device.type != "meta":
                     b.zero_()
+        # TE's TP tags (see Linear); a single grouped weight / bias has the group dim in front.
+        lead = 1 if self.single_grouped_weight else 0
+        weights = [self.weight] if self.single_grouped_weight else self._weights()
+        for w in weights:
+            set_tensor_model_parallel_attributes(
+                w, True, lead + (1 if self.parallel_mode == "row" else 0), 1
+            )
+        if self.use_bias and self.parallel_mode == "column":
+            biases = [self.bias] if self.single_grouped_bias else self._biases()
+            for b in biases:
+                set_tensor_model_parallel_attributes(b, True, int(self.single_grouped_bias), 1)
 
     @staticmethod
     def _splits(owner: str, m_splits: Any, rows: int, n: int) -> list[int]:

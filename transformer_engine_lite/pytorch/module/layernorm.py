@@ -95,16 +95,30 @@ class _Norm(torch.nn.Module):
 
     def __init__(
         self,
-        hidden_size: Any,
+        normalized_shape: Any = None,
         eps: float = 1e-5,
         sequence_parallel: bool | None = None,
         params_dtype: torch.dtype | None = None,
         zero_centered_gamma: bool = False,
         device: Any = None,
+        *,
+        hidden_size: Any = None,
+        dtype: torch.dtype | None = None,
     ) -> None:
         super().__init__()
         owner = self._kind
-        self.hidden_size = _hidden(owner, hidden_size)
+        # TE 2.x names the size normalized_shape (int or 1-tuple) and keeps hidden_size as its
+        # deprecated keyword; dtype is TE 2.x's name for params_dtype.
+        if (normalized_shape is None) == (hidden_size is None):
+            raise TypeError(
+                f"{owner}: expected exactly one of normalized_shape and hidden_size, got "
+                f"normalized_shape={normalized_shape!r}, hidden_size={hidden_size!r}"
+            )
+        if dtype is not None and params_dtype is not None and dtype != params_dtype:
+            raise ValueError(f"{owner}: dtype={dtype} and params_dtype={params_dtype} disagree")
+        params_dtype = params_dtype or dtype
+        self.hidden_size = _hidden(owner, normalized_shape if hidden_size is None else hidden_size)
+        self.normalized_shape = (self.hidden_size,)
         self.eps = _check_eps(owner, eps)
         self.zero_centered_gamma = bool(zero_centered_gamma)
         self.sequence_parallel = bool(sequence_parallel)

@@ -7,7 +7,12 @@ from typing import Any
 
 import torch
 
-from ..distributed import TPConfig, gather_along_first_dim, split_size
+from ..distributed import (
+    TPConfig,
+    gather_along_first_dim,
+    set_tensor_model_parallel_attributes,
+    split_size,
+)
 from .base import (
     TransformerEngineBaseModule,
     default_device,
@@ -154,6 +159,18 @@ class LayerNormLinear(TransformerEngineBaseModule):
                 b = getattr(self, bname)
                 if b.device.type != "meta":
                     b.zero_()
+        self._set_tp_attributes()
+
+    def _set_tp_attributes(self) -> None:
+        # TE's tags (distributed.set_tensor_model_parallel_attributes): weights are always marked
+        # parallel, split along dim 1 (row) or 0; column-parallel biases are split along dim 0.
+        for wname in self.weight_names:
+            set_tensor_model_parallel_attributes(
+                getattr(self, wname), True, 1 if self.parallel_mode == "row" else 0, 1
+            )
+        if self.parallel_mode == "column":
+            for bname in self.bias_names:
+                set_tensor_model_parallel_attributes(getattr(self, bname), True, 0, 1)
 
     def set_tensor_parallel_group(self, tp_group: Any) -> None:
         tp = TPConfig("LayerNormLinear", self.parallel_mode, tp_group, 1, self.sequence_parallel)

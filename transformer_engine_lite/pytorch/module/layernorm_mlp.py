@@ -9,7 +9,12 @@ from typing import Any
 import torch
 
 from ..checkpoint import checkpoint as checkpoint_fn
-from ..distributed import TPConfig, gather_along_first_dim, split_size
+from ..distributed import (
+    TPConfig,
+    gather_along_first_dim,
+    set_tensor_model_parallel_attributes,
+    split_size,
+)
 from ._autograd import activation as apply_activation
 from .base import (
     TransformerEngineBaseModule,
@@ -211,6 +216,11 @@ class LayerNormMLP(TransformerEngineBaseModule):
             for b in (self.fc1_bias, self.fc2_bias):
                 if b is not None and b.device.type != "meta":
                     b.zero_()
+        # TE's TP tags: fc1 column parallel (dim 0, its bias too), fc2 row parallel (dim 1).
+        set_tensor_model_parallel_attributes(self.fc1_weight, True, 0, 1)
+        set_tensor_model_parallel_attributes(self.fc2_weight, True, 1, 1)
+        if self.fc1_bias is not None:
+            set_tensor_model_parallel_attributes(self.fc1_bias, True, 0, 1)
 
     def set_tensor_parallel_group(self, tp_group: Any) -> None:
         mode = "column" if self.set_parallel_mode else None

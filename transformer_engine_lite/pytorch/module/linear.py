@@ -7,7 +7,7 @@ from typing import Any
 
 import torch
 
-from ..distributed import TPConfig, split_size
+from ..distributed import TPConfig, set_tensor_model_parallel_attributes, split_size
 from .base import (
     TransformerEngineBaseModule,
     default_device,
@@ -185,9 +185,21 @@ class Linear(TransformerEngineBaseModule):
                 b = getattr(self, bname)
                 if b.device.type != "meta":
                     b.zero_()
+        self._set_tp_attributes()
 
     def _rng_tracker(self) -> Callable[[], Any] | None:
         return self.get_rng_state_tracker if self.tp.size > 1 else None
+
+    def _set_tp_attributes(self) -> None:
+        # TE's tags (distributed.set_tensor_model_parallel_attributes): weights are always marked
+        # parallel, split along dim 1 (row) or 0; column-parallel biases are split along dim 0.
+        for wname in self.weight_names:
+            set_tensor_model_parallel_attributes(
+                getattr(self, wname), True, 1 if self.parallel_mode == "row" else 0, 1
+            )
+        if self.parallel_mode == "column":
+            for bname in self.bias_names:
+                set_tensor_model_parallel_attributes(getattr(self, bname), True, 0, 1)
 
     def set_tensor_parallel_group(self, tp_group: Any) -> None:
         """Set the TP group after construction (TE API); the local sizes must not change."""
