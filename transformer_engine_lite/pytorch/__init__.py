@@ -10,6 +10,7 @@ the availability checks.
 
 from ..common import recipe
 from . import ops  # registers torch.ops.te_lite: extension, fake kernels, autograd
+from . import router  # TE's transformer_engine.pytorch.router (fused MoE routing)
 from .attention import DotProductAttention, MultiheadAttention
 from .attention.rope import RotaryPositionEmbedding, apply_rotary_pos_emb
 from .checkpoint import checkpoint

@@ -75,6 +75,9 @@ apply are float32 [0].
       Tensor? cu_seqlens=None) -> Tensor                          the transpose of fused_rope_fwd
   fused_attn_fwd / fused_attn_bwd / fused_attn_dropout_mask: the flash attention backend and its
       dropout keep mask (schemas, fake kernels and autograd documented in attention_ops.py)
+  fused_topk_with_score_function_fwd/bwd, fused_score_for_moe_aux_loss_fwd/bwd,
+  fused_moe_aux_loss_fwd/bwd: the MoE router (TE's tex names; fused_router.h gives the math,
+      pytorch/router.py the autograd Functions; score_function 0 sigmoid, 1 softmax, 2 sqrtsoftplus)
 
 Errors: invalid arguments raise RuntimeError "te_lite::<op>: argument '<name>': expected ..., got
 ..."; requests the build or device cannot do raise NotImplementedError.
@@ -530,6 +533,43 @@ def _register_rope(op: str, adjoint: str) -> None:
 
 _register_rope("fused_rope_fwd", "fused_rope_bwd")
 _register_rope("fused_rope_bwd", "fused_rope_fwd")
+
+
+# ------------------------------------------------------------------------------------ MoE router
+# Autograd lives in pytorch/router.py (TE's autograd Functions); here only the fake kernels.
+@torch.library.register_fake("te_lite::fused_topk_with_score_function_fwd")
+def _(logits, topk, use_pre_softmax, num_groups, group_topk, scaling_factor, score_function, bias):
+    return (
+        logits.new_empty(logits.shape),
+        logits.new_empty(logits.shape, dtype=torch.bool),
+        logits.new_empty(logits.shape, dtype=torch.float32),
+    )
+
+
+@torch.library.register_fake("te_lite::fused_topk_with_score_function_bwd")
+def _(routing_map, intermediate_output, grad_probs, topk, use_pre_softmax, scaling_factor, score):
+    return grad_probs.new_empty(grad_probs.shape)
+
+
+@torch.library.register_fake("te_lite::fused_score_for_moe_aux_loss_fwd")
+def _(logits, topk, score_function):
+    f32 = logits.new_empty(logits.shape, dtype=torch.float32)
+    return f32, logits.new_empty(logits.shape, dtype=torch.bool), torch.empty_like(f32)
+
+
+@torch.library.register_fake("te_lite::fused_score_for_moe_aux_loss_bwd")
+def _(intermediate_output, grad_scores, topk, score_function, logits_dtype):
+    return grad_scores.new_empty(grad_scores.shape, dtype=logits_dtype)
+
+
+@torch.library.register_fake("te_lite::fused_moe_aux_loss_fwd")
+def _(probs, tokens_per_expert, total_num_tokens, num_experts, topk, coeff):
+    return probs.new_empty(()), probs.new_empty((1,), dtype=torch.float32)
+
+
+@torch.library.register_fake("te_lite::fused_moe_aux_loss_bwd")
+def _(const_buf, tokens_per_expert, grad_aux_loss, num_rows, num_cols):
+    return grad_aux_loss.new_empty((num_rows, num_cols))
 
 
 # ------------------------------------------------------------------------------------ attention

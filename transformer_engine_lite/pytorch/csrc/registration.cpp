@@ -1,7 +1,7 @@
 // Every te_lite op schema, declared once (TORCH_LIBRARY). Device implementations are registered by
 // the family files (cast.cpp, norm.cpp, activation.cpp, gemm.cpp, softmax.cpp, rope.cpp,
-// attention.cpp); fake kernels and autograd by transformer_engine_lite/pytorch/ops.py, whose
-// docstring documents each op.
+// attention.cpp, router.cpp); fake kernels and autograd by transformer_engine_lite/pytorch/ops.py,
+// whose docstring documents each op (the router's autograd: pytorch/router.py, as TE's).
 #include <torch/library.h>
 
 TORCH_LIBRARY(te_lite, m) {
@@ -104,4 +104,26 @@ TORCH_LIBRARY(te_lite, m) {
   m.def(
       "fused_attn_dropout_mask(Tensor rng_state, int b, int h, int s_q, int s_kv, float dropout) "
       "-> Tensor");
+
+  // ---- fused MoE router (router.cpp; TE's tex names)
+  m.def(
+      "fused_topk_with_score_function_fwd(Tensor logits, int topk, bool use_pre_softmax, "
+      "int num_groups, int group_topk, float scaling_factor, int score_function, "
+      "Tensor? expert_bias) -> (Tensor probs, Tensor routing_map, Tensor intermediate_output)");
+  m.def(
+      "fused_topk_with_score_function_bwd(Tensor routing_map, Tensor intermediate_output, "
+      "Tensor grad_probs, int topk, bool use_pre_softmax, float scaling_factor, "
+      "int score_function) -> Tensor");
+  m.def(
+      "fused_score_for_moe_aux_loss_fwd(Tensor logits, int topk, int score_function) -> "
+      "(Tensor scores, Tensor routing_map, Tensor intermediate_output)");
+  m.def(
+      "fused_score_for_moe_aux_loss_bwd(Tensor intermediate_output, Tensor grad_scores, int topk, "
+      "int score_function, ScalarType logits_dtype) -> Tensor");
+  m.def(
+      "fused_moe_aux_loss_fwd(Tensor probs, Tensor tokens_per_expert, int total_num_tokens, "
+      "int num_experts, int topk, float coeff) -> (Tensor aux_loss, Tensor Const_buf)");
+  m.def(
+      "fused_moe_aux_loss_bwd(Tensor Const_buf, Tensor tokens_per_expert, Tensor grad_aux_loss, "
+      "int num_rows, int num_cols) -> Tensor");
 }
