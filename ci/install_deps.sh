@@ -78,6 +78,11 @@ if [ "$backend" = cuda ] && ! python -m pip show -q nvidia-cublas >/dev/null 2>&
   pip_quiet install --disable-pip-version-check nvidia-cublas ||
     echo "ci/install_deps.sh: nvidia-cublas not installed; CUDA GEMMs will use the tiled kernel" >&2
 fi
+# Unmodified TE clients for tests/integration (ci/integration.sh), pinned. megatron-core's wheel
+# declares Python >= 3.12, but its cp311 build runs on 3.11; its runtime needs (torch, numpy,
+# packaging) are installed above, so it goes in without resolving dependencies.
+pip_quiet install --disable-pip-version-check --no-deps --ignore-requires-python megatron-core==0.19.2
+pip_quiet install --disable-pip-version-check accelerate==1.15.0 packaging
 pip_quiet install --disable-pip-version-check --no-build-isolation -e "$REPO_ROOT"
 python -c "import transformer_engine_lite as te; i = te.build_info(); print('transformer_engine_lite', te.__version__, i['device_backends'], 'gpu_gemm', i['gpu_gemm'], 'cpu_isa', i['cpu_isa']['level'], 'onednn_isa', i['onednn_isa'], 'python', __import__('sys').prefix)"
 python -c "import transformer_engine_lite.jax as te; print('transformer_engine_lite.jax:', len(te.cpp_extensions.registrations()), 'XLA FFI handlers')"

@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # The README's test command: installs everything (into the virtual environment of ci/_venv.sh), builds
-# once, runs every suite (core, python, pytorch, jax), the CPU-level matrix (ci/isa_matrix.sh), the C++ suites under ASan + UBSan
+# once, runs every suite (core, python, pytorch, jax, integration: Megatron-Core and accelerate
+# unmodified through the transformer_engine alias), the CPU-level matrix (ci/isa_matrix.sh), the C++ suites under ASan + UBSan
 # (ci/sanitize.sh), the libFuzzer harnesses of the C API (ci/fuzz.sh), the GPU kernels executed on
 # the CPU at warp 32 and 64 (ci/gpusim.sh), then compiles the CUDA and ROCm backends with warnings as
 # errors (build.cuda.*, build.rocm.*, incl. ci/gpu_check.sh --dry-run: no GPU needed); exits non-zero
@@ -20,6 +21,7 @@ suite core
 suite python
 suite pytorch
 suite jax
+suite integration
 suite isa_matrix
 suite sanitize
 suite fuzz

@@ -1,0 +1,157 @@
+"""Trains Megatron-Core's GPTModel (unmodified megatron-core, its TE layer spec) on transformer_engine_lite
+through the `transformer_engine` alias, on the CPU with gloo, and prints `RESULT <json>` (losses per
+step, rank 0). Run by tests/integration/test_megatron.py, one configuration per process (Megatron's
+parallel state is process-global); `torchrun --nproc_per_node 2 ... --tp 2` for tensor parallelism.
+
+Megatron's own CUDA-only spots, patched here and nowhere else (the note of issue #22 lists them):
+  1. tensor_parallel/random.py keeps its RNG tracker's states with torch.cuda.get_rng_state /
+     set_rng_state (also torch.cuda.random.*, and `_set_cuda_rng_state`, which uses CUDA
+     generators): mapped to the CPU generator's state.
+  2. model_parallel_cuda_manual_seed calls torch.cuda.manual_seed: a no-op (the tracker's own seeds
+     are set through 1).
+  3. the MoE router's gating moves its weight to torch.cuda.current_device() on every call:
+     current_device() answers "cpu".
+  4. the alltoall MoE token dispatcher creates a torch.cuda.Stream at construction: the MoE runs use
+     the "allgather" dispatcher instead (a configuration choice, not a patch).
+Sequence-parallel gradients are all-reduced over the TP group after backward, which Megatron's
+DDP + finalize_model_grads would do (this script uses a plain torch optimizer).
+"""
+
+from __future__ import annotations
+
+import argparse
+import collections
+import json
+import os
+
+import torch
+
+import transformer_engine_lite.as_te  # noqa: F401  (transformer_engine -> transformer_engine_lite)
+
+
+def patch_megatron_cuda_only_spots() -> None:
+    torch.cuda.get_rng_state = lambda *a, **k: torch.get_rng_state()
+    torch.cuda.set_rng_state = lambda state, *a, **k: torch.set_rng_state(state)
+    torch.cuda.random.get_rng_state = torch.cuda.get_rng_state
+    torch.cuda.random.set_rng_state = torch.cuda.set_rng_state
+    torch.cuda.manual_seed = lambda seed: None
+    torch.cuda.current_device = lambda: "cpu"
+    import megatron.core.tensor_parallel.random as mrandom
+
+    mrandom._set_cuda_rng_state = lambda state, *a, **k: torch.set_rng_state(state)
+
+
+def count_router_calls() -> collections.Counter:
+    """Counts calls of our fused router functions (Megatron imports them by name: wrap first)."""
+    import transformer_engine_lite.pytorch.router as router
+
+    calls: collections.Counter = collections.Counter()
+
+    def counted(name: str):
+        fn = getattr(router, name)
+
+        def wrapper(*args, **kwargs):
+            calls[name] += 1
+            return fn(*args, **kwargs)
+
+        return wrapper
+
+    for name in router.__all__:
+        setattr(router, name, counted(name))
+    return calls
+
+
+def main() -> None:
+    p = argparse.ArgumentParser()
+    p.add_argument("--spec", choices=["te", "local"], default="te")
+    p.add_argument("--dtype", choices=["fp32", "bf16"], default="fp32")
+    p.add_argument("--fp8", choices=["delayed", "tensorwise", "mxfp8", "blockwise"], default=None)
+    p.add_argument("--fp8-param", action="store_true")
+    p.add_argument("--recompute", action="store_true")
+    p.add_argument("--moe", action="store_true")
+    p.add_argument("--op-fuser", action="store_true")
+    p.add_argument("--tp", type=int, default=1)
+    p.add_argument("--steps", type=int, default=3)
+    a = p.parse_args()
+
+    router_calls = count_router_calls()
+    patch_megatron_cuda_only_spots()
+    import torch.distributed as dist
+
+    if not dist.is_initialized():  # a single process without torchrun
+        os.environ.setdefault("MASTER_ADDR", "127.0.0.1")
+        os.environ.setdefault("MASTER_PORT", str(29500 + os.getpid() % 1000))
+        os.environ.setdefault("RANK", "0")
+        os.environ.setdefault("WORLD_SIZE", "1")
+        dist.init_process_group("gloo")
+    from megatron.core import parallel_state
+    from megatron.core.models.gpt.gpt_layer_specs import (
+        get_gpt_layer_local_spec,
+        get_gpt_layer_with_transformer_engine_spec,
+    )
+    from megatron.core.models.gpt.gpt_model import GPTModel
+    from megatron.core.tensor_parallel.random import model_parallel_cuda_manual_seed
+    from megatron.core.transformer.transformer_config import TransformerConfig
+
+    parallel_state.initialize_model_parallel(a.tp, 1)
+    torch.manual_seed(0)
+    model_parallel_cuda_manual_seed(123)
+    dtype = {"fp32": torch.float32, "bf16": torch.bfloat16}[a.dtype]
+    kw = dict(num_layers=2, hidden_size=128, num_attention_heads=4, use_cpu_initialization=True,
+              params_dtype=dtype, pipeline_dtype=dtype, bf16=a.dtype == "bf16",
+              hidden_dropout=0.0, attention_dropout=0.0, tensor_model_parallel_size=a.tp,
+              sequence_parallel=a.tp > 1)
+    if a.fp8:
+        kw.update(fp8="e4m3" if a.fp8 == "mxfp8" else "hybrid", fp8_recipe=a.fp8,
+                  fp8_param=a.fp8_param)
+    if a.recompute:
+        kw.update(recompute_granularity="full", recompute_method="uniform", recompute_num_layers=1)
+    if a.moe:
+        kw.update(num_moe_experts=4, moe_router_topk=2, moe_grouped_gemm=True,
+                  moe_ffn_hidden_size=64, moe_token_dispatcher_type="allgather",
+                  moe_router_fusion=True)
+    if a.op_fuser:
+        kw.update(use_te_op_fuser=True)
+    config = TransformerConfig(**kw)
+    if a.spec == "te":
+        spec = get_gpt_layer_with_transformer_engine_spec(
+            num_experts=4 if a.moe else None, moe_grouped_gemm=a.moe)
+    else:
+        spec = get_gpt_layer_local_spec(num_experts=4 if a.moe else None, moe_grouped_gemm=a.moe)
+    model = GPTModel(config=config, transformer_layer_spec=spec, vocab_size=256,
+                     max_sequence_length=64)
+    if a.dtype == "bf16":
+        model = model.to(torch.bfloat16)
+    g = torch.Generator().manual_seed(1)
+    tokens = torch.randint(0, 256, (2, 64), generator=g)
+    labels = torch.randint(0, 256, (2, 64), generator=g)
+    position_ids = torch.arange(64).unsqueeze(0).expand(2, -1)
+    mask = torch.tril(torch.ones(64, 64, dtype=torch.bool)).logical_not().view(1, 1, 64, 64)
+    opt = torch.optim.SGD(model.parameters(), lr=0.1)
+    tp_group = parallel_state.get_tensor_model_parallel_group()
+    losses = []
+    for _ in range(a.steps):
+        # What Megatron's forward_backward_func does on a step's first microbatch: the TE layers
+        # then re-quantize their (updated) weights instead of reusing the cached FP8 copies.
+        model.set_is_first_microbatch()
+        loss = model(tokens, position_ids, mask, labels=labels).float().mean()
+        loss.backward()
+        if a.tp > 1:
+            for prm in model.parameters():
+                if getattr(prm, "sequence_parallel", False) and prm.grad is not None:
+                    dist.all_reduce(prm.grad, group=tp_group)
+        opt.step()
+        opt.zero_grad()
+        losses.append(loss.item())
+    # Our classes the model runs on (Megatron's TE wrappers subclass them)
+    ours = (next((c for c in type(m).__mro__ if c.__module__.startswith("transformer_engine_lite")),
+                 None) for m in model.modules())
+    modules = sorted({c.__name__ for c in ours if c is not None})
+    if dist.get_rank() == 0:
+        print("RESULT " + json.dumps({"losses": losses, "te_lite_modules": modules,
+                                           "router_calls": dict(router_calls)}), flush=True)
+    dist.destroy_process_group()
+
+
+if __name__ == "__main__":
+    main()
