@@ -107,10 +107,13 @@ class GPT(torch.nn.Module):
         freqs = self.rope(idx.shape[1])  # fp32 [s, 1, 1, head_dim]
         # The transformer blocks run their GEMMs in FP8 under the recipe; embeddings, the final
         # norm and the LM head stay in bf16 (TE's usual practice).
-        with te.fp8_autocast(enabled=recipe is not None, fp8_recipe=recipe):
-            for blk in self.blocks:
-                x = blk(x, rotary_pos_emb=freqs)
-        return self.head(self.ln_f(x))
+        # fp32 parameters, bf16 compute: torch.autocast says so (TE's rule: outside it, a module's
+        # input must have its parameters' dtype).
+        with torch.autocast("cpu", dtype=torch.bfloat16):
+            with te.fp8_autocast(enabled=recipe is not None, fp8_recipe=recipe):
+                for blk in self.blocks:
+                    x = blk(x, rotary_pos_emb=freqs)
+            return self.head(self.ln_f(x))
 
 
 # -------------------------------------------------------------------------------------- training
