@@ -13,7 +13,7 @@ import numpy as np
 import pytest
 import torch
 
-import transformer_engine_lite.pytorch.ops  # noqa: F401  (registers torch.ops.te_lite)
+import transformer_engine_lite.pytorch.te_lite_ops  # noqa: F401  (registers torch.ops.te_lite)
 
 ops = torch.ops.te_lite
 

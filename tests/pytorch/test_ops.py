@@ -1,4 +1,4 @@
-"""torch.ops.te_lite (transformer_engine_lite/pytorch/ops.py): torch.library.opcheck for every op
+"""torch.ops.te_lite (transformer_engine_lite/pytorch/te_lite_ops.py): torch.library.opcheck for every op
 (schema, fake kernel, autograd registration, AOT dispatch with dynamic shapes; the attention and
 RoPE ops' cases live in test_ops_attention.py, the MoE router's in test_router.py, and the check
 that every op has a case covers all three files), errors that name the argument, and a torch.compile(fullgraph=True) smoke test. Numerics:
@@ -12,7 +12,7 @@ import pytest
 import torch
 
 te_ops = pytest.importorskip(
-    "transformer_engine_lite.pytorch.ops",
+    "transformer_engine_lite.pytorch.te_lite_ops",
     reason="PyTorch extension not built",
     exc_type=ImportError,
 )

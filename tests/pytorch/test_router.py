@@ -13,7 +13,7 @@ import pytest
 import torch
 
 pytest.importorskip(
-    "transformer_engine_lite.pytorch.ops",
+    "transformer_engine_lite.pytorch.te_lite_ops",
     reason="PyTorch extension not built",
     exc_type=ImportError,
 )

@@ -255,3 +255,68 @@ def test_input_dtype_must_match_parameters():
     assert lin(torch.randn(2, 8, dtype=torch.bfloat16)).dtype == torch.bfloat16
     with torch.autocast("cpu", dtype=torch.bfloat16):  # under autocast the autocast dtype rules
         assert lin(torch.randn(2, 8)).dtype == torch.bfloat16
+
+
+# ---------------------------------------------------------------- smaller TE names clients import
+def test_constants_and_module_paths():
+    from transformer_engine_lite.pytorch import constants, tex
+    from transformer_engine_lite.pytorch.float8_tensor import Float8Tensor
+    from transformer_engine_lite.pytorch.tensor import Float8Tensor as F8
+
+    assert Float8Tensor is F8
+    assert constants.TE_DType[torch.bfloat16] == tex.DType.kBFloat16 == 6
+    assert constants.TE_DType_To_Torch[tex.DType.kFloat8E4M3] is torch.float8_e4m3fn
+    assert constants.MXFP8_BLOCK_SCALING_SIZE == 32 and constants.NVFP4_BLOCK_SCALING_SIZE == 16
+    assert len(constants.QKVLayouts) == 25 and constants.QKVLayouts[2] == "sbhd_sb2hd"
+    assert constants.QKVLayouts[-1] == "paged_kv_thd_sbhd_sbhd"
+    assert constants.dist_group_type is torch.distributed.ProcessGroup
+
+
+def test_graph_helpers_save_and_restore_fp8_state():
+    from transformer_engine_lite.pytorch import graph
+
+    graph.set_capture_start()
+    assert graph.is_graph_capturing()
+    graph.set_capture_end()
+    assert not graph.is_graph_capturing()
+    model = torch.nn.Sequential(te.Linear(16, 16), torch.nn.ReLU(), te.Linear(16, 16))
+    recipe = DelayedScaling(amax_history_len=4)
+    assert graph.save_fp8_tensors([model], Float8CurrentScaling()) is None
+    with te.fp8_autocast(enabled=True, fp8_recipe=recipe):
+        model(torch.randn(4, 16))
+    saved = graph.save_fp8_tensors([model], recipe)
+    assert [s is None for s in saved] == [True, False, True, False]
+    before = [model[0].fp8_fwd_scale.clone(), model[2].fp8_fwd_amax_history.clone()]
+    with te.fp8_autocast(enabled=True, fp8_recipe=recipe):  # a warm-up step changes the state
+        model(torch.randn(4, 16) * 50)
+    assert not torch.equal(model[2].fp8_fwd_amax_history, before[1])
+    graph.restore_fp8_tensors([model], saved)
+    assert torch.equal(model[0].fp8_fwd_scale, before[0])
+    assert torch.equal(model[2].fp8_fwd_amax_history, before[1])
+    with pytest.raises(ValueError, match="fewer entries"):
+        graph.restore_fp8_tensors([model], saved[:2])
+
+
+def test_utils_workspace_and_rng_registry():
+    from transformer_engine_lite.pytorch import utils
+    from transformer_engine_lite.pytorch.distributed import CudaRNGStatesTracker, get_all_rng_states
+    from transformer_engine_lite.pytorch.module.base import get_workspace
+
+    assert get_workspace().numel() == 0 and get_workspace().dtype == torch.uint8
+    assert utils.round_up_to_nearest_multiple(33, 16) == 48
+    assert utils.round_up_to_nearest_multiple(32, 16) == 32
+    with pytest.raises(ValueError, match="multiple"):
+        utils.round_up_to_nearest_multiple(3, 0)
+    utils.nvtx_range_push("outer")
+    utils.nvtx_range_pop("outer")
+    with pytest.raises(RuntimeError, match="no range is open"):
+        utils.nvtx_range_pop()
+    x = torch.randn(3, requires_grad=True) * 2
+    w = utils.make_weak_ref({"a": [x, None]})
+    assert w["a"][0].data_ptr() == x.data_ptr() and not w["a"][0].requires_grad
+    tracker = CudaRNGStatesTracker()
+    tracker.add("te-test-rng", 1234)
+    state = get_all_rng_states()["te-test-rng"]
+    with tracker.fork("te-test-rng"):
+        torch.rand(4)
+    assert not torch.equal(get_all_rng_states()["te-test-rng"], state)  # follows the tracker

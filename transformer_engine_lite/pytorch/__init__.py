@@ -1,15 +1,16 @@
 """transformer_engine_lite.pytorch: TransformerEngine's PyTorch API over the te_lite dispatcher ops.
 
-Importing it loads the C++ extension and registers torch.ops.te_lite.* (see ops.py), then exposes
-TE's public API layered on those ops: the modules (Linear, LayerNorm, RMSNorm, LayerNormLinear,
-LayerNormMLP), attention (DotProductAttention, MultiheadAttention, TransformerLayer), rotary
-position embeddings (RotaryPositionEmbedding, apply_rotary_pos_emb), fp8_autocast / autocast,
-quantized_model_init / fp8_model_init, the recipes (`recipe`, shared with the JAX front end) and
-the availability checks.
+Importing it loads the C++ extension and registers torch.ops.te_lite.* (see te_lite_ops.py), then
+exposes TE's public API layered on those ops: the fusible-operations API (`ops`), the modules
+(Linear, LayerNorm, RMSNorm, LayerNormLinear, LayerNormMLP), attention (DotProductAttention,
+MultiheadAttention, TransformerLayer), rotary position embeddings (RotaryPositionEmbedding,
+apply_rotary_pos_emb), fp8_autocast / autocast, quantized_model_init / fp8_model_init, the
+recipes (`recipe`, shared with the JAX front end) and the availability checks.
 """
 
 from ..common import recipe
-from . import ops  # registers torch.ops.te_lite: extension, fake kernels, autograd
+from . import te_lite_ops  # registers torch.ops.te_lite: extension, fake kernels, autograd
+from . import ops  # TE's fusible-operations API (transformer_engine.pytorch.ops)
 from . import router  # TE's transformer_engine.pytorch.router (fused MoE routing)
 from .attention import DotProductAttention, MultiheadAttention
 from .attention.rope import RotaryPositionEmbedding, apply_rotary_pos_emb

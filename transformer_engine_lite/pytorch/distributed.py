@@ -205,6 +205,23 @@ class TPConfig:
             raise ValueError(f"{owner}: sequence_parallel needs parallel_mode 'column' or 'row'")
 
 
+# Every state the trackers hold, by name (TE's registry of "active" RNG states, which CUDA-graph
+# capture registers with the graph; here the latest state tensor of each name).
+_ALL_ACTIVE_RNG_STATES: dict[str, torch.Tensor] = {}
+
+
+def get_all_rng_states() -> dict[str, torch.Tensor]:
+    """The RNG states of every CudaRNGStatesTracker name (TE's registry)."""
+    return _ALL_ACTIVE_RNG_STATES
+
+
+def set_all_rng_states(states: dict[str, torch.Tensor]) -> None:
+    global _ALL_ACTIVE_RNG_STATES
+    if not isinstance(states, dict):
+        raise TypeError(f"set_all_rng_states: states: expected a dict, got {type(states).__name__}")
+    _ALL_ACTIVE_RNG_STATES = states
+
+
 class CudaRNGStatesTracker:
     """TE's / Megatron's RNG tracker: named RNG states forked around model-parallel regions (e.g.
     dropout inside tensor-parallel attention draws differently per rank), on the default device's
@@ -250,6 +267,7 @@ class CudaRNGStatesTracker:
         orig = self._get()
         torch.manual_seed(seed) if not torch.cuda.is_available() else torch.cuda.manual_seed(seed)
         self.states_[name] = self._get()
+        _ALL_ACTIVE_RNG_STATES[name] = self.states_[name]
         self._set(orig)
 
     @contextlib.contextmanager
@@ -263,6 +281,7 @@ class CudaRNGStatesTracker:
             yield
         finally:
             self.states_[name] = self._get()
+            _ALL_ACTIVE_RNG_STATES[name] = self.states_[name]
             self._set(orig)
 
 
@@ -275,6 +294,8 @@ from .checkpoint import (  # noqa: E402
 )
 
 __all__ += [
+    "get_all_rng_states",
+    "set_all_rng_states",
     "set_tensor_model_parallel_attributes",
     "CudaRNGStatesTracker",
     "activation_recompute_forward",

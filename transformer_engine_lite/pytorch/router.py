@@ -17,7 +17,7 @@ from typing import Optional, Union
 
 import torch
 
-from . import ops  # noqa: F401  (loads the extension: torch.ops.te_lite.*)
+from . import te_lite_ops  # noqa: F401  (loads the extension: torch.ops.te_lite.*)
 
 __all__ = [
     "fused_topk_with_score_function",

@@ -14,6 +14,10 @@ from collections.abc import Callable
 import torch
 
 __all__ = [
+    "make_weak_ref",
+    "nvtx_range_pop",
+    "nvtx_range_push",
+    "round_up_to_nearest_multiple",
     "attention_mask_func",
     "divide",
     "get_default_init_method",
@@ -98,3 +102,46 @@ def divide(numerator: int, denominator: int) -> int:
     if denominator == 0 or numerator % denominator:
         raise ValueError(f"divide: {numerator} is not divisible by {denominator}")
     return numerator // denominator
+
+
+def round_up_to_nearest_multiple(value: int, multiple: int) -> int:
+    """The smallest multiple of `multiple` that is >= value (TE's helper)."""
+    if not isinstance(multiple, int) or multiple <= 0:
+        raise ValueError(f"round_up_to_nearest_multiple: multiple: expected an int > 0, got {multiple!r}")
+    return ((value + multiple - 1) // multiple) * multiple
+
+
+def nvtx_range_push(msg: str) -> None:
+    """Opens a named range in profiles: torch.profiler's record_function on the CPU (TE pushes an
+    NVTX range, which only GPU profilers show)."""
+    rf = torch.autograd.profiler.record_function(msg)
+    rf.__enter__()
+    _RANGES.append(rf)
+
+
+def nvtx_range_pop(msg: str | None = None) -> None:
+    """Closes the innermost range nvtx_range_push opened (msg, if given, must name it)."""
+    if not _RANGES:
+        raise RuntimeError("nvtx_range_pop: no range is open (nvtx_range_push was not called)")
+    rf = _RANGES[-1]
+    if msg is not None and getattr(rf, "name", msg) != msg:
+        raise RuntimeError(f"nvtx_range_pop: the innermost open range is {rf.name!r}, not {msg!r}")
+    _RANGES.pop().__exit__(None, None, None)
+
+
+_RANGES: list = []
+
+
+def make_weak_ref(x):
+    """TE's helper for CUDA-graph outputs: a tensor (or nested list/tuple/dict of them) with the same
+    storage that does not keep the original tensor object alive. On the CPU a detached alias
+    serves: it shares the storage and holds no reference to the original tensor or its graph."""
+    if isinstance(x, torch.Tensor):
+        return x.detach()
+    if isinstance(x, (list, tuple)):
+        return type(x)(make_weak_ref(v) for v in x)
+    if isinstance(x, dict):
+        return {k: make_weak_ref(v) for k, v in x.items()}
+    if x is None or isinstance(x, (int, float, bool)):
+        return x
+    raise TypeError(f"make_weak_ref: expected tensors (or lists/tuples/dicts of them), got {type(x).__name__}")

@@ -33,7 +33,7 @@ __all__ = [
 
 _F32 = jnp.float32
 
-# TE-JAX activation tuples -> the core's names (pytorch/ops.py ACTIVATIONS + clamped_swiglu).
+# TE-JAX activation tuples -> the core's names (pytorch/te_lite_ops.py ACTIVATIONS + clamped_swiglu).
 ActivationEnum = {
     ("linear",): "identity",
     ("gelu",): "gelu",

@@ -1,4 +1,4 @@
-"""Fused rotary position embedding primitives (pytorch/ops.py documents the op): t [s, b, h, d]
+"""Fused rotary position embedding primitives (pytorch/te_lite_ops.py documents the op): t [s, b, h, d]
 ("sbhd"), [b, s, h, d] ("bshd") or [t, h, d] ("thd", with cu_seqlens int32 [b + 1]); freqs float32
 [s_max, 1, 1, d2]. Sharding: batch and heads keep theirs, the sequence and head dims are gathered.
 """

@@ -277,7 +277,7 @@ TORCH_LIBRARY_IMPL(te_lite, CUDA, m) { te_lite::register_impls(m); }
 #endif
 
 // Not differentiable (quantization, statistics, scale math): outputs never require grad, instead of
-// torch's fallback that tracks them and warns on backward. transpose gets autograd in ops.py; the
+// torch's fallback that tracks them and warns on backward. transpose gets autograd in te_lite_ops.py; the
 // in-place ops keep the fallback, which bumps the version counters of what they mutate.
 TORCH_LIBRARY_IMPL(te_lite, Autograd, m) {
   for (const char *op : {"quantize", "quantize_mxfp8", "dequantize", "dequantize_mxfp8",

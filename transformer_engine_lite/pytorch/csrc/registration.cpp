@@ -1,12 +1,13 @@
 // Every te_lite op schema, declared once (TORCH_LIBRARY). Device implementations are registered by
 // the family files (cast.cpp, norm.cpp, activation.cpp, gemm.cpp, softmax.cpp, rope.cpp,
-// attention.cpp, router.cpp); fake kernels and autograd by transformer_engine_lite/pytorch/ops.py,
-// whose docstring documents each op (the router's autograd: pytorch/router.py, as TE's).
+// attention.cpp, router.cpp); fake kernels and autograd by
+// transformer_engine_lite/pytorch/te_lite_ops.py, whose docstring documents each op (the router's
+// autograd: pytorch/router.py, as TE's).
 #include <torch/library.h>
 
 TORCH_LIBRARY(te_lite, m) {
   // Fake kernels live in Python: the dispatcher imports this module when it needs them.
-  m.set_python_module("transformer_engine_lite.pytorch.ops");
+  m.set_python_module("transformer_engine_lite.pytorch.te_lite_ops");
 
   // ---- cast (per-tensor and MXFP8), amax and scales
   m.def("quantize(Tensor x, Tensor scale, ScalarType fp8_dtype) -> (Tensor, Tensor, Tensor)");

@@ -343,7 +343,7 @@ def norm(
     x: torch.Tensor, gamma: torch.Tensor, beta: torch.Tensor | None, cfg: NormConfig
 ) -> torch.Tensor:
     """z = norm(x) * gamma (+ beta), FP32 statistics; differentiable through the op's registered
-    autograd (ops.py)."""
+    autograd (te_lite_ops.py)."""
     x = x.contiguous()
     if cfg.kind == "LayerNorm":
         return ops().layernorm_fwd(x, gamma, beta, cfg.eps, cfg.zero_centered_gamma)[0]

@@ -68,6 +68,13 @@ _HP_DTYPES = (torch.float32, torch.float16, torch.bfloat16)
 _DUMMY_WGRADS: dict[tuple[tuple[int, ...], torch.dtype, torch.device], torch.Tensor] = {}
 
 
+def get_workspace() -> torch.Tensor:
+    """TE's GEMM workspace (a cuBLAS scratch buffer on a GPU). The CPU GEMM (oneDNN) allocates
+    its own scratch, so the workspace here is an empty uint8 tensor; a caller passing it back to
+    our GEMM functions gets the same results as with none."""
+    return torch.empty(0, dtype=torch.uint8)
+
+
 def get_dummy_wgrad(shape: list[int], dtype: torch.dtype, zero: bool = False) -> torch.Tensor:
     """TE's cached placeholder weight gradient (returned to autograd when the real one went into
     main_grad). One buffer per (shape, dtype, device); zero=True clears it first."""

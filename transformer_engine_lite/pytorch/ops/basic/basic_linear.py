@@ -1,0 +1,133 @@
+"""BasicLinear: y = x W^T (no bias) with TE's arguments, FP8 under fp8_autocast and TP modes."""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable
+from typing import Any
+
+import torch
+
+from ...distributed import TPConfig, set_tensor_model_parallel_attributes, split_size
+from ...module.base import TransformerEngineBaseModule
+from .._common import check_positive_int, compute_dtype, param_device, param_dtype, resolve_group
+from ..op import BasicOperation
+
+__all__ = ["BasicLinear"]
+
+_OWNER = "BasicLinear"
+
+
+def _kaiming_uniform(w: torch.Tensor) -> None:
+    # TE's (and torch.nn.Linear's) default weight init
+    torch.nn.init.kaiming_uniform_(w, a=math.sqrt(5))
+
+
+class BasicLinear(TransformerEngineBaseModule, BasicOperation):
+    """Apply y = x W^T (TE's transformer_engine.pytorch.ops.BasicLinear).
+
+    The GEMM is te.Linear's own (TransformerEngineBaseModule._run_linear): under fp8_autocast both
+    operands are quantized with the active recipe (delayed scaling with this op's amax history and
+    scales, current scaling, MXFP8), FP8 weight parameters (quantized_model_init) enter as stored,
+    and the gradients follow the recipe's backward. So BasicLinear (+ Bias) gives te.Linear's bytes.
+
+    tensor_parallel_mode: None, "column" (weight split along out_features; input all-gathered on
+    dim 0 with sequence_parallel) or "row" (split along in_features; output all-reduced, or
+    reduce-scattered on dim 0 with sequence_parallel). tensor_parallel_group defaults to the world
+    group. accumulate_into_main_grad: weight gradient added into weight.main_grad (fp32).
+    userbuffers_options (TE's comm/GEMM overlap): not implemented.
+    """
+
+    def __init__(
+        self,
+        in_features: int,
+        out_features: int,
+        *,
+        device: torch.device | str | None = None,
+        dtype: torch.dtype | None = None,
+        tensor_parallel_mode: str | None = None,
+        tensor_parallel_group: Any = None,
+        sequence_parallel: bool = False,
+        rng_state_tracker_function: Callable[[], Any] | None = None,
+        accumulate_into_main_grad: bool = False,
+        userbuffers_options: dict[str, Any] | None = None,
+    ) -> None:
+        if userbuffers_options is not None:
+            raise NotImplementedError(
+                f"{_OWNER}: userbuffers_options: userbuffer comm/GEMM overlap is not implemented"
+            )
+        check_positive_int(_OWNER, "in_features", in_features)
+        check_positive_int(_OWNER, "out_features", out_features)
+        if tensor_parallel_mode not in (None, "column", "row"):
+            raise ValueError(
+                f"{_OWNER}: tensor_parallel_mode: expected None, 'column' or 'row', got "
+                f"{tensor_parallel_mode!r}"
+            )
+        dev = param_device(device)
+        dtype = param_dtype(_OWNER, dtype)
+        super().__init__(num_gemms=1, device=dev)
+        group = resolve_group(tensor_parallel_mode is not None, tensor_parallel_group)
+        sp = bool(sequence_parallel) and tensor_parallel_mode is not None
+        self._tp = TPConfig(_OWNER, tensor_parallel_mode, group, 1, sp)
+        self.in_features = in_features
+        self.out_features = out_features
+        self.tensor_parallel_mode = tensor_parallel_mode
+        self.tensor_parallel_group = group
+        self.tensor_parallel_size = self._tp.size
+        self.sequence_parallel = self._tp.sequence_parallel
+        tp = self._tp.size
+        self.local_in_features = (
+            split_size(_OWNER, "in_features", in_features, tp)
+            if tensor_parallel_mode == "row"
+            else in_features
+        )
+        self.local_out_features = (
+            split_size(_OWNER, "out_features", out_features, tp)
+            if tensor_parallel_mode == "column"
+            else out_features
+        )
+        self._rng_state_tracker_function = rng_state_tracker_function
+        self.accumulate_into_main_grad = bool(accumulate_into_main_grad)
+        w = torch.empty(self.local_out_features, self.local_in_features, dtype=dtype, device=dev)
+        self.weight = torch.nn.Parameter(w)
+        if dev.type != "meta":
+            self.reset_parameters()
+
+    def reset_parameters(self) -> None:
+        """Initialize the weight (kaiming uniform, as TE); a weight on "meta" is first allocated on
+        the default device (TE's deferred initialization)."""
+        if self.weight.device.type == "meta":
+            w = torch.empty(self.weight.shape, dtype=self.weight.dtype, device=param_device(None))
+            self.weight = torch.nn.Parameter(w, requires_grad=self.weight.requires_grad)
+        tracker = self._rng_state_tracker_function
+        self._init_weight(self.weight, _kaiming_uniform, tracker)
+        set_tensor_model_parallel_attributes(
+            self.weight, self.tensor_parallel_mode is not None,
+            1 if self.tensor_parallel_mode == "row" else 0, 1,
+        )
+
+    def linear_forward(self, x: torch.Tensor, bias: torch.Tensor | None = None) -> torch.Tensor:
+        """x W^T (+ bias in the GEMM epilogue, or after the row-parallel reduction)."""
+        if self.weight.device.type == "meta":
+            raise RuntimeError(
+                f"{_OWNER}: weight is on the meta device; call reset_parameters() or assign one"
+            )
+        dtype = compute_dtype(_OWNER, x, self.weight)
+        if x.dim() < 1 or x.shape[-1] != self.local_in_features:
+            raise ValueError(
+                f"{_OWNER}: input: expected last dim {self.local_in_features} (in_features per TP "
+                f"rank), got shape {tuple(x.shape)}"
+            )
+        x = x if x.dtype == dtype else x.to(dtype)
+        fp8 = self._fp8_mode()
+        self._note_recipe(fp8[1])
+        main_grad = self._main_grad(_OWNER, self.accumulate_into_main_grad, self.weight)
+        return self._run_linear(
+            x, self.weight, bias, 0, self.tensor_parallel_mode, self._tp, fp8,
+            add_bias=bias is not None, main_grad=main_grad,
+        )
+
+    def fuser_forward(
+        self, input_: torch.Tensor, extra_inputs: tuple[torch.Tensor, ...]
+    ) -> tuple[torch.Tensor, tuple[torch.Tensor, ...]]:
+        return self.linear_forward(input_), ()
