@@ -41,8 +41,9 @@ def patch_megatron_cuda_only_spots() -> None:
     mrandom._set_cuda_rng_state = lambda state, *a, **k: torch.set_rng_state(state)
 
 
-def count_router_calls() -> collections.Counter:
-    """Counts calls of our fused router functions (Megatron imports them by name: wrap first)."""
+def count_calls() -> collections.Counter:
+    """Counts calls of our fused router functions (Megatron imports them by name: wrap first) and
+    of ops.Sequential (Megatron hides its TEFusedMLP's Sequential from .modules())."""
     import transformer_engine_lite.pytorch.router as router
 
     calls: collections.Counter = collections.Counter()
@@ -58,6 +59,16 @@ def count_router_calls() -> collections.Counter:
 
     for name in router.__all__:
         setattr(router, name, counted(name))
+    # the fusible-ops path (use_te_op_fuser): Megatron's TEFusedMLP runs an ops.Sequential
+    from transformer_engine_lite.pytorch import ops
+
+    forward = ops.Sequential.forward
+
+    def sequential_forward(self, *args, **kwargs):
+        calls["ops.Sequential"] += 1
+        return forward(self, *args, **kwargs)
+
+    ops.Sequential.forward = sequential_forward
     return calls
 
 
@@ -69,12 +80,12 @@ def main() -> None:
     p.add_argument("--fp8-param", action="store_true")
     p.add_argument("--recompute", action="store_true")
     p.add_argument("--moe", action="store_true")
-    p.add_argument("--op-fuser", action="store_true")
+    p.add_argument("--op-fuser", action="store_true")  # Megatron's use_te_op_fuser
     p.add_argument("--tp", type=int, default=1)
     p.add_argument("--steps", type=int, default=3)
     a = p.parse_args()
 
-    router_calls = count_router_calls()
+    calls = count_calls()
     patch_megatron_cuda_only_spots()
     import torch.distributed as dist
 
@@ -111,11 +122,11 @@ def main() -> None:
                   moe_ffn_hidden_size=64, moe_token_dispatcher_type="allgather",
                   moe_router_fusion=True)
     if a.op_fuser:
-        kw.update(use_te_op_fuser=True)
+        kw.update(use_transformer_engine_op_fuser=True)
     config = TransformerConfig(**kw)
     if a.spec == "te":
         spec = get_gpt_layer_with_transformer_engine_spec(
-            num_experts=4 if a.moe else None, moe_grouped_gemm=a.moe)
+            num_experts=4 if a.moe else None, moe_grouped_gemm=a.moe, use_te_op_fuser=a.op_fuser)
     else:
         spec = get_gpt_layer_local_spec(num_experts=4 if a.moe else None, moe_grouped_gemm=a.moe)
     model = GPTModel(config=config, transformer_layer_spec=spec, vocab_size=256,
@@ -149,7 +160,7 @@ def main() -> None:
     modules = sorted({c.__name__ for c in ours if c is not None})
     if dist.get_rank() == 0:
         print("RESULT " + json.dumps({"losses": losses, "te_lite_modules": modules,
-                                           "router_calls": dict(router_calls)}), flush=True)
+                                           "calls": dict(calls)}), flush=True)
     dist.destroy_process_group()
 
 

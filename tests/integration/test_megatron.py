@@ -8,6 +8,7 @@ patches. What is compared:
 - bf16 and each FP8 recipe Megatron offers: finite, decreasing, and close to fp32 / bf16;
   blockwise: the recipe is built, and using it raises our NotImplementedError;
 - MoE with grouped GEMM and TE's fused router (our router functions are called);
+- use_te_op_fuser: the MLP as TE fusible ops (ops.Sequential runs) equals the module MLP;
 - TP=2 with sequence parallelism under torchrun (gloo): the losses of TP=1.
 """
 
@@ -106,10 +107,19 @@ def test_blockwise_recipe_says_not_implemented():
 def test_moe_grouped_gemm_with_fused_router():
     r = run("--moe")
     assert "GroupedLinear" in r["te_lite_modules"]
-    assert r["router_calls"].get("fused_topk_with_score_function", 0) >= 2 * 3  # 2 layers x 3 steps
+    assert r["calls"].get("fused_topk_with_score_function", 0) >= 2 * 3  # 2 layers x 3 steps
     assert r["losses"][-1] < r["losses"][0]
     fp8 = run("--moe", "--dtype", "bf16", "--fp8", "delayed")["losses"]
     assert _close(fp8, run("--moe", "--dtype", "bf16")["losses"], 1e-2), fp8
+
+
+def test_op_fuser_mlp():
+    """use_te_op_fuser: Megatron's TEFusedMLP runs TE's fusible ops (ops.Sequential)."""
+    r = run("--op-fuser")
+    assert r["calls"].get("ops.Sequential", 0) >= 2 * 3, r["calls"]  # 2 layers x 3 steps
+    assert _close(r["losses"], run("--spec", "te")["losses"], 1e-6), r["losses"]
+    fp8 = run("--op-fuser", "--dtype", "bf16", "--fp8", "delayed")["losses"]
+    assert _close(fp8, run("--dtype", "bf16", "--fp8", "delayed")["losses"], 1e-2), fp8
 
 
 def test_tensor_parallel_2_with_sequence_parallel_equals_tp1():

@@ -330,6 +330,14 @@ def test_general_gemm(quantizer):
     fused, *_ = general_gemm(wq, xq, torch.float32, quantization_params=oq)
     unfused = oq(general_gemm(wq, xq, torch.float32)[0])
     assert torch.equal(fused._data, unfused._data)
+    # TE 2.8's workspace argument: by keyword, or third positionally (then out_dtype)
+    from transformer_engine_lite.pytorch.module.base import get_workspace
+
+    for call in (lambda: general_gemm(wq, xq, torch.float32, bias=b, workspace=get_workspace()),
+                 lambda: general_gemm(wq, xq, get_workspace(), torch.float32, bias=b)):
+        assert torch.equal(call()[0], out)
+    with pytest.raises(TypeError, match="workspace"):
+        general_gemm(w, x, workspace=3)
     with pytest.raises(ValueError, match="layout"):
         general_gemm(w, x, layout="TT")
     with pytest.raises(NotImplementedError, match="userbuffer"):

@@ -53,6 +53,7 @@ def general_gemm(
     ub_type: Any = None,
     extra_output: torch.Tensor | None = None,
     bulk_overlap: bool = False,
+    workspace: torch.Tensor | None = None,
 ) -> tuple[Any, torch.Tensor | None, torch.Tensor | None, torch.Tensor | None]:
     """D = op(B) @ op(A) (+ bias, GELU epilogue) in TE's column-major naming: layout "TN" gives
     B @ A^T (A is the weight [out, in], B the input [tokens, in]), "NN" B @ A, "NT" B^T @ A.
@@ -61,7 +62,21 @@ def general_gemm(
     accumulate / alpha / beta: D = alpha * product + beta * out (beta default 1 with accumulate),
     written into out. Returns (D, bias_grad, gelu_input, extra_output) as TE.
     use_split_accumulator is a GPU FP8 option (the CPU GEMM always accumulates in FP32).
-    Userbuffer overlap (ub, ub_type, extra_output, bulk_overlap) is not supported."""
+    Userbuffer overlap (ub, ub_type, extra_output, bulk_overlap) is not supported.
+    workspace: TE 2.8's cuBLAS scratch argument (module.base.get_workspace()), third positional
+    there and gone in later TE: accepted by keyword, or in the third place followed by out_dtype;
+    no GEMM here needs it (oneDNN and our cuBLASLt path allocate their own)."""
+    if isinstance(out_dtype, torch.Tensor):  # TE 2.8's order: (A, B, workspace, out_dtype, ...)
+        if workspace is not None:
+            raise TypeError("general_gemm: workspace given twice (positionally and by keyword)")
+        if quantization_params is not None and not isinstance(quantization_params, torch.dtype):
+            raise TypeError(
+                "general_gemm: with the workspace in the third place (TE 2.8's order), pass the "
+                "arguments after out_dtype by keyword"
+            )
+        workspace, out_dtype, quantization_params = out_dtype, quantization_params, None
+    if workspace is not None and not isinstance(workspace, torch.Tensor):
+        raise TypeError(f"general_gemm: workspace: expected a torch.Tensor, got {type(workspace).__name__}")
     if ub is not None or ub_type is not None or extra_output is not None or bulk_overlap:
         raise NotImplementedError(
             "general_gemm: userbuffer communication overlap (ub, ub_type, extra_output, "
