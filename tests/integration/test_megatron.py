@@ -126,3 +126,14 @@ def test_tensor_parallel_2_with_sequence_parallel_equals_tp1():
     tp2 = run("--tp", "2", nproc=2)["losses"]
     tp1 = run("--spec", "te")["losses"]
     assert _close(tp2, tp1, 1e-6), (tp2, tp1)
+
+
+def test_example_trains(tmp_path):
+    """examples/megatron/train_gpt.py (the README's showcase) at smoke size."""
+    example = HERE.parents[1] / "examples" / "megatron" / "train_gpt.py"
+    out = tmp_path / "loss.png"
+    p = subprocess.run([sys.executable, str(example), "--quick", "--steps", "4", "--recipes",
+                        "bf16,delayed", "--no-progress", "--out", str(out)], env=_env(),
+                       capture_output=True, text=True, timeout=600)
+    assert p.returncode == 0, (p.stdout + p.stderr)[-4000:]
+    assert "FP8 DelayedScaling" in p.stdout and out.stat().st_size > 0
