@@ -113,7 +113,7 @@ build_core() {
 build_python() {
   local aot=auto
   [ "$AOT_STATE" = failed ] && aot=0
-  rm -rf "$SITE"  # ops.py loads the newest _C*.so: no stale one may stay
+  rm -rf "$SITE"  # te_lite_ops.py loads the newest _C*.so: no stale one may stay
   (cd "$REPO_ROOT" && t_run env NVTE_BUILD_DIR="$LIB_BUILD" NVTE_USE_CUDA=1 NVTE_CUDA_ARCHS="$ARCH" \
     NVTE_WITH_CUBLASLT=auto NVTE_WITH_AOTRITON=$aot NVTE_AOTRITON_ARCHS="sm_$ARCH" \
     NVTE_FRAMEWORK="$FRAMEWORKS" MAX_JOBS="$JOBS" ${DNNL_ROOT_ARG:+DNNL_ROOT="$DNNL_ROOT_ARG"} \
