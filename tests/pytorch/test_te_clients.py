@@ -320,3 +320,28 @@ def test_utils_workspace_and_rng_registry():
     with tracker.fork("te-test-rng"):
         torch.rand(4)
     assert not torch.equal(get_all_rng_states()["te-test-rng"], state)  # follows the tracker
+
+
+def test_cpu_offload_context():
+    from transformer_engine_lite.pytorch import cpu_offload
+
+    lin = te.Linear(16, 16)
+    x = torch.randn(4, 16, requires_grad=True)
+    ref = lin(x).square().sum()
+    ref.backward()
+    gx, gw = x.grad.clone(), lin.weight.grad.clone()
+    x.grad, lin.weight.grad = None, None
+    ctx, sync = cpu_offload.get_cpu_offload_context(enabled=True, num_layers=1, model_layers=2)
+    with ctx:
+        assert cpu_offload.is_cpu_offload_enabled()
+        y = sync(lin(x))
+    assert not cpu_offload.is_cpu_offload_enabled()
+    y.square().sum().backward()
+    assert torch.equal(x.grad, gx) and torch.equal(lin.weight.grad, gw)
+    with pytest.raises(ValueError, match="what to offload"):
+        cpu_offload.get_cpu_offload_context(True, offload_activations=False, offload_weights=False)
+    with pytest.warns(DeprecationWarning, match="offload_weights"):
+        ctx, sync = cpu_offload.get_cpu_offload_context(True, offload_weights=True)
+    # host tensors stay where they are; an accelerator tensor would be copied to the host and back
+    t = torch.randn(3)
+    assert cpu_offload._unpack(cpu_offload._pack(t)) is t
