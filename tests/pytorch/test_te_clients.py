@@ -345,3 +345,36 @@ def test_cpu_offload_context():
     # host tensors stay where they are; an accelerator tensor would be copied to the host and back
     t = torch.randn(3)
     assert cpu_offload._unpack(cpu_offload._pack(t)) is t
+
+
+@pytest.mark.parametrize("fmt", ["sbhd", "bshd"])
+def test_apply_fused_qkv_rotary_pos_emb(fmt):
+    """Megatron's fused-QKV RoPE: 2 groups of 3 query heads + 1 key + 1 value head (GQA), head 16,
+    rotating the first 8 features; q/k/v equal splitting then rotating each with its own freqs."""
+    from transformer_engine_lite.pytorch.attention.rope import (
+        apply_fused_qkv_rotary_pos_emb,
+        apply_rotary_pos_emb,
+    )
+
+    torch.manual_seed(0)
+    s, b, g, hd = 6, 2, 2, 16
+    lead = (s, b) if fmt == "sbhd" else (b, s)
+    qkv = torch.randn(*lead, g, 5 * hd, requires_grad=True)
+    qf, kf = te.RotaryPositionEmbedding(8)(s), te.RotaryPositionEmbedding(8, rotary_base=500)(s)
+    q, k, v = apply_fused_qkv_rotary_pos_emb(qkv, qf, kf, [3 * hd, hd, hd], tensor_format=fmt)
+    q0, k0, v0 = torch.split(qkv, [3 * hd, hd, hd], dim=-1)
+    q_ref = apply_rotary_pos_emb(q0.reshape(*lead, 3 * g, hd), qf, fmt)
+    k_ref = apply_rotary_pos_emb(k0, kf, fmt)
+    assert q.shape == (*lead, 3 * g, hd) and k.shape == (*lead, g, hd) and v.shape == (*lead, g, hd)
+    torch.testing.assert_close(q, q_ref, rtol=1e-6, atol=1e-6)
+    torch.testing.assert_close(k, k_ref, rtol=1e-6, atol=1e-6)
+    assert torch.equal(v, v0)
+    (q.sum() + 2 * k.sum() + 3 * v.sum()).backward()
+    g_fused = qkv.grad.clone()
+    qkv.grad = None
+    (q_ref.sum() + 2 * k_ref.sum() + 3 * v0.sum()).backward()
+    torch.testing.assert_close(g_fused, qkv.grad, rtol=1e-6, atol=1e-6)
+    with pytest.raises(ValueError, match="qkv_split_arg_list"):
+        apply_fused_qkv_rotary_pos_emb(qkv, qf, kf, [3 * hd, hd, hd + 1])
+    with pytest.raises(NotImplementedError, match="start_positions"):
+        apply_fused_qkv_rotary_pos_emb(qkv, qf, kf, [3 * hd, hd, hd], start_positions=torch.zeros(b))

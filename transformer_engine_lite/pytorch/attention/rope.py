@@ -25,7 +25,7 @@ import itertools
 
 import torch
 
-__all__ = ["RotaryPositionEmbedding", "apply_rotary_pos_emb"]
+__all__ = ["RotaryPositionEmbedding", "apply_fused_qkv_rotary_pos_emb", "apply_rotary_pos_emb"]
 
 TENSOR_FORMATS = ("sbhd", "bshd", "thd")
 FUSED_DTYPES = (torch.float32, torch.float16, torch.bfloat16)
@@ -246,7 +246,7 @@ def apply_rotary_pos_emb(
             raise TypeError(
                 f"apply_rotary_pos_emb: fused=True takes t in {FUSED_DTYPES}, got {t.dtype}"
             )
-        # torch.ops.te_lite is registered by transformer_engine_lite.pytorch's import of .ops.
+        # torch.ops.te_lite is registered by transformer_engine_lite.pytorch (te_lite_ops.py).
         return torch.ops.te_lite.fused_rope_fwd(t, freqs, tensor_format, interleaved, cu_seqlens)
     if tensor_format == "sbhd":
         return _rotate(t, freqs[: t.shape[0]], interleaved)
@@ -257,3 +257,50 @@ def apply_rotary_pos_emb(
         return t.clone()
     out = _rotate(t, freqs[pos].squeeze(1), interleaved)  # angles [t, 1, d2]
     return torch.where(inside[:, None, None], out, t)
+
+
+def apply_fused_qkv_rotary_pos_emb(
+    qkv: torch.Tensor,
+    q_freqs: torch.Tensor,
+    k_freqs: torch.Tensor,
+    qkv_split_arg_list: list[int],
+    tensor_format: str = "sbhd",
+    start_positions: torch.Tensor | None = None,
+    interleaved: bool = False,
+    cu_seqlens: torch.Tensor | None = None,
+    cp_size: int = 1,
+    cp_rank: int = 0,
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """TE's RoPE on a fused QKV projection: qkv [s, b, g, q + k + v] (sbhd) or [b, s, g, ...]
+    (bshd), each of the g groups holding its q heads, then one k and one v head, concatenated in
+    the last dim as qkv_split_arg_list = [q, k, v] elements (q a multiple of k; k is the head dim).
+    Returns (q [.., g * q / k, k] rotated by q_freqs, k [.., g, k] rotated by k_freqs, v [.., g, v])
+    (Megatron-Core's GQA layout). Runs the fused RoPE kernel on each of q and k.
+    cu_seqlens is unused (as in TE). start_positions and context parallelism (cp_size > 1) are not
+    implemented here (NotImplementedError)."""
+    if tensor_format not in ("sbhd", "bshd"):
+        raise ValueError(f"apply_fused_qkv_rotary_pos_emb: tensor_format: expected 'sbhd' or 'bshd', "
+                         f"got {tensor_format!r}")
+    if start_positions is not None:
+        raise NotImplementedError("apply_fused_qkv_rotary_pos_emb: start_positions is not "
+                                  "supported by transformer_engine_lite yet")
+    if cp_size != 1 or cp_rank != 0:
+        raise NotImplementedError("apply_fused_qkv_rotary_pos_emb: context parallelism (cp_size > 1) "
+                                  "is not supported by transformer_engine_lite")
+    del cu_seqlens
+    if not isinstance(qkv, torch.Tensor) or qkv.dim() != 4:
+        raise ValueError("apply_fused_qkv_rotary_pos_emb: qkv: expected a 4-D tensor, got "
+                         f"{tuple(qkv.shape) if isinstance(qkv, torch.Tensor) else type(qkv).__name__}")
+    split = [int(v) for v in qkv_split_arg_list]
+    if len(split) != 3 or min(split) < 1 or sum(split) != qkv.shape[-1] or split[0] % split[1]:
+        raise ValueError(
+            "apply_fused_qkv_rotary_pos_emb: qkv_split_arg_list: expected 3 sizes >= 1 summing to "
+            f"qkv's last dim {qkv.shape[-1]}, q a multiple of k, got {qkv_split_arg_list}")
+    q, k, v = torch.split(qkv, split, dim=-1)
+    q = q.reshape(*qkv.shape[:2], qkv.shape[2] * (split[0] // split[1]), split[1])
+    freqs = [f if f.dtype == torch.float32 else f.float() for f in (q_freqs, k_freqs)]
+    q = apply_rotary_pos_emb(q.contiguous(), freqs[0].contiguous(), tensor_format, interleaved,
+                             fused=True)
+    k = apply_rotary_pos_emb(k.contiguous(), freqs[1].contiguous(), tensor_format, interleaved,
+                             fused=True)
+    return q, k, v.contiguous()
