@@ -1,6 +1,6 @@
 // Every te_lite op schema, declared once (TORCH_LIBRARY). Device implementations are registered by
 // the family files (cast.cpp, norm.cpp, activation.cpp, gemm.cpp, softmax.cpp, rope.cpp,
-// attention.cpp, router.cpp); fake kernels and autograd by
+// attention.cpp, router.cpp, permutation.cpp); fake kernels and autograd by
 // transformer_engine_lite/pytorch/te_lite_ops.py, whose docstring documents each op (the router's
 // autograd: pytorch/router.py, as TE's).
 #include <torch/library.h>
@@ -127,4 +127,27 @@ TORCH_LIBRARY(te_lite, m) {
   m.def(
       "fused_moe_aux_loss_bwd(Tensor Const_buf, Tensor tokens_per_expert, Tensor grad_aux_loss, "
       "int num_rows, int num_cols) -> Tensor");
+}
+
+// ---- MoE token permutation (permutation.cpp): a fragment of its own, because its fake kernels
+// live beside its autograd in pytorch/permutation.py (torch wants them in the schema's module).
+TORCH_LIBRARY_FRAGMENT(te_lite, m) {
+  m.set_python_module("transformer_engine_lite.pytorch.permutation");
+  m.def("moe_make_row_id_map(Tensor routing_map, int num_out_tokens) -> Tensor");
+  m.def(
+      "moe_permute_with_mask_map(Tensor inp, Tensor row_id_map, Tensor? probs, "
+      "int num_out_tokens) -> (Tensor output, Tensor permuted_probs)");
+  m.def(
+      "moe_unpermute_with_mask_map(Tensor inp, Tensor row_id_map, Tensor? merging_probs, "
+      "Tensor? permuted_probs, int num_tokens) -> (Tensor output, Tensor unpermuted_probs)");
+  m.def(
+      "moe_unpermute_with_mask_map_bwd_with_merging_probs(Tensor fwd_output_grad, "
+      "Tensor row_id_map, Tensor fwd_input, Tensor merging_probs) -> "
+      "(Tensor fwd_input_grad, Tensor merging_probs_grad)");
+  m.def(
+      "moe_make_chunk_sort_map(Tensor split_sizes, Tensor sorted_index, int num_tokens) -> "
+      "Tensor");
+  m.def(
+      "moe_sort_chunks_by_map(Tensor inp, Tensor row_id_map, Tensor? probs, bool is_forward) -> "
+      "(Tensor output, Tensor permuted_probs)");
 }
