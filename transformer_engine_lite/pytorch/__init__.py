@@ -15,6 +15,14 @@ from . import router  # TE's transformer_engine.pytorch.router (fused MoE routin
 from .attention import DotProductAttention, MultiheadAttention
 from .attention.rope import RotaryPositionEmbedding, apply_rotary_pos_emb
 from .checkpoint import checkpoint
+from .cpu_offload import get_cpu_offload_context
+from .permutation import (
+    moe_permute,
+    moe_permute_with_probs,
+    moe_sort_chunks_by_index,
+    moe_sort_chunks_by_index_with_probs,
+    moe_unpermute,
+)
 from .distributed import CudaRNGStatesTracker, allreduce_sequence_parallel_grads
 from .fp8 import (
     FP8GlobalStateManager,
@@ -54,6 +62,12 @@ from .transformer import TransformerLayer
 from .utils import get_device_compute_capability, is_bf16_available
 
 __all__ = [
+    "get_cpu_offload_context",
+    "moe_permute",
+    "moe_permute_with_probs",
+    "moe_sort_chunks_by_index",
+    "moe_sort_chunks_by_index_with_probs",
+    "moe_unpermute",
     "CudaRNGStatesTracker",
     "DType",
     "Fp8Padding",
