@@ -59,6 +59,16 @@ def count_calls() -> collections.Counter:
 
     for name in router.__all__:
         setattr(router, name, counted(name))
+    import transformer_engine_lite.pytorch.permutation as permutation
+
+    for name in permutation.__all__:  # moe_permute_fusion=True: Megatron's fused permutation
+        fn = getattr(permutation, name)
+
+        def perm_wrapper(*args, _fn=fn, _name=name, **kwargs):
+            calls[_name] += 1
+            return _fn(*args, **kwargs)
+
+        setattr(permutation, name, perm_wrapper)
     # the fusible-ops path (use_te_op_fuser): Megatron's TEFusedMLP runs an ops.Sequential
     from transformer_engine_lite.pytorch import ops
 
@@ -80,6 +90,7 @@ def main() -> None:
     p.add_argument("--fp8-param", action="store_true")
     p.add_argument("--recompute", action="store_true")
     p.add_argument("--moe", action="store_true")
+    p.add_argument("--permute-fusion", action="store_true")  # MoE: TE's fused permutation
     p.add_argument("--op-fuser", action="store_true")  # Megatron's use_te_op_fuser
     p.add_argument("--tp", type=int, default=1)
     p.add_argument("--steps", type=int, default=3)
@@ -120,7 +131,7 @@ def main() -> None:
     if a.moe:
         kw.update(num_moe_experts=4, moe_router_topk=2, moe_grouped_gemm=True,
                   moe_ffn_hidden_size=64, moe_token_dispatcher_type="allgather",
-                  moe_router_fusion=True)
+                  moe_router_fusion=True, moe_permute_fusion=a.permute_fusion)
     if a.op_fuser:
         kw.update(use_transformer_engine_op_fuser=True)
     config = TransformerConfig(**kw)

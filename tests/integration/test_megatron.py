@@ -113,6 +113,15 @@ def test_moe_grouped_gemm_with_fused_router():
     assert _close(fp8, run("--moe", "--dtype", "bf16")["losses"], 1e-2), fp8
 
 
+def test_moe_fused_permutation():
+    """moe_permute_fusion: Megatron permutes tokens with TE's moe_permute / moe_unpermute: the
+    losses of its own (unfused) permutation."""
+    r = run("--moe", "--permute-fusion")
+    assert r["calls"].get("moe_permute", 0) + r["calls"].get("moe_permute_with_probs", 0) >= 6
+    assert r["calls"].get("moe_unpermute", 0) >= 6, r["calls"]
+    assert _close(r["losses"], run("--moe")["losses"], 1e-6), r["losses"]
+
+
 def test_op_fuser_mlp():
     """use_te_op_fuser: Megatron's TEFusedMLP runs TE's fusible ops (ops.Sequential)."""
     r = run("--op-fuser")
