@@ -12,6 +12,7 @@ from ..common import recipe
 from . import te_lite_ops  # registers torch.ops.te_lite: extension, fake kernels, autograd
 from . import ops  # TE's fusible-operations API (transformer_engine.pytorch.ops)
 from . import router  # TE's transformer_engine.pytorch.router (fused MoE routing)
+from . import optimizers  # TE's FusedAdam, FusedSGD, multi_tensor_applier and multi-tensor ops
 from .attention import DotProductAttention, MultiheadAttention
 from .attention.rope import RotaryPositionEmbedding, apply_rotary_pos_emb
 from .checkpoint import checkpoint

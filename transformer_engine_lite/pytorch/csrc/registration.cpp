@@ -151,3 +151,49 @@ TORCH_LIBRARY_FRAGMENT(te_lite, m) {
       "moe_sort_chunks_by_map(Tensor inp, Tensor row_id_map, Tensor? probs, bool is_forward) -> "
       "(Tensor output, Tensor permuted_probs)");
 }
+
+// ---- Multi-tensor ops for fused optimizers (multi_tensor.cpp): a fragment of its own, because its
+// fake kernels live in pytorch/optimizers/_ops.py. TE's tensor_lists are one Tensor[] per list (an
+// empty list = absent); they mutate their lists in place.
+TORCH_LIBRARY_FRAGMENT(te_lite, m) {
+  m.set_python_module("transformer_engine_lite.pytorch.optimizers._ops");
+  m.def(
+      "multi_tensor_scale(int chunk_size, Tensor(a!) noop_flag, Tensor[] inputs, "
+      "Tensor(b!)[] outputs, float scale) -> ()");
+  m.def(
+      "multi_tensor_l2norm(int chunk_size, Tensor(a!) noop_flag, Tensor[] tensors, "
+      "bool per_tensor) -> (Tensor, Tensor)");
+  m.def(
+      "multi_tensor_unscale_l2norm(int chunk_size, Tensor(a!) noop_flag, Tensor[] tensors, "
+      "Tensor inv_scale, bool per_tensor) -> (Tensor, Tensor)");
+  m.def(
+      "multi_tensor_adam(int chunk_size, Tensor noop_flag, Tensor[] grads, Tensor(a!)[] params, "
+      "Tensor(b!)[] exp_avgs, Tensor(c!)[] exp_avg_sqs, Tensor(d!)[] master_params, float lr, "
+      "float beta1, float beta2, float eps, int step, int adam_w_mode, int bias_correction, "
+      "float weight_decay) -> ()");
+  m.def(
+      "multi_tensor_adam_param_remainder(int chunk_size, Tensor noop_flag, Tensor[] grads, "
+      "Tensor(a!)[] params, Tensor(b!)[] exp_avgs, Tensor(c!)[] exp_avg_sqs, "
+      "Tensor(d!)[] param_remainders, float lr, float beta1, float beta2, float eps, int step, "
+      "int adam_w_mode, int bias_correction, float weight_decay) -> ()");
+  m.def(
+      "multi_tensor_adam_fp8(int chunk_size, Tensor noop_flag, Tensor[] grads, "
+      "Tensor(a!)[] params, Tensor(b!)[] exp_avgs, Tensor(c!)[] exp_avg_sqs, "
+      "Tensor(d!)[] master_params, Tensor[] scales, Tensor(e!)[] amaxes, "
+      "Tensor(f!)[] scale_invs, float lr, float beta1, float beta2, float eps, int step, "
+      "int adam_w_mode, int bias_correction, float weight_decay, ScalarType fp8_dtype) -> ()");
+  m.def(
+      "multi_tensor_adam_capturable(int chunk_size, Tensor noop_flag, Tensor[] grads, "
+      "Tensor(a!)[] params, Tensor(b!)[] exp_avgs, Tensor(c!)[] exp_avg_sqs, "
+      "Tensor(d!)[] master_params, Tensor lr, float beta1, float beta2, float eps, Tensor step, "
+      "int adam_w_mode, int bias_correction, float weight_decay, Tensor inv_scale) -> ()");
+  m.def(
+      "multi_tensor_sgd(int chunk_size, Tensor noop_flag, Tensor[] grads, Tensor(a!)[] weights, "
+      "Tensor(b!)[] momentum_buffers, Tensor(c!)[] model_weights, float wd, float momentum, "
+      "float dampening, float lr, bool nesterov, bool first_run, bool wd_after_momentum, "
+      "float scale) -> ()");
+  m.def(
+      "multi_tensor_compute_scale_and_scale_inv(int chunk_size, Tensor noop_flag, "
+      "Tensor[] amaxes, Tensor(a!)[] scales, Tensor(b!)[] scale_invs, float max_fp8, "
+      "bool force_pow_2_scales, float epsilon) -> ()");
+}
