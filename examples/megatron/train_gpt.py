@@ -8,7 +8,7 @@ bar, a results table and a loss plot (examples/megatron/out/loss.png).
 
 Needs megatron-core (ci/install_deps.sh installs 0.19.2: `pip install --no-deps
 --ignore-requires-python megatron-core==0.19.2` on Python 3.11). Megatron's own CUDA-only spots
-are patched below and nowhere else (the same ones as tests/integration/megatron_gpt.py).
+are patched by cpu_patches.py (shared with tests/integration/megatron_gpt.py) and nowhere else.
 
     python examples/megatron/train_gpt.py --quick
     python examples/megatron/train_gpt.py --steps 300 --recipes bf16,delayed
@@ -29,6 +29,7 @@ from tqdm import tqdm
 import transformer_engine_lite.as_te  # noqa: F401  (transformer_engine -> transformer_engine_lite)
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+sys.path.insert(0, str(Path(__file__).resolve().parent))
 from _common_demo import (  # noqa: E402
     RECIPE_LABELS,
     demo_parser,
@@ -39,23 +40,10 @@ from _common_demo import (  # noqa: E402
     plot,
     run_summary,
 )
+from cpu_patches import patch_megatron_cuda_only_spots  # noqa: E402
 
 log = logging.getLogger("megatron_gpt")
 MEGATRON_RECIPE = {"bf16": None, "delayed": "delayed", "current": "tensorwise", "mxfp8": "mxfp8"}
-
-
-def patch_megatron_cuda_only_spots() -> None:
-    """Megatron's RNG tracker keeps CUDA generator states, seeds CUDA, and its MoE router asks for
-    the current CUDA device: on a machine without CUDA these answer for the CPU."""
-    torch.cuda.get_rng_state = lambda *a, **k: torch.get_rng_state()
-    torch.cuda.set_rng_state = lambda state, *a, **k: torch.set_rng_state(state)
-    torch.cuda.random.get_rng_state = torch.cuda.get_rng_state
-    torch.cuda.random.set_rng_state = torch.cuda.set_rng_state
-    torch.cuda.manual_seed = lambda seed: None
-    torch.cuda.current_device = lambda: "cpu"
-    import megatron.core.tensor_parallel.random as mrandom
-
-    mrandom._set_cuda_rng_state = lambda state, *a, **k: torch.set_rng_state(state)
 
 
 class Batches:

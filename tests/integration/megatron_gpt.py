@@ -3,16 +3,8 @@ through the `transformer_engine` alias, on the CPU with gloo, and prints `RESULT
 step, rank 0). Run by tests/integration/test_megatron.py, one configuration per process (Megatron's
 parallel state is process-global); `torchrun --nproc_per_node 2 ... --tp 2` for tensor parallelism.
 
-Megatron's own CUDA-only spots, patched here and nowhere else (the note of issue #22 lists them):
-  1. tensor_parallel/random.py keeps its RNG tracker's states with torch.cuda.get_rng_state /
-     set_rng_state (also torch.cuda.random.*, and `_set_cuda_rng_state`, which uses CUDA
-     generators): mapped to the CPU generator's state.
-  2. model_parallel_cuda_manual_seed calls torch.cuda.manual_seed: a no-op (the tracker's own seeds
-     are set through 1).
-  3. the MoE router's gating moves its weight to torch.cuda.current_device() on every call:
-     current_device() answers "cpu".
-  4. the alltoall MoE token dispatcher creates a torch.cuda.Stream at construction: the MoE runs use
-     the "allgather" dispatcher instead (a configuration choice, not a patch).
+Megatron's own CUDA-only spots are patched by examples/megatron/cpu_patches.py (each named there)
+and nowhere else; the MoE runs use the "allgather" token dispatcher (alltoall creates a CUDA stream).
 Sequence-parallel gradients are all-reduced over the TP group after backward, which Megatron's
 DDP + finalize_model_grads would do (this script uses a plain torch optimizer).
 """
@@ -23,52 +15,37 @@ import argparse
 import collections
 import json
 import os
+import sys
+from pathlib import Path
 
 import torch
 
 import transformer_engine_lite.as_te  # noqa: F401  (transformer_engine -> transformer_engine_lite)
 
-
-def patch_megatron_cuda_only_spots() -> None:
-    torch.cuda.get_rng_state = lambda *a, **k: torch.get_rng_state()
-    torch.cuda.set_rng_state = lambda state, *a, **k: torch.set_rng_state(state)
-    torch.cuda.random.get_rng_state = torch.cuda.get_rng_state
-    torch.cuda.random.set_rng_state = torch.cuda.set_rng_state
-    torch.cuda.manual_seed = lambda seed: None
-    torch.cuda.current_device = lambda: "cpu"
-    import megatron.core.tensor_parallel.random as mrandom
-
-    mrandom._set_cuda_rng_state = lambda state, *a, **k: torch.set_rng_state(state)
+sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "examples" / "megatron"))
+from cpu_patches import patch_megatron_cuda_only_spots  # noqa: E402
 
 
 def count_calls() -> collections.Counter:
-    """Counts calls of our fused router functions (Megatron imports them by name: wrap first) and
-    of ops.Sequential (Megatron hides its TEFusedMLP's Sequential from .modules())."""
+    """Counts calls of our fused router and permutation functions (Megatron imports them by name:
+    wrap first) and of ops.Sequential (Megatron hides its TEFusedMLP's Sequential from .modules())."""
+    import transformer_engine_lite.pytorch.permutation as permutation
     import transformer_engine_lite.pytorch.router as router
 
     calls: collections.Counter = collections.Counter()
 
-    def counted(name: str):
-        fn = getattr(router, name)
+    def counted(module, name: str):
+        fn = getattr(module, name)
 
         def wrapper(*args, **kwargs):
             calls[name] += 1
             return fn(*args, **kwargs)
 
-        return wrapper
+        setattr(module, name, wrapper)
 
-    for name in router.__all__:
-        setattr(router, name, counted(name))
-    import transformer_engine_lite.pytorch.permutation as permutation
-
-    for name in permutation.__all__:  # moe_permute_fusion=True: Megatron's fused permutation
-        fn = getattr(permutation, name)
-
-        def perm_wrapper(*args, _fn=fn, _name=name, **kwargs):
-            calls[_name] += 1
-            return _fn(*args, **kwargs)
-
-        setattr(permutation, name, perm_wrapper)
+    for module in (router, permutation):  # permutation: Megatron's moe_permute_fusion
+        for name in module.__all__:
+            counted(module, name)
     # the fusible-ops path (use_te_op_fuser): Megatron's TEFusedMLP runs an ops.Sequential
     from transformer_engine_lite.pytorch import ops
 

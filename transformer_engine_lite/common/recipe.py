@@ -306,6 +306,15 @@ def _check_qparams(recipe: str, name: str, q: Any) -> None:
         )
 
 
+def _check_quant_fields(recipe: str, r: Any) -> None:
+    """The per-role QParams and MMParams of the per-tensor-current and block recipes."""
+    for q in ("fp8_quant_fwd_inp", "fp8_quant_fwd_weight", "fp8_quant_bwd_grad"):
+        _check_qparams(recipe, q, getattr(r, q))
+    for m in ("fp8_gemm_fprop", "fp8_gemm_dgrad", "fp8_gemm_wgrad"):
+        if not isinstance(getattr(r, m), MMParams):
+            raise TypeError(f"{recipe}: {m}: expected an MMParams, got {getattr(r, m)!r}")
+
+
 @dataclass()
 class Float8CurrentScaling(Recipe):
     """Per-tensor FP8 scaling with the scale computed from the tensor itself, every step:
@@ -344,11 +353,7 @@ class Float8CurrentScaling(Recipe):
                 if isinstance(qp, QParams):
                     setattr(self, q, qp._replace(power_2_scale=True))
         _check_format(name, self.fp8_format)
-        for q in ("fp8_quant_fwd_inp", "fp8_quant_fwd_weight", "fp8_quant_bwd_grad"):
-            _check_qparams(name, q, getattr(self, q))
-        for m in ("fp8_gemm_fprop", "fp8_gemm_dgrad", "fp8_gemm_wgrad"):
-            if not isinstance(getattr(self, m), MMParams):
-                raise TypeError(f"{name}: {m}: expected an MMParams, got {getattr(self, m)!r}")
+        _check_quant_fields(name, self)
         for flag in ("fp8_dpa", "fp8_mha"):
             _check_bool(name, flag, getattr(self, flag))
 
@@ -433,11 +438,7 @@ class Float8BlockScaling(Recipe):
         name = "Float8BlockScaling"
         _check_bool(name, "use_f32_scales", self.use_f32_scales)
         _check_format(name, self.fp8_format)
-        for q in ("fp8_quant_fwd_inp", "fp8_quant_fwd_weight", "fp8_quant_bwd_grad"):
-            _check_qparams(name, q, getattr(self, q))
-        for m in ("fp8_gemm_fprop", "fp8_gemm_dgrad", "fp8_gemm_wgrad"):
-            if not isinstance(getattr(self, m), MMParams):
-                raise TypeError(f"{name}: {m}: expected an MMParams, got {getattr(self, m)!r}")
+        _check_quant_fields(name, self)
         for d in ("x_block_scaling_dim", "w_block_scaling_dim", "grad_block_scaling_dim"):
             v = getattr(self, d)
             if v not in (1, 2) or isinstance(v, bool):
