@@ -178,14 +178,23 @@ def test_inplace_update_requantizes_with_the_recipe(recipe):
 
 
 def test_delayed_weight_rescales_on_update():
-    """DelayedScaling: created with TE's initial scale 1.0; each re-quantization then uses the
-    scale fp8_max / amax of the previous values (one-entry history)."""
+    """DelayedScaling: created with TE's initial scale 1.0, which stays until a forward under the
+    recipe (TE's recipe update point) derives the next scale from the last quantization's amax:
+    values copied in right after creation (a checkpoint) are quantized with scale 1.0, not
+    saturated by a scale fitted to the random init."""
     m = _build("Linear", "delayed", preserve_high_precision_init_val=True)
     p = m.weight
     assert p._scale_inv.item() == 1.0
-    amax = p.get_high_precision_init_val().float().abs().max()
+    big = torch.randn(p.shape, generator=torch.Generator().manual_seed(5)) * 40.0
     with torch.no_grad():
-        p.mul_(1.0)
+        p.copy_(big)  # would saturate at init scale fp8_max / amax(init) (~0.3 here)
+    assert p._scale_inv.item() == 1.0
+    torch.testing.assert_close(p.dequantize().float(), big, rtol=2**-4, atol=2**-9)  # E4M3, scale 1
+    amax = big.to(p.dtype).float().abs().max()  # copy_ rounds to the nominal dtype first
+    with te.fp8_autocast(enabled=True, fp8_recipe=RECIPES["delayed"]()):
+        m(torch.randn(4, p.shape[1], dtype=p.dtype))
+    with torch.no_grad():
+        p.mul_(1.0)  # the next re-quantization uses the scale of the previous values
     assert p._scale_inv.item() == pytest.approx((amax / 448.0).item(), rel=1e-6)
 
 

@@ -19,6 +19,7 @@ from transformer_engine_lite.common.recipe import (
     Float8CurrentScaling,
     MXFP8BlockScaling,
 )
+from transformer_engine_lite.pytorch.tensor import Float8Tensor, MXFP8Tensor
 from utils import TOLERANCES, assert_close
 
 ops = te.ops
@@ -236,7 +237,7 @@ def test_fused_equals_unfused():
     fused, unfused = ops.Sequential(lin, bias), ops.Sequential(lin, ops.Identity(), bias)
     x = _rand(9, 33, seed=16)
     y1 = fused(x)
-    assert type(fused._module_groups[0].fused_ops[0]).__name__ == "ForwardLinearBias"
+    assert type(fused._module_groups[0].fused_ops[0]).__name__ == "ForwardLinearBiasActivation"
     g1 = torch.autograd.grad(y1.sum(), (x, lin.weight, bias.bias))
     y2 = unfused(x)
     assert [type(o).__name__ for o in unfused._module_groups[0].fused_ops] == [
@@ -327,12 +328,68 @@ def test_quantize_op():
     with te.fp8_autocast(enabled=True, fp8_recipe=Float8CurrentScaling()):
         y = q(x)
         y2 = q(y.detach())
+    assert isinstance(y, Float8Tensor) and y.dtype == x.dtype  # TE's type, nominal dtype kept
     assert not torch.equal(y, x) and torch.equal(y2, y)  # FP8 values: a second cast keeps them
     assert_close(y, x.detach().double(), "fp8", "FP8 round trip")
     dy = _rand(32, 64, seed=42)
     y.backward(dy)
-    assert not torch.equal(x.grad, dy)  # the gradient was cast too
-    assert_close(x.grad, dy.detach().double(), "fp8", "quantized gradient")
+    assert isinstance(x.grad, Float8Tensor)  # the gradient was cast too
+    assert not torch.equal(x.grad.dequantize(), dy)
+    assert_close(x.grad.dequantize(), dy.detach().double(), "fp8", "quantized gradient")
+    x = _rand(32, 64, seed=44)
+    with te.fp8_autocast(enabled=True, fp8_recipe=MXFP8BlockScaling()):
+        y = q(x)
+    assert isinstance(y, MXFP8Tensor)
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+@pytest.mark.parametrize("bias", [False, True])
+def test_in_place_residual_add_fuses_into_gemm(dtype, bias):
+    """Linear [+ bias] + AddExtraInput(in_place=True) -> ForwardLinearBiasAdd: the GEMM adds its
+    product and the bias into the extra input's storage (TE's in-place semantics) with one
+    rounding, so it equals the unfused sum computed in fp32 and rounded once."""
+    torch.manual_seed(3)
+    seq = ops.Sequential(ops.Linear(40, 24, bias=bias, dtype=dtype), ops.AddExtraInput(in_place=True))
+    x = torch.randn(6, 40, dtype=dtype, requires_grad=True)
+    res = torch.randn(6, 24, dtype=dtype, requires_grad=True)
+    res_value = res.detach().clone()
+    y = seq(x, res)
+    fuser = seq._module_groups[0]
+    assert [(type(o).__name__, i) for o, i in fuser._forward_ops] == [
+        ("ForwardLinearBiasAdd", [0, 1, 2] if bias else [0, 1])]
+    assert [type(o).__name__ for o, _ in fuser._backward_ops] == ["ForwardLinearBiasAdd"]
+    assert y.data_ptr() == res.data_ptr()  # the output is the residual's own buffer
+    w = seq[0].weight.detach().double()
+    ref = x.detach().double() @ w.t() + res_value.double()
+    if bias:
+        ref = ref + seq[0].bias.detach().double()
+    assert_close(y, ref, dtype, "fused add")
+    dy = torch.randn(6, 24, dtype=dtype)
+    y.backward(dy)
+    assert torch.equal(res.grad, dy)
+    assert_close(x.grad, dy.double() @ w, dtype, "dx")
+    # unfused path (an Identity in between) gives the same values
+    seq2 = ops.Sequential(seq[0], ops.Identity(), ops.AddExtraInput(in_place=True))
+    res2 = res_value.clone().requires_grad_()
+    y2 = seq2(x.detach(), res2)
+    assert_close(y2, ref, dtype, "unfused in-place add")
+    assert [type(o).__name__ for o, _ in seq2._module_groups[0]._forward_ops] == [
+        "ForwardLinearBiasActivation" if bias else "BasicLinear", "Identity", "AddExtraInput"]
+
+
+def test_in_place_add_into_quantized_or_mismatched_extra_input():
+    """A residual the GEMM cannot accumulate into (other dtype, FP8) still gets the sum written into
+    it (AddExtraInput's in-place semantics), computed unfused."""
+    torch.manual_seed(4)
+    seq = ops.Sequential(ops.Linear(32, 32, bias=False), ops.AddExtraInput(in_place=True))
+    x = torch.randn(4, 32)
+    res = torch.randn(4, 32, dtype=torch.bfloat16)
+    ref = (x.double() @ seq[0].weight.detach().double().t() + res.double())
+    y = seq(x, res)
+    assert y.data_ptr() == res.data_ptr() and y.dtype == torch.bfloat16
+    assert_close(y, ref, torch.bfloat16, "bf16 residual")
+    with pytest.raises(ValueError, match="in_place"):
+        ops.AddExtraInput(in_place=True)(torch.randn(4, 3), torch.randn(4, 4))
 
 
 @pytest.mark.parametrize("recipe", list(RECIPES))
@@ -394,7 +451,7 @@ def test_input_cast_to_parameter_dtype():
         (lambda: ops.Bias(-1), ValueError, "size"),
         (lambda: ops.LayerNorm(8, eps=-1.0), ValueError, "eps"),
         (lambda: ops.RMSNorm((8, 0)), ValueError, "normalized_shape"),
-        (lambda: ops.AddExtraInput(in_place=True), NotImplementedError, "in_place"),
+        (lambda: ops.fused.BackwardLinearScale(), NotImplementedError, "BackwardLinearScale"),
         (lambda: ops.Dropout(1.5), ValueError, "p"),
         (lambda: ops.ConstantScale("2"), TypeError, "scale"),
         (lambda: ops.Reshape(3), TypeError, "shape"),

@@ -400,6 +400,18 @@ def test_gemm_accumulate_in_place():
     assert_close(main_grad, want, torch.float32, "D += dY^T X")
 
 
+@pytest.mark.parametrize("dtype", HP_DTYPES, ids=str)
+def test_gemm_accumulate_with_bias(dtype):
+    """D += X W^T + bias (forward epilogue into an existing output: ForwardLinearBiasAdd)."""
+    x, w = randn(12, 16, dtype=dtype), randn(8, 16, dtype=dtype, seed=3)
+    bias, d = randn(8, dtype=dtype, seed=4), randn(12, 8, dtype=dtype, seed=5)
+    want = d.double() + x.double() @ w.double().t() + bias.double()
+    ops.gemm_accumulate_(d, w, None, True, x, None, False, bias)
+    assert_close(d, want, dtype, "D += X W^T + b")
+    with pytest.raises(RuntimeError, match="bias"):
+        ops.gemm_accumulate_(d, w, None, True, x, None, False, randn(9, dtype=dtype))
+
+
 # ===================================================================================== softmax
 def _softmax_ref(variant, x64, scale, mask=None):
     logits = x64 * scale

@@ -57,7 +57,7 @@ apply are float32 [0].
         a given bias (only its shape and dtype are used) requests bias_grad: the column sums of D's
         pre-output ([m]) with gelu, else the bias gradient of op(B) ([n]).
   gemm_accumulate_(Tensor(a!) D, Tensor A, Tensor? A_scale_inv, bool transa, Tensor B,
-      Tensor? B_scale_inv, bool transb) -> ()                    D += op(B) @ op(A)
+      Tensor? B_scale_inv, bool transb, Tensor? bias=None) -> ()  D += op(B) @ op(A) (+ bias [m])
   scaled_softmax_fwd(Tensor x, float scale) -> Tensor                      x [b, h, sq, sk]
   scaled_masked_softmax_fwd(Tensor x, Tensor mask, float scale) -> Tensor  mask bool/uint8
       [b or 1, 1, sq, sk], nonzero = masked
@@ -476,7 +476,7 @@ torch.library.register_autograd("te_lite::gemm", _gemm_backward, setup_context=_
 
 
 @torch.library.register_fake("te_lite::gemm_accumulate_")
-def _(D, A, A_scale_inv, transa, B, B_scale_inv, transb):
+def _(D, A, A_scale_inv, transa, B, B_scale_inv, transb, bias=None):
     _gemm_dims(A, transa, B, transb)
 
 

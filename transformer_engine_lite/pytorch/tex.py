@@ -21,6 +21,9 @@ class DType(IntEnum):
     kFloat8E4M3 = 7
     kFloat8E5M2 = 8
     kFloat8E8M0 = 9
+    # NVFP4's element type (TE's value). Named so that TE code comparing against it runs; no op of
+    # ours takes it yet (the NVFP4 recipe is not implemented): dtype_to_torch refuses it.
+    kFloat4E2M1 = 10
 
 
 _TO_TORCH = {
@@ -42,6 +45,8 @@ def dtype_to_torch(dtype: DType | torch.dtype, what: str = "fp8_dtype") -> torch
     """torch dtype of a DType (a torch dtype passes through)."""
     if isinstance(dtype, torch.dtype):
         return dtype
+    if dtype == DType.kFloat4E2M1:
+        raise NotImplementedError(f"{what}: DType.kFloat4E2M1 (NVFP4) is not implemented")
     try:
         return _TO_TORCH[DType(dtype)]
     except (ValueError, KeyError):

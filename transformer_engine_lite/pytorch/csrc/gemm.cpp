@@ -170,7 +170,7 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor, at::Tensor> gemm(
 void gemm_accumulate_(const at::Tensor &D, const at::Tensor &A_,
                       const std::optional<at::Tensor> &A_scale_inv, bool transa,
                       const at::Tensor &B_, const std::optional<at::Tensor> &B_scale_inv,
-                      bool transb) {
+                      bool transb, const std::optional<at::Tensor> &bias_) {
   constexpr const char *kOp = "te_lite::gemm_accumulate_";
   check_operand(kOp, "A", "A_scale_inv", A_, A_scale_inv);
   check_operand(kOp, "B", "B_scale_inv", B_, B_scale_inv);
@@ -184,17 +184,28 @@ void gemm_accumulate_(const at::Tensor &D, const at::Tensor &A_,
   TORCH_CHECK(D.is_contiguous(), kOp,
               ": argument 'D': expected a contiguous tensor (updated in place), got strides ",
               D.strides());
+  if (bias_.has_value()) {  // forward epilogue: D += product + bias (one rounding of D)
+    check_dtype(kOp, "bias", *bias_, kHighPrecision);
+    TORCH_CHECK(bias_->dim() == 1 && bias_->size(0) == dims.m, kOp,
+                ": argument 'bias': expected shape [", dims.m, "] (m), got ", bias_->sizes());
+    check_same_device(kOp, A_, "A", *bias_, "bias");
+  }
   const DeviceContext ctx(A_);
   const at::Tensor A = A_.contiguous(), B = B_.contiguous();
   const std::optional<at::Tensor> sa =
       A_scale_inv ? std::optional(A_scale_inv->contiguous()) : std::nullopt;
   const std::optional<at::Tensor> sb =
       B_scale_inv ? std::optional(B_scale_inv->contiguous()) : std::nullopt;
-  TensorWrapper ta = wrap_operand(A, sa), tb = wrap_operand(B, sb), td, none;
+  TensorWrapper ta = wrap_operand(A, sa), tb = wrap_operand(B, sb), td, tbias, none;
   td.data(D);
+  at::Tensor bias;  // the contiguous copy stays alive during the call
+  if (bias_.has_value()) {
+    bias = bias_->contiguous();
+    tbias.data(bias);
+  }
   at::Tensor ws_buffer;
   TensorWrapper workspace = gpu_workspace(ctx, A, ws_buffer);
-  check_nvte(nvte_cublas_gemm(ta.get(), tb.get(), td.get(), none.get(), none.get(), transa, transb,
+  check_nvte(nvte_cublas_gemm(ta.get(), tb.get(), td.get(), tbias.get(), none.get(), transa, transb,
                               /*grad=*/false, workspace.get(), /*accumulate=*/true,
                               /*use_split_accumulator=*/true, /*math_sm_count=*/0, ctx.stream()),
              kOp);

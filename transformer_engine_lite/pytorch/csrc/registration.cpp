@@ -70,7 +70,7 @@ TORCH_LIBRARY(te_lite, m) {
       "(Tensor, Tensor, Tensor, Tensor, Tensor)");
   m.def(
       "gemm_accumulate_(Tensor(a!) D, Tensor A, Tensor? A_scale_inv, bool transa, Tensor B, "
-      "Tensor? B_scale_inv, bool transb) -> ()");
+      "Tensor? B_scale_inv, bool transb, Tensor? bias=None) -> ()");
 
   // ---- fused softmax
   m.def("scaled_softmax_fwd(Tensor x, float scale) -> Tensor");

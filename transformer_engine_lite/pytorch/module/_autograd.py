@@ -47,6 +47,23 @@ class GemmConfig(NamedTuple):
     save_original_input: bool = False
 
 
+def _gemm_fwd(
+    a: torch.Tensor,
+    a_si: torch.Tensor | None,
+    b: torch.Tensor,
+    b_si: torch.Tensor | None,
+    out_dtype: torch.dtype,
+    bias: torch.Tensor | None,
+    acc: torch.Tensor | None,
+) -> torch.Tensor:
+    """b @ a^T (+ bias) as a new tensor, or added into acc ([..., N], out_dtype) by the GEMM's
+    accumulate epilogue: one rounding of acc + product + bias, no extra pass over the output."""
+    if acc is None:
+        return ops().gemm(a, a_si, True, b, b_si, False, out_dtype, bias)[0]
+    ops().gemm_accumulate_(acc.view(-1, acc.shape[-1]), a, a_si, True, b, b_si, False, bias)
+    return acc
+
+
 def _empty_amax(like: torch.Tensor) -> torch.Tensor:
     return torch.zeros(2, dtype=torch.float32, device=like.device)
 
@@ -72,6 +89,7 @@ class _LinearFn(torch.autograd.Function):
         cfg: GemmConfig,
         wgrad_store: list[Any] | None,
         w_cast: WeightCast | None,
+        acc: torch.Tensor | None = None,
     ) -> tuple[torch.Tensor, torch.Tensor]:
         te = ops()
         k = inp.shape[-1]
@@ -110,9 +128,7 @@ class _LinearFn(torch.autograd.Function):
                 wq, w_amax = quantize_per_tensor(
                     w, cfg.weight, fwd_scale[s + 1 : s + 2] if delayed else None
                 )
-            out = te.gemm(
-                wq.data, wq.scale_inv, True, xq.data, xq.scale_inv, False, out_dtype, bias
-            )[0]
+            out = _gemm_fwd(wq.data, wq.scale_inv, xq.data, xq.scale_inv, out_dtype, bias, acc)
             amax = torch.cat([x_amax, w_amax]) if delayed else _empty_amax(inp)
             if hp_bwd:
                 # an FP8 weight is saved as its bytes and dequantized by the backward
@@ -136,7 +152,7 @@ class _LinearFn(torch.autograd.Function):
             else:
                 wr, wc = mx_dequantized(w, dt, True, need_dgrad and quant_bwd)
             b = bias.to(torch.bfloat16) if bias is not None else None
-            out = te.gemm(wr, None, True, xr, None, False, out_dtype, b)[0]
+            out = _gemm_fwd(wr, None, xr, None, out_dtype, b, acc)
             amax = _empty_amax(inp)
             if hp_bwd:
                 saved = (x2, None, w, None)
@@ -145,7 +161,7 @@ class _LinearFn(torch.autograd.Function):
             else:
                 saved = (x2 if cfg.save_original_input else xc, None, wc, None)
         else:
-            out = te.gemm(w, None, True, x2, None, False, out_dtype, bias)[0]
+            out = _gemm_fwd(w, None, x2, None, out_dtype, bias, acc)
             if cfg.mode == "calibrate":
                 amax = torch.cat([te.compute_amax(x2), te.compute_amax(w)])
             else:
@@ -166,6 +182,8 @@ class _LinearFn(torch.autograd.Function):
         ctx.save_for_backward(*[t for t in saved if t is not None])
         ctx.saved_mask = tuple(t is not None for t in saved)
         ctx.mark_non_differentiable(amax)
+        if acc is not None:
+            return acc, amax  # the sum was written into acc's storage (fused residual add)
         return out.reshape(*inp.shape[:-1], out.shape[-1]), amax
 
     @staticmethod
@@ -240,7 +258,8 @@ class _LinearFn(torch.autograd.Function):
             dbias = dy.sum(0).to(ctx.bias_dtype)
         if dgrad is not None:
             dgrad = dgrad.reshape(ctx.inp_shape)
-        return dgrad, wgrad, dbias, None, None, None, None, None, None, None, None
+        dacc = grad_out if ctx.needs_input_grad[11] else None
+        return dgrad, wgrad, dbias, None, None, None, None, None, None, None, None, dacc
 
 
 class WeightCast(NamedTuple):
@@ -332,11 +351,14 @@ def linear(
     cfg: GemmConfig,
     wgrad_store: list[Any] | None = None,
     w_cast: WeightCast | None = None,
+    acc: torch.Tensor | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """Functional entry of _LinearFn; meta = (fwd_scale, bwd_hist, bwd_scale, bwd_ran);
     wgrad_store: the module's queue of delayed weight gradients (cfg.delay_wgrad); w_cast: a cached
-    cast of `weight` to use instead of casting it (gradients still go to `weight`)."""
-    return _LinearFn.apply(inp, weight, bias, *meta, main_grad, cfg, wgrad_store, w_cast)
+    cast of `weight` to use instead of casting it (gradients still go to `weight`). acc: a
+    contiguous tensor of the output's shape and dtype that the GEMM adds its result (and the bias)
+    into, in place, and that is returned as the output (the op fuser's ForwardLinearBiasAdd)."""
+    return _LinearFn.apply(inp, weight, bias, *meta, main_grad, cfg, wgrad_store, w_cast, acc)
 
 
 def norm(

@@ -200,8 +200,8 @@ class TransformerEngineBaseModule(torch.nn.Module):
     def _apply(self, fn: Callable[..., Any], recurse: bool = True) -> TransformerEngineBaseModule:
         # .to(dtype) / .bfloat16() / .half() must not touch the FP8 meta: it stays float32 (int32
         # flags) and only follows device moves.
-        # FP8 weight parameters likewise keep their FP8 storage (a dtype cast would dequantize
-        # them into plain tensors) and only follow device moves.
+        # FP8 weight parameters keep their FP8 storage (a dtype cast would dequantize them into
+        # plain tensors): a device move copies it, a dtype cast changes the nominal dtype (TE's).
         saved = {n: self._buffers.pop(n) for n in self._FP8_META_BUFFERS if n in self._buffers}
         fp8_params = {
             n: self._parameters.pop(n)
@@ -215,8 +215,10 @@ class TransformerEngineBaseModule(torch.nn.Module):
                 probe = fn(torch.empty(0, device=t.device))
                 self._buffers[n] = t if probe.device == t.device else t.to(probe.device)
             for n, p in fp8_params.items():
-                probe = fn(torch.empty(0, device=p.device))
+                probe = fn(torch.empty(0, dtype=p.dtype, device=p.device))
                 self._parameters[n] = p if probe.device == p.device else _moved(p, probe.device)
+                if probe.dtype != p.dtype and probe.is_floating_point():
+                    self._parameters[n].retype_(probe.dtype)
         return self
 
     def __setstate__(self, state: dict[str, Any]) -> None:
@@ -385,10 +387,11 @@ class TransformerEngineBaseModule(torch.nn.Module):
         main_grad: torch.Tensor | None = None,
         input_gathered: bool = False,
         is_first_microbatch: bool | None = None,
+        acc: torch.Tensor | None = None,
     ) -> torch.Tensor:
         """One GEMM with its tensor-parallel communication (see distributed.py). add_bias=False
         leaves the bias to the caller (return_bias). is_first_microbatch: TE's weight-cast cache
-        (see _weight_cast)."""
+        (see _weight_cast). acc: the output is added into it in place (not row-parallel)."""
         mode, recipe, code = fp8
         dtype = x.dtype
         if tp.size > 1 and parallel_mode == "column" and not input_gathered:
@@ -411,9 +414,11 @@ class TransformerEngineBaseModule(torch.nn.Module):
             # activation recompute: the recompute quantizes with the forward's scales
             meta = (stash_scales(self, meta[0]), *meta[1:])
         w_cast = self._weight_cast(gemm, w, cfg, meta[0], is_first_microbatch)
-        y, amax = linear(x, w, b, meta, main_grad, cfg, self._wgrad_store, w_cast)
+        y, amax = linear(x, w, b, meta, main_grad, cfg, self._wgrad_store, w_cast, acc)
         if not recomputing():  # a recompute repeats a step that was already recorded
             self._record_forward(cfg, amax)
+            if mode == "delayed" and isinstance(getattr(weight, "_quantizer", None), Float8Quantizer):
+                weight._quantizer.update_scale()  # an FP8 parameter's recipe update (see there)
         if row:
             y = (
                 reduce_scatter_along_first_dim(y, tp.group)

@@ -1,15 +1,15 @@
 """OperationFuser: runs a list of fusible ops, replacing adjacent ones by a fused op where one of
 our kernels covers them.
 
-Fusions (fused/__init__.py lists them; each gives the results of its ops run one by one, up to the
-rounding of the output dtype):
-  BasicLinear + Bias -> ForwardLinearBias: the bias is added in the GEMM epilogue (fp32
+Forward fusions (fused/__init__.py lists them; each gives the results of its ops run one by one,
+up to the rounding of the output dtype):
+  BasicLinear + Bias -> ForwardLinearBiasActivation: the bias is added in the GEMM epilogue (fp32
       accumulator, one rounding to the output dtype; te.Linear's own path, so te.Linear and
-      ops.Linear with the same weights give the same bytes). Row-parallel: added after the
-      reduction, as te.Linear does.
-No other fusion exists: the norm and activation kernels emit no FP8 output for the next GEMM
-(operands are quantized by the GEMM's own cast, as in te.LayerNormLinear), and the GEMM's GELU
-epilogue has no FP8-aware autograd path.
+      ops.Linear with the same weights give the same bytes).
+  BasicLinear [+ Bias] + AddExtraInput(in_place=True) -> ForwardLinearBiasAdd: the GEMM adds its
+      product (and the bias) into the extra input's storage (accumulate epilogue).
+Backward: no fusions. Each forward op's autograd node runs its own backward, in reverse order
+(_backward_ops); TE's backward fused ops exist by name and say they are not implemented.
 """
 
 from __future__ import annotations
@@ -18,7 +18,7 @@ from collections.abc import Iterable
 
 import torch
 
-from .fused import fuse_forward_ops
+from .fused import OpList, fuse_forward_ops
 from .op import BasicOperation, FusedOperation, FusibleOperation
 
 __all__ = ["OperationFuser"]
@@ -43,17 +43,29 @@ class OperationFuser:
                     f"OperationFuser: ops: expected FusibleOperation, got {type(op).__name__}"
                 )
         self._basic_ops = basic
-        self._ops: list[FusibleOperation] | None = None
+        self._ops: OpList | None = None
         self.num_extra_inputs = sum(op.num_extra_inputs for op in basic)
 
     @property
-    def fused_ops(self) -> list[FusibleOperation]:
-        """The ops as executed (after the fusion pass; built on the first forward)."""
+    def _forward_ops(self) -> OpList:
+        """TE's view: the ops as executed forward, each with the indices of its basic ops (after
+        the fusion passes; built on the first forward)."""
         if self._ops is None:
             for op in self._basic_ops:
                 op.pre_first_fuser_forward()
-            self._ops = fuse_forward_ops(self._basic_ops)
+            self._ops = fuse_forward_ops([(op, [i]) for i, op in enumerate(self._basic_ops)])
         return self._ops
+
+    @property
+    def _backward_ops(self) -> OpList:
+        """TE's view: the ops whose backward runs, in the order it runs (the forward ops reversed:
+        autograd runs each one's backward; there are no backward-only fusions)."""
+        return list(reversed(self._forward_ops))
+
+    @property
+    def fused_ops(self) -> list[FusibleOperation]:
+        """The ops as executed forward."""
+        return [op for op, _ in self._forward_ops]
 
     def __call__(
         self, input: torch.Tensor, *extra_inputs: torch.Tensor  # noqa: A002 (TE's name)

@@ -176,10 +176,13 @@ class Float8Quantizer(Quantizer):
     """Delayed scaling: quantize with the given `scale` ([1] or scalar fp32); the amax of each
     quantized tensor is folded into `amax` (running max, as TE's cast kernel does).
 
-    update_margin (TE-lite, used for FP8 weight parameters): after each quantization, set `amax`
-    to this tensor's amax and `scale` to (fp8_max / amax) / 2^update_margin, so the next
-    re-quantization (optimizer step) uses the scale of the previous values: delayed scaling with a
-    one-entry history. None (default): TE's behaviour, the scale is left to its owner."""
+    update_margin (TE-lite, used for FP8 weight parameters): each quantization sets `amax` to this
+    tensor's amax (a one-entry history), and update_scale() - run by the module's forward under
+    delayed scaling, TE's recipe update point, and by FusedAdam after its step - sets `scale` to
+    (fp8_max / amax) / 2^update_margin. So, as in TE, a parameter keeps the initial scale 1.0
+    until a forward has run (a copy_ of checkpoint values right after quantized_model_init is
+    quantized with scale 1.0), and each later re-quantization uses the scale of the values before
+    it. None (default): TE's behaviour, the scale is left to its owner."""
 
     def __init__(
         self,
@@ -224,9 +227,16 @@ class Float8Quantizer(Quantizer):
                 self.amax.copy_(torch.maximum(self.amax.reshape(1), amax).reshape(self.amax.shape))
             else:
                 self.amax.copy_(amax.reshape(self.amax.shape))
-                scale, _ = ops().compute_scale_from_amax(amax, fp8, 0.0, False)
-                self.scale.copy_((scale / 2.0**self.update_margin).reshape(self.scale.shape))
         return _wrap(tensor, data, scale_inv, fp8, self)
+
+    @torch.no_grad()
+    def update_scale(self) -> None:
+        """scale = (fp8_max / amax) / 2^update_margin (a no-op without update_margin)."""
+        if self.update_margin is None:
+            return
+        fp8 = fp8_torch_dtype("Float8Quantizer", self.dtype)
+        scale, _ = ops().compute_scale_from_amax(self.amax.reshape(1), fp8, 0.0, False)
+        self.scale.copy_((scale / 2.0**self.update_margin).reshape(self.scale.shape))
 
 
 class Float8CurrentScalingQuantizer(Quantizer):

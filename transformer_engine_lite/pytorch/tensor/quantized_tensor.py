@@ -179,6 +179,51 @@ class QuantizedTensor(torch.Tensor):
         new.requires_grad_(self.requires_grad)
         return new
 
+    # ------------------------------------------------------------ .data (module.float() etc.)
+    def _get_data(self) -> QuantizedTensor:
+        return self.detach()
+
+    def _set_data(self, tensor: torch.Tensor) -> None:
+        """TE's semantics: a quantized tensor of the same type is adopted (its bytes, scales and
+        quantizer; the nominal dtype, shape and device follow it); anything else is quantized
+        with this tensor's quantizer. So module.float() / .half() / .to(dtype) on a module with
+        FP8 parameters keeps them FP8 and changes their nominal dtype only."""
+        if type(tensor) is not type(self):
+            if self._quantizer is None:
+                raise RuntimeError(
+                    f"{type(self).__name__}.data: assigning a {type(tensor).__name__} needs a "
+                    "quantizer to cast it; this tensor has none"
+                )
+            if isinstance(tensor, QuantizedTensor):
+                tensor = tensor.dequantize()
+            tensor = self._quantizer(tensor.detach())
+        if (tensor.shape, tensor.dtype, tensor.device) != (self.shape, self.dtype, self.device):
+            self._rewrap(tensor.shape, tensor.dtype, tensor.device)
+        self.__dict__.update(
+            {k: v for k, v in tensor.__dict__.items() if k != "_high_precision_init_val"}
+        )
+
+    data = property(_get_data, _set_data)  # type: ignore[assignment]
+
+    def _rewrap(self, shape: Any, dtype: torch.dtype, device: Any) -> None:
+        # The wrapper's metadata is replaced; the Python object (its inner tensors, quantizer,
+        # parameter attributes) stays.
+        wrapper = torch.Tensor._make_wrapper_subclass(
+            type(self), tuple(shape), dtype=dtype, device=device
+        )
+        torch.Tensor.data.__set__(self, wrapper)  # type: ignore[attr-defined]
+
+    def retype_(self, dtype: torch.dtype) -> QuantizedTensor:
+        """Change the nominal dtype (what dequantize() and the GEMMs produce) in place; the
+        quantized bytes and scales stay."""
+        if dtype not in (torch.float32, torch.float16, torch.bfloat16):
+            raise ValueError(
+                f"{type(self).__name__}.retype_: dtype: expected float32, float16 or bfloat16, "
+                f"got {dtype}"
+            )
+        self._rewrap(self.shape, dtype, self.device)
+        return self
+
     __torch_function__ = torch._C._disabled_torch_function_impl
 
     @classmethod

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from typing import Any
+
 import torch
 
 from ..op import BasicOperation
@@ -9,18 +11,36 @@ from ..op import BasicOperation
 __all__ = ["AddExtraInput"]
 
 
+class _AddIntoExtra(torch.autograd.Function):
+    """extra += x in extra's own storage, returned as the output (TE's in_place=True).
+
+    The write happens inside the Function, as in TE's op fuser: autograd sees an output aliasing
+    the extra input, not an in-place op on it, so a leaf extra input that requires grad may take
+    it. The gradient of an add is dy for both operands, so nothing is saved."""
+
+    @staticmethod
+    def forward(ctx: Any, x: torch.Tensor, extra: torch.Tensor) -> torch.Tensor:  # type: ignore[override]
+        extra += x  # a quantized extra input requantizes the sum into itself, as TE's does
+        return extra
+
+    @staticmethod
+    def backward(ctx: Any, dy: torch.Tensor):  # type: ignore[override]
+        return dy, dy
+
+
 class AddExtraInput(BasicOperation):
     """y = x + extra, extra taken from Sequential.forward(input, *extra_inputs) in op order.
-    in_place=True (TE: write the sum into the extra input's storage) is not implemented: it would
-    change a caller's tensor behind autograd's back."""
+
+    in_place=True (TE's option): the sum is written into the extra input's storage and that tensor
+    is the output (the caller's tensor changes; the residual stream needs no new buffer). The
+    fuser may fold it into a preceding GEMM (ForwardLinearBiasAdd: the GEMM accumulates into it).
+    """
 
     num_extra_inputs = 1
 
     def __init__(self, *, in_place: bool = False) -> None:
         super().__init__()
-        if in_place:
-            raise NotImplementedError("AddExtraInput: in_place=True is not implemented")
-        self._in_place = False
+        self._in_place = bool(in_place)
 
     def fuser_forward(
         self, input_: torch.Tensor, extra_inputs: tuple[torch.Tensor, ...]
@@ -30,4 +50,11 @@ class AddExtraInput(BasicOperation):
             raise TypeError(
                 f"AddExtraInput: extra input: expected a tensor, got {type(extra).__name__}"
             )
-        return extra + input_, ()
+        if not self._in_place:
+            return extra + input_, ()
+        if extra.shape != input_.shape:
+            raise ValueError(
+                f"AddExtraInput: extra input: in_place=True needs the input's shape "
+                f"{tuple(input_.shape)}, got {tuple(extra.shape)}"
+            )
+        return _AddIntoExtra.apply(input_, extra), ()

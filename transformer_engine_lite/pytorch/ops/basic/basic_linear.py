@@ -106,8 +106,15 @@ class BasicLinear(TransformerEngineBaseModule, BasicOperation):
             1 if self.tensor_parallel_mode == "row" else 0, 1,
         )
 
-    def linear_forward(self, x: torch.Tensor, bias: torch.Tensor | None = None) -> torch.Tensor:
-        """x W^T (+ bias in the GEMM epilogue, or after the row-parallel reduction)."""
+    def linear_forward(
+        self,
+        x: torch.Tensor,
+        bias: torch.Tensor | None = None,
+        acc: torch.Tensor | None = None,
+    ) -> torch.Tensor:
+        """x W^T (+ bias in the GEMM epilogue, or after the row-parallel reduction); acc: a
+        tensor the GEMM adds its result into, in place, returned as the output (the fuser checks
+        that it fits: same shape and compute dtype, contiguous, not row-parallel)."""
         if self.weight.device.type == "meta":
             raise RuntimeError(
                 f"{_OWNER}: weight is on the meta device; call reset_parameters() or assign one"
@@ -124,7 +131,7 @@ class BasicLinear(TransformerEngineBaseModule, BasicOperation):
         main_grad = self._main_grad(_OWNER, self.accumulate_into_main_grad, self.weight)
         return self._run_linear(
             x, self.weight, bias, 0, self.tensor_parallel_mode, self._tp, fp8,
-            add_bias=bias is not None, main_grad=main_grad,
+            add_bias=bias is not None, main_grad=main_grad, acc=acc,
         )
 
     def fuser_forward(

@@ -1,5 +1,6 @@
-"""Quantize op: round activations (forward) and/or gradients (backward) to the active FP8 recipe's
-values; outside fp8_autocast an identity (TE's ops.Quantize)."""
+"""Quantize op: cast activations (forward) and/or gradients (backward) to the active FP8 recipe's
+quantized tensor type (Float8Tensor, MXFP8Tensor), as TE's ops.Quantize; outside fp8_autocast an
+identity. The ops after it take the quantized tensor as it is (a GEMM) or its values."""
 
 from __future__ import annotations
 
@@ -9,31 +10,33 @@ import torch
 
 from ....common.recipe import MXFP8BlockScaling, Recipe
 from ...fp8 import FP8GlobalStateManager, get_fp8_torch_dtype
-from ...quantization import ops as te_ops
+from ...tensor import Float8CurrentScalingQuantizer, MXFP8Quantizer, QuantizedTensor, Quantizer
 from ..op import BasicOperation
 
 __all__ = ["Quantize", "fp8_round_trip"]
 
 
+def _quantizer(recipe: Recipe, forward: bool) -> Quantizer:
+    """The quantizer of the recipe's format (E4M3 forward, E5M2 backward for HYBRID): MXFP8 1x32
+    blocks (both usages, as TE's quantizers default); per-tensor recipes with a scale from the
+    tensor's own amax (delayed scaling too: this op keeps no amax history)."""
+    dtype = get_fp8_torch_dtype(recipe.fp8_format, forward)
+    if isinstance(recipe, MXFP8BlockScaling):
+        return MXFP8Quantizer(dtype)
+    return Float8CurrentScalingQuantizer(dtype)
+
+
 @torch.no_grad()
 def fp8_round_trip(x: torch.Tensor, recipe: Recipe, forward: bool) -> torch.Tensor:
-    """x quantized and dequantized with the recipe's format (E4M3 forward, E5M2 backward for
-    HYBRID): MXFP8 row-wise 1x32 blocks; per-tensor recipes with a scale from x's own amax.
-    Between ops there is no FP8 tensor type here (te.Linear keeps none either), so quantization
-    is expressed as its effect on the values; delayed scaling uses the current amax because this
-    op keeps no amax history."""
-    te = te_ops()
-    dtype = get_fp8_torch_dtype(recipe.fp8_format, forward)
-    x2 = x.reshape(-1, x.shape[-1]).contiguous() if x.dim() else x.reshape(1, 1)
-    if isinstance(recipe, MXFP8BlockScaling):
-        row, row_s, _, _ = te.quantize_mxfp8(x2, dtype, True, False)
-        out = te.dequantize_mxfp8(row, row_s, False, x.dtype)
-    else:
-        amax = te.compute_amax(x2)
-        scale, _ = te.compute_scale_from_amax(amax, dtype, 0.0, False)
-        data, _, scale_inv = te.quantize(x2, scale, dtype)
-        out = te.dequantize(data, scale_inv, x.dtype)
-    return out.reshape(x.shape)
+    """x quantized and dequantized with the recipe's format (see _quantizer)."""
+    return _quantizer(recipe, forward)(x).dequantize(dtype=x.dtype)
+
+
+@torch.no_grad()
+def _quantize(x: torch.Tensor, recipe: Recipe, forward: bool) -> torch.Tensor:
+    if isinstance(x, QuantizedTensor):
+        x = x.dequantize()
+    return _quantizer(recipe, forward)(x)
 
 
 def active_recipe() -> Recipe | None:
@@ -47,18 +50,18 @@ class _QuantizeFn(torch.autograd.Function):
         ctx: Any, x: torch.Tensor, recipe: Recipe | None, fwd: bool, bwd: bool
     ) -> torch.Tensor:
         ctx.recipe, ctx.bwd = recipe, bwd
-        return fp8_round_trip(x, recipe, True) if (fwd and recipe is not None) else x.clone()
+        return _quantize(x, recipe, True) if (fwd and recipe is not None) else x.clone()
 
     @staticmethod
     def backward(ctx: Any, dy: torch.Tensor):  # type: ignore[override]
         if ctx.bwd and ctx.recipe is not None:
-            dy = fp8_round_trip(dy, ctx.recipe, False)
+            dy = _quantize(dy, ctx.recipe, False)
         return dy, None, None, None
 
 
 class Quantize(BasicOperation):
-    """forward=True: the output holds FP8 values of the active recipe; backward=True: so does the
-    gradient (the recipe's backward format). Outside fp8_autocast: identity."""
+    """forward=True: the output is a quantized tensor of the active recipe; backward=True: so is
+    the gradient (the recipe's backward format). Outside fp8_autocast: identity."""
 
     def __init__(self, forward: bool = True, backward: bool = False) -> None:
         super().__init__()

@@ -2,15 +2,37 @@
 
 from __future__ import annotations
 
-from ..op import BasicOperation, FusibleOperation
-from .forward_linear_bias import ForwardLinearBias, fuse_forward_linear_bias
+from .backward_fusions import (
+    BackwardActivationBias,
+    BackwardAddRMSNorm,
+    BackwardLinearAdd,
+    BackwardLinearScale,
+    ForwardLinearScaleAdd,
+)
+from .forward_linear_bias_activation import (
+    ForwardLinearBiasActivation,
+    OpList,
+    fuse_forward_linear_bias_activation,
+)
+from .forward_linear_bias_add import ForwardLinearBiasAdd, fuse_forward_linear_bias_add
 
-__all__ = ["ForwardLinearBias", "fuse_forward_linear_bias", "fuse_forward_ops"]
+__all__ = [
+    "BackwardActivationBias",
+    "BackwardAddRMSNorm",
+    "BackwardLinearAdd",
+    "BackwardLinearScale",
+    "ForwardLinearBiasActivation",
+    "ForwardLinearBiasAdd",
+    "ForwardLinearScaleAdd",
+    "fuse_forward_linear_bias_activation",
+    "fuse_forward_linear_bias_add",
+    "fuse_forward_ops",
+]
 
 
-def fuse_forward_ops(ops: list[BasicOperation]) -> list[FusibleOperation]:
-    """Apply every forward fusion pass in turn."""
-    out: list[FusibleOperation] = list(ops)
-    for fusion in (fuse_forward_linear_bias,):
-        out = fusion(out)
-    return out
+def fuse_forward_ops(ops: OpList) -> OpList:
+    """Apply every forward fusion pass in turn (TE's order: the add fusion first, so a linear
+    feeding an in-place residual add takes the accumulate epilogue)."""
+    for fusion in (fuse_forward_linear_bias_add, fuse_forward_linear_bias_activation):
+        ops = fusion(ops)
+    return ops
