@@ -377,6 +377,39 @@ def test_in_place_residual_add_fuses_into_gemm(dtype, bias):
         "ForwardLinearBiasActivation" if bias else "BasicLinear", "Identity", "AddExtraInput"]
 
 
+@pytest.mark.parametrize("bias", [False, True])
+@pytest.mark.parametrize("recipe", [None, *RECIPES])
+def test_backward_linear_add(bias, recipe):
+    """MakeExtraOutput(in_place=True) + Linear -> BackwardLinearAdd: the dgrad GEMM accumulates into
+    the residual gradient; equal to the unfused backward (an Identity in between blocks it)."""
+    lins = []
+    for _ in range(2):  # the same weights; each its own delayed-scaling state
+        torch.manual_seed(6)
+        lins.append(ops.Linear(32, 48, bias=bias))
+    fused = ops.Sequential(ops.MakeExtraOutput(in_place=True), lins[0])
+    unfused = ops.Sequential(ops.MakeExtraOutput(in_place=True), ops.Identity(), lins[1])
+    x = _rand(16, 32, seed=17)
+    dy, de = _rand(16, 48, seed=18), _rand(16, 32, seed=19)
+    results = []
+    for seq, lin in zip((fused, unfused), lins):
+        xi = x.detach().clone().requires_grad_()
+        with te.fp8_autocast(enabled=recipe is not None,
+                             fp8_recipe=RECIPES[recipe]() if recipe else None):
+            y, e = seq(xi)
+        torch.autograd.backward((y, e), (dy.detach(), de.detach().clone()))
+        results.append((y.detach(), xi.grad, lin.weight.grad))
+    plan = [type(o).__name__ for o, _ in fused._module_groups[0]._backward_ops]
+    assert plan == ["BackwardLinearAdd"]
+    assert [type(o).__name__ for o, _ in unfused._module_groups[0]._backward_ops][-1] == (
+        "MakeExtraOutput")
+    (y1, dx1, dw1), (y2, dx2, dw2) = results
+    assert torch.equal(y1, y2) and torch.equal(dw1, dw2)
+    if recipe is None:  # dx = de + dy W: one rounding fused, two unfused
+        w = lins[0].weight.detach().double()
+        assert_close(dx1, de.double() + dy.double() @ w, torch.float32, "fused dx")
+    assert_close(dx1, dx2.double(), torch.float32, "fused vs unfused dx")
+
+
 def test_in_place_add_into_quantized_or_mismatched_extra_input():
     """A residual the GEMM cannot accumulate into (other dtype, FP8) still gets the sum written into
     it (AddExtraInput's in-place semantics), computed unfused."""

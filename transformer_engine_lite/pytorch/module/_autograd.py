@@ -64,6 +64,21 @@ def _gemm_fwd(
     return acc
 
 
+def _gemm_dgrad(
+    w: torch.Tensor,
+    w_si: torch.Tensor | None,
+    g: torch.Tensor,
+    g_si: torch.Tensor | None,
+    out_dtype: torch.dtype,
+    acc: torch.Tensor | None,
+) -> torch.Tensor:
+    """dgrad = g @ W as a new tensor, or added into acc (in place; returned, [..., K])."""
+    if acc is None:
+        return ops().gemm(w, w_si, False, g, g_si, False, out_dtype)[0]
+    ops().gemm_accumulate_(acc.view(-1, acc.shape[-1]), w, w_si, False, g, g_si, False)
+    return acc
+
+
 def _empty_amax(like: torch.Tensor) -> torch.Tensor:
     return torch.zeros(2, dtype=torch.float32, device=like.device)
 
@@ -198,6 +213,8 @@ class _LinearFn(torch.autograd.Function):
         need_dgrad, need_wgrad = ctx.needs_input_grad[0], ctx.needs_input_grad[1]
         need_wgrad = need_wgrad or cfg.fuse_wgrad
         dgrad = wgrad = None
+        # Set on this node by the op fuser's BackwardLinearAdd: the dgrad GEMM adds into it.
+        dgrad_into = getattr(ctx, "dgrad_into", None)
         fp8_bwd = cfg.mode in ("delayed", "current", "mxfp8") and cfg.bwd_override is None
         if fp8_bwd and cfg.mode in ("delayed", "current"):
             bwd_hist, bwd_scale, bwd_ran = ctx.bwd
@@ -212,7 +229,7 @@ class _LinearFn(torch.autograd.Function):
                 if not torch.compiler.is_compiling():
                     FP8GlobalStateManager.queue_backward_update()
             if need_dgrad:
-                dgrad = te.gemm(w_data, w_si, False, gq.data, gq.scale_inv, False, act_dtype)[0]
+                dgrad = _gemm_dgrad(w_data, w_si, gq.data, gq.scale_inv, act_dtype, dgrad_into)
             if cfg.save_original_input and need_wgrad:
                 x_data, x_si = quantize_per_tensor(x_data, cfg.inp, None)[0]
             wa = (x_data, x_si, gq.data, gq.scale_inv)
@@ -221,7 +238,7 @@ class _LinearFn(torch.autograd.Function):
             # tokens: column-wise blocks of dy and x.
             gr, gc = mx_dequantized(dy, cfg.grad.dtype, need_dgrad, need_wgrad)
             if need_dgrad:
-                dgrad = te.gemm(w_data, None, False, gr, None, False, act_dtype)[0]
+                dgrad = _gemm_dgrad(w_data, None, gr, None, act_dtype, dgrad_into)
             if cfg.save_original_input and need_wgrad:
                 x_data = mx_dequantized(x_data, cfg.inp.dtype, False, True)[1]
             wa = (x_data, None, gc, None)
@@ -235,7 +252,7 @@ class _LinearFn(torch.autograd.Function):
             x_data = x_data if x_data.dtype == act_dtype else x_data.to(act_dtype)
             w_data = w_data if w_data.dtype == act_dtype else w_data.to(act_dtype)
             if need_dgrad:
-                dgrad = te.gemm(w_data, None, False, dy, None, False, act_dtype)[0]
+                dgrad = _gemm_dgrad(w_data, None, dy, None, act_dtype, dgrad_into)
             wa = (x_data, None, dy, None)
         if need_wgrad and cfg.delay_wgrad and ctx.wgrad_store is not None:
             ctx.wgrad_store.append(

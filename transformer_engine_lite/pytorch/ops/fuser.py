@@ -8,20 +8,149 @@ up to the rounding of the output dtype):
       ops.Linear with the same weights give the same bytes).
   BasicLinear [+ Bias] + AddExtraInput(in_place=True) -> ForwardLinearBiasAdd: the GEMM adds its
       product (and the bias) into the extra input's storage (accumulate epilogue).
-Backward: no fusions. Each forward op's autograd node runs its own backward, in reverse order
-(_backward_ops); TE's backward fused ops exist by name and say they are not implemented.
+Backward fusions (over whole forward ops; a basic op already inside a forward fusion is not
+split again):
+  MakeExtraOutput(in_place=True) + BasicLinear -> BackwardLinearAdd: the dgrad GEMM accumulates
+      into the extra output's gradient (the residual gradient), no separate add.
+
+How it runs (with autograd recording): one autograd.Function for the whole list. Its forward runs
+each forward op on detached inputs with grad enabled, so each op builds its own small autograd
+graph (the ops compute with autograd-aware calls: torch.ops.te_lite.* and the modules'
+Functions); its backward walks the backward ops in reverse order, running each op's graph with
+torch.autograd.grad, or a backward fused op that reconfigures the graph's GEMM node first (see
+fused/backward_linear_add.py). Parameter gradients are returned through the Function, so
+autograd accumulates them (hooks, main_grad) as for any module. Without autograd recording the
+ops simply run in order.
 """
 
 from __future__ import annotations
 
 from collections.abc import Iterable
+from dataclasses import dataclass, field
+from typing import Any
 
 import torch
 
-from .fused import OpList, fuse_forward_ops
+from .fused import OpList, fuse_backward_ops, fuse_forward_ops
 from .op import BasicOperation, FusedOperation, FusibleOperation
 
-__all__ = ["OperationFuser"]
+__all__ = ["OperationFuser", "ForwardRun"]
+
+
+@dataclass
+class ForwardRun:
+    """One forward op's recorded run: its detached inputs (leaves of its own graph), outputs,
+    and the parameters of its basic ops."""
+
+    x: Any
+    extras_in: tuple[torch.Tensor, ...]
+    y: Any
+    extras_out: tuple[torch.Tensor, ...]
+    params: list[torch.Tensor] = field(default_factory=list)
+
+    def backward(
+        self, dy: torch.Tensor | None, d_extras: tuple[torch.Tensor | None, ...]
+    ) -> tuple[torch.Tensor | None, tuple[torch.Tensor | None, ...], dict[int, torch.Tensor]]:
+        """(dx, d extra inputs, {id(param): grad}) through this op's graph."""
+        outs, gouts = [], []
+        for t, g in zip((self.y, *self.extras_out), (dy, *d_extras)):
+            if g is not None and isinstance(t, torch.Tensor) and t.requires_grad:
+                outs.append(t)
+                gouts.append(g)
+        inputs = [t for t in (self.x, *self.extras_in, *self.params) if t.requires_grad]
+        if not outs or not inputs:
+            return None, (None,) * len(self.extras_in), {}
+        grads = dict(zip(map(id, inputs), torch.autograd.grad(outs, inputs, gouts, allow_unused=True)))
+        dx = grads.get(id(self.x))
+        d_in = tuple(grads.get(id(t)) for t in self.extras_in)
+        return dx, d_in, {id(p): grads[id(p)] for p in self.params if grads.get(id(p)) is not None}
+
+
+def _leaf(t: Any) -> Any:
+    if not isinstance(t, torch.Tensor):
+        return t
+    return t.detach().requires_grad_(t.requires_grad)
+
+
+def _params(op: FusibleOperation) -> list[torch.Tensor]:
+    basic = op.basic_ops if isinstance(op, FusedOperation) else (op,)
+    seen: dict[int, torch.Tensor] = {}
+    for b in basic:
+        for p in b.parameters():
+            seen.setdefault(id(p), p)
+    return list(seen.values())
+
+
+class _FuserFunction(torch.autograd.Function):
+    @staticmethod
+    def forward(  # type: ignore[override]
+        ctx: Any, fuser: OperationFuser, x: torch.Tensor, n_extra: int, *tensors: torch.Tensor
+    ) -> tuple[torch.Tensor, ...]:
+        extra_inputs, params = tensors[:n_extra], tensors[n_extra:]
+        runs: list[ForwardRun] = []
+        outs: list[torch.Tensor] = []
+        inputs = {id(t): t for t in (x, *extra_inputs)}
+        with torch.enable_grad():
+            for op, _ in fuser._forward_ops:
+                n = op.num_extra_inputs
+                run = ForwardRun(_leaf(x), tuple(_leaf(e) for e in extra_inputs[:n]), None, ())
+                extra_inputs = extra_inputs[n:]
+                run.y, run.extras_out = op.fuser_forward(run.x, run.extras_in)
+                run.params = _params(op)
+                runs.append(run)
+                x = run.y
+                outs.extend(run.extras_out)
+        ctx.fuser, ctx.runs, ctx.n_extra = fuser, runs, n_extra
+        ctx.params = params
+        ctx.set_materialize_grads(False)
+        # An output that aliases an input (in-place residual add) is returned as that input, so
+        # autograd records the alias rather than a new tensor.
+        results = []
+        for t in (x, *outs):
+            src = next((i for i in inputs.values() if _same_storage(i, t)), None)
+            results.append(src if src is not None else t.detach())
+        return tuple(results)
+
+    @staticmethod
+    def backward(ctx: Any, dy: torch.Tensor | None, *d_outs: torch.Tensor | None):  # type: ignore[override]
+        runs: list[ForwardRun] = ctx.runs
+        # the extra outputs' gradients, per forward op
+        d_extra: list[tuple[torch.Tensor | None, ...]] = []
+        it = iter(d_outs)
+        for run in runs:
+            d_extra.append(tuple(next(it) for _ in run.extras_out))
+        d_extra_in: list[tuple[torch.Tensor | None, ...]] = [()] * len(runs)
+        pgrads: dict[int, torch.Tensor] = {}
+        for op, units in ctx.fuser._backward_plan:
+            if len(units) == 1 and not hasattr(op, "fuser_backward"):
+                u = units[0]
+                dy, d_extra_in[u], g = runs[u].backward(dy, d_extra[u])
+            else:
+                dy, d_ins, g = op.fuser_backward([runs[u] for u in units], dy,
+                                                 [d_extra[u] for u in units])
+                for u, d in zip(units, d_ins):
+                    d_extra_in[u] = d
+            for k, v in g.items():
+                pgrads[k] = v if k not in pgrads else pgrads[k] + v
+        ctx.runs = None  # free the graphs
+        d_inputs = [d for ds in d_extra_in for d in ds]
+        return (None, dy, None, *d_inputs, *(pgrads.get(id(p)) for p in ctx.params))
+
+
+def _same_storage(a: torch.Tensor, b: Any) -> bool:
+    try:
+        return (
+            isinstance(b, torch.Tensor)
+            and a.shape == b.shape
+            and a.dtype == b.dtype
+            and type(a) is torch.Tensor
+            and type(b) is torch.Tensor
+            and a.untyped_storage().data_ptr() == b.untyped_storage().data_ptr()
+            and a.storage_offset() == b.storage_offset()
+            and a.numel() > 0
+        )
+    except (RuntimeError, NotImplementedError):
+        return False
 
 
 class OperationFuser:
@@ -44,6 +173,7 @@ class OperationFuser:
                 )
         self._basic_ops = basic
         self._ops: OpList | None = None
+        self._bwd: list[tuple[FusibleOperation, list[int]]] | None = None
         self.num_extra_inputs = sum(op.num_extra_inputs for op in basic)
 
     @property
@@ -57,10 +187,18 @@ class OperationFuser:
         return self._ops
 
     @property
+    def _backward_plan(self) -> list[tuple[FusibleOperation, list[int]]]:
+        """The backward ops in the order they run, each with the forward ops (indices into
+        _forward_ops) whose gradients it computes."""
+        if self._bwd is None:
+            self._bwd = fuse_backward_ops(self._forward_ops)
+        return self._bwd
+
+    @property
     def _backward_ops(self) -> OpList:
-        """TE's view: the ops whose backward runs, in the order it runs (the forward ops reversed:
-        autograd runs each one's backward; there are no backward-only fusions)."""
-        return list(reversed(self._forward_ops))
+        """TE's view: the backward ops in the order they run, with their basic ops' indices."""
+        fwd = self._forward_ops
+        return [(op, [i for u in units for i in fwd[u][1]]) for op, units in self._backward_plan]
 
     @property
     def fused_ops(self) -> list[FusibleOperation]:
@@ -79,8 +217,15 @@ class OperationFuser:
                 f"Sequential: extra_inputs: the ops take {self.num_extra_inputs} extra input(s), "
                 f"got {len(extra_inputs)}"
             )
+        params = list({id(p): p for op, _ in self._forward_ops for p in _params(op)}.values())
+        record = torch.is_grad_enabled() and any(
+            t.requires_grad for t in (input, *extra_inputs, *params)
+        )
+        if record:
+            out = _FuserFunction.apply(self, input, len(extra_inputs), *extra_inputs, *params)
+            return out if len(out) > 1 else out[0]
         x, outs = input, []
-        for op in self.fused_ops:
+        for op, _ in self._forward_ops:
             n = op.num_extra_inputs
             x, extra = op.fuser_forward(x, tuple(extra_inputs[:n]))
             extra_inputs = extra_inputs[n:]

@@ -5,16 +5,17 @@ from __future__ import annotations
 from .backward_fusions import (
     BackwardActivationBias,
     BackwardAddRMSNorm,
-    BackwardLinearAdd,
     BackwardLinearScale,
     ForwardLinearScaleAdd,
 )
+from .backward_linear_add import BackwardLinearAdd, fuse_backward_linear_add
 from .forward_linear_bias_activation import (
     ForwardLinearBiasActivation,
     OpList,
     fuse_forward_linear_bias_activation,
 )
 from .forward_linear_bias_add import ForwardLinearBiasAdd, fuse_forward_linear_bias_add
+from ..op import FusibleOperation
 
 __all__ = [
     "BackwardActivationBias",
@@ -24,6 +25,8 @@ __all__ = [
     "ForwardLinearBiasActivation",
     "ForwardLinearBiasAdd",
     "ForwardLinearScaleAdd",
+    "fuse_backward_linear_add",
+    "fuse_backward_ops",
     "fuse_forward_linear_bias_activation",
     "fuse_forward_linear_bias_add",
     "fuse_forward_ops",
@@ -36,3 +39,12 @@ def fuse_forward_ops(ops: OpList) -> OpList:
     for fusion in (fuse_forward_linear_bias_add, fuse_forward_linear_bias_activation):
         ops = fusion(ops)
     return ops
+
+
+def fuse_backward_ops(forward_ops: OpList) -> list[tuple[FusibleOperation, list[int]]]:
+    """The backward plan: the forward ops reversed (each with its index in forward_ops), then
+    every backward fusion pass in turn."""
+    plan = [(forward_ops[u][0], [u]) for u in reversed(range(len(forward_ops)))]
+    for fusion in (fuse_backward_linear_add,):
+        plan = fusion(plan)
+    return plan

@@ -1,8 +1,7 @@
-"""TE's backward-pass fused ops, by name. Not implemented: our op fuser runs each op's own
-backward through autograd in reverse order (OperationFuser._backward_ops lists them), so there
-is no pass that could substitute these. Each needs a GEMM with alpha / beta (a scaled product
-added into an existing gradient: nvte_cublas_gemm_scaled) or a norm backward that adds the
-residual gradient, neither of which the core has yet. Constructing one says so."""
+"""TE's fused ops that are named here but not implemented: each needs a core kernel we do not
+have yet (a GEMM with alpha: nvte_cublas_gemm_scaled; a norm backward that adds the residual
+gradient; an activation backward fused with the bias gradient and the cast). The fusion passes
+never produce them; constructing one says so."""
 
 from __future__ import annotations
 
@@ -13,7 +12,6 @@ from ..op import FusedOperation
 __all__ = [
     "BackwardActivationBias",
     "BackwardAddRMSNorm",
-    "BackwardLinearAdd",
     "BackwardLinearScale",
     "ForwardLinearScaleAdd",
 ]
@@ -30,8 +28,6 @@ BackwardActivationBias = _not_implemented(
     "BackwardActivationBias", "the activation backward fused with the bias gradient")
 BackwardAddRMSNorm = _not_implemented(
     "BackwardAddRMSNorm", "RMSNorm's backward adding the residual gradient")
-BackwardLinearAdd = _not_implemented(
-    "BackwardLinearAdd", "the dgrad GEMM accumulating into the extra output's gradient")
 BackwardLinearScale = _not_implemented(
     "BackwardLinearScale", "the backward GEMMs scaled by ConstantScale (GEMM alpha)")
 ForwardLinearScaleAdd = _not_implemented(
