@@ -252,6 +252,53 @@ INSTANTIATE_TEST_SUITE_P(
              test::dtype_tag(std::get<2>(info.param));
     });
 
+// nvte_rmsnorm_bwd_add: dx = the backward's dx + add (any high-precision dtype of add), one
+// rounding; dgamma as nvte_rmsnorm_bwd's. Bad `add` arguments fail before any output is written.
+using AddParam = std::tuple<NVTEDType, NVTEDType>;  // (x / dz / dx dtype, add dtype)
+
+class RMSNormBwdAdd : public ::testing::TestWithParam<AddParam> {};
+
+TEST_P(RMSNormBwdAdd, MatchesReferencePlusAdd) {
+  const auto [xt, at] = GetParam();
+  Problem p(Norm::kRMSNorm, {33, 129}, xt, kNVTEFloat32, true, 6);
+  const FwdRef stats = p.reference();
+  for (size_t i = 0; i < p.rows; ++i) p.rsigma.put(i, stats.rsigma[i]);
+  TestTensor dz(p.shape, xt), add(p.shape, at), dx(p.shape, xt), dgamma({p.h}, kNVTEFloat32);
+  TestTensor dx0(p.shape, xt), dgamma0({p.h}, kNVTEFloat32), unused({p.h}, kNVTEFloat32);
+  std::mt19937 rng(7);
+  const std::vector<double> dzv = dz.fill_uniform(rng, -1.0, 1.0);
+  const std::vector<double> addv = add.fill_uniform(rng, -4.0, 4.0);
+  ASSERT_NVTE_OK(with_workspace([&](NVTETensor ws) {
+    return nvte_rmsnorm_bwd_add(dz, p.x, add, p.rsigma, p.gamma, dx, dgamma, ws, 0, true,
+                                nullptr);
+  }));
+  ASSERT_NVTE_OK(p.backward(dz, dx0, dgamma0, unused));
+  BwdRef ref = ref_backward(Norm::kRMSNorm, p.xv, dzv, p.mu.to_double(), p.rsigma.to_double(),
+                            p.gv, true, p.rows, p.h);
+  for (size_t i = 0; i < ref.dx.size(); ++i) ref.dx[i] += addv[i];
+  EXPECT_TRUE(test::close(dx.to_double(), ref.dx, test::norm_grad_tolerance(xt))) << "dx";
+  EXPECT_EQ(dgamma.to_double(), dgamma0.to_double()) << "dgamma: as nvte_rmsnorm_bwd's";
+
+  TestTensor bad({33, 128}, at);
+  dx.fill_uniform(rng, 0.0, 1.0);
+  const std::vector<double> kept = dx.to_double();
+  const NVTEStatus st = with_workspace([&](NVTETensor ws) {
+    return nvte_rmsnorm_bwd_add(dz, p.x, bad, p.rsigma, p.gamma, dx, dgamma, ws, 0, true, nullptr);
+  });
+  EXPECT_NE(st, NVTE_SUCCESS);
+  EXPECT_NE(std::string(nvte_get_last_error()).find("add"), std::string::npos)
+      << nvte_get_last_error();
+  EXPECT_EQ(dx.to_double(), kept) << "nothing written on error";
+}
+
+INSTANTIATE_TEST_SUITE_P(
+    All, RMSNormBwdAdd,
+    ::testing::Combine(kHighPrecision, ::testing::Values(kNVTEFloat32, kNVTEBFloat16)),
+    [](const ::testing::TestParamInfo<AddParam> &info) {
+      return std::string("x") + test::dtype_tag(std::get<0>(info.param)) + "_add" +
+             test::dtype_tag(std::get<1>(info.param));
+    });
+
 // ------------------------------------------------------------------ fused FP8 outputs
 // Runs the forward with an fp32 z: the kernel's own high-precision output, which its FP8 outputs
 // must encode exactly.

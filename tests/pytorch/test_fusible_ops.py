@@ -410,6 +410,39 @@ def test_backward_linear_add(bias, recipe):
     assert_close(dx1, dx2.double(), torch.float32, "fused vs unfused dx")
 
 
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+@pytest.mark.parametrize("zero_centered", [False, True])
+def test_backward_add_rmsnorm(dtype, zero_centered):
+    """MakeExtraOutput + RMSNorm -> BackwardAddRMSNorm: the norm's backward kernel adds the residual
+    gradient into dx; fp32 equals the unfused sum to the last bit."""
+    norm = ops.RMSNorm(40, dtype=dtype, zero_centered_gamma=zero_centered)
+    with torch.no_grad():
+        norm.weight.normal_(0.0 if zero_centered else 1.0, 0.2)
+    fused = ops.Sequential(ops.MakeExtraOutput(), norm)
+    unfused = ops.Sequential(ops.MakeExtraOutput(), ops.Identity(), norm)
+    x = torch.randn(9, 40, dtype=dtype, generator=torch.Generator().manual_seed(20))
+    dy = torch.randn(9, 40, dtype=dtype, generator=torch.Generator().manual_seed(21))
+    de = torch.randn(9, 40, dtype=dtype, generator=torch.Generator().manual_seed(22))
+    res = []
+    for seq in (fused, unfused):
+        norm.weight.grad = None
+        xi = x.clone().requires_grad_()
+        y, e = seq(xi)
+        torch.autograd.backward((y, e), (dy, de))
+        res.append((y.detach(), xi.grad, norm.weight.grad))
+    assert [type(o).__name__ for o, _ in fused._module_groups[0]._backward_ops] == [
+        "BackwardAddRMSNorm"]
+    (y1, dx1, dw1), (y2, dx2, dw2) = res
+    assert torch.equal(y1, y2) and torch.equal(dw1, dw2)
+    if dtype == torch.float32:
+        assert torch.equal(dx1, dx2)
+    x64 = x.double().requires_grad_()
+    g = norm.weight.detach().double() + (1.0 if zero_centered else 0.0)
+    z = x64 * torch.rsqrt(x64.pow(2).mean(-1, keepdim=True) + 1e-5) * g
+    want = torch.autograd.grad(z, x64, dy.double())[0] + de.double()
+    assert_close(dx1, want, dtype, "dx + residual gradient")
+
+
 def test_in_place_add_into_quantized_or_mismatched_extra_input():
     """A residual the GEMM cannot accumulate into (other dtype, FP8) still gets the sum written into
     it (AddExtraInput's in-place semantics), computed unfused."""

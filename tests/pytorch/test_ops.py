@@ -170,6 +170,20 @@ OPCHECK_CASES: list[tuple[str, str, Callable[[], tuple]]] = [
             False,
         ),
     ),
+    (
+        "rmsnorm_bwd_add",
+        "bf16-add-fp32",
+        lambda: (
+            randn(6, 64, dtype=torch.bfloat16, seed=3),
+            randn(6, 64, dtype=torch.bfloat16),
+            randn(6, 64, seed=5),
+            ops.rmsnorm_fwd(
+                randn(6, 64, dtype=torch.bfloat16), randn(64, dtype=torch.bfloat16), 1e-5, False
+            )[1],
+            randn(64, dtype=torch.bfloat16),
+            True,
+        ),
+    ),
     ("activation_fwd", "gelu-fp32-grad", lambda: (randn(4, 33, requires_grad=True), "gelu")),
     (
         "activation_fwd",

@@ -202,6 +202,29 @@ def test_norm_fwd_bwd_match_fp64(kind, dtype, shape, zero_centered):
         assert_close(got / scale, want / scale, dtype, f"{kind} {name}")
 
 
+@pytest.mark.parametrize("dtype", HP_DTYPES, ids=str)
+@pytest.mark.parametrize("add_dtype", [torch.float32, torch.bfloat16], ids=str)
+def test_rmsnorm_bwd_add(dtype, add_dtype):
+    """rmsnorm_bwd_add: dx = rmsnorm_bwd's dx + add, added in fp32 before dx's one rounding (so in
+    fp32 it equals the separate sum to the last bit), dgamma unchanged."""
+    x = randn(7, 96, dtype=dtype, scale=2.0)
+    gamma = (randn(96, seed=1) * 0.2 + 1.0).to(dtype)
+    rsigma = ops.rmsnorm_fwd(x, gamma, 1e-5, False)[1]
+    dz, add = randn(7, 96, dtype=dtype, seed=2), randn(7, 96, dtype=add_dtype, seed=3)
+    dx, dgamma = ops.rmsnorm_bwd_add(dz, x, add, rsigma, gamma, False)
+    dx0, dgamma0 = ops.rmsnorm_bwd(dz, x, rsigma, gamma, False)
+    assert dx.dtype == dtype and torch.equal(dgamma, dgamma0)
+    x64 = x.double().requires_grad_()
+    g64 = gamma.double()
+    z64 = x64 * torch.rsqrt(x64.pow(2).mean(-1, keepdim=True) + 1e-5) * g64
+    want = torch.autograd.grad(z64, x64, dz.double())[0] + add.double()
+    assert_close(dx, want, dtype, "dx + add")
+    if dtype == torch.float32:
+        assert torch.equal(dx, dx0 + add.float())
+    with pytest.raises(RuntimeError, match="add"):
+        ops.rmsnorm_bwd_add(dz, x, randn(7, 95), rsigma, gamma, False)
+
+
 @pytest.mark.parametrize("kind", ["layernorm", "rmsnorm"])
 @pytest.mark.parametrize("fp8_dtype", [torch.float8_e4m3fn, torch.float8_e5m2], ids=str)
 def test_norm_fp8_output(kind, fp8_dtype):

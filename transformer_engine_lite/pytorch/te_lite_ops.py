@@ -38,6 +38,8 @@ apply are float32 [0].
       ScalarType? out_dtype=None, Tensor? scale=None) -> (z, rsigma, amax, scale_inv)
   rmsnorm_bwd(Tensor dz, Tensor x, Tensor rsigma, Tensor gamma, bool zero_centered_gamma)
       -> (dx, dgamma)
+  rmsnorm_bwd_add(Tensor dz, Tensor x, Tensor add, Tensor rsigma, Tensor gamma,
+      bool zero_centered_gamma) -> (dx, dgamma)   dx = rmsnorm_bwd's + add, one rounding
   activation_fwd(Tensor x, str activation, ScalarType? out_dtype=None, Tensor? scale=None)
       -> (y, amax, scale_inv)             activation in ACTIVATIONS; gated ones halve the last dim
   activation_bwd(Tensor grad, Tensor x, str activation) -> Tensor [x's shape and dtype]
@@ -266,6 +268,11 @@ def _(dz, x, rsigma, gamma, zero_centered_gamma):
     return x.new_empty(x.shape), gamma.new_empty(gamma.shape)
 
 
+@torch.library.register_fake("te_lite::rmsnorm_bwd_add")
+def _(dz, x, add, rsigma, gamma, zero_centered_gamma):
+    return x.new_empty(x.shape), gamma.new_empty(gamma.shape)
+
+
 def _norm_setup(ctx, x, gamma, stats, zero_centered_gamma, z, side):
     ctx.save_for_backward(x, gamma, *stats)
     ctx.zero_centered_gamma = zero_centered_gamma
@@ -294,6 +301,12 @@ def _rmsnorm_setup(ctx, inputs, output):
 
 def _rmsnorm_backward(ctx, dz, *_):
     x, gamma, rsigma = ctx.saved_tensors
+    # grad_add: set on this node by the op fuser's BackwardAddRMSNorm (the residual gradient,
+    # added to dx inside the kernel)
+    add = getattr(ctx, "grad_add", None)
+    if add is not None:
+        dx, dgamma = _ops.rmsnorm_bwd_add(dz, x, add, rsigma, gamma, ctx.zero_centered_gamma)
+        return dx, dgamma, None, None, None, None
     dx, dgamma = _ops.rmsnorm_bwd(dz, x, rsigma, gamma, ctx.zero_centered_gamma)
     return dx, dgamma, None, None, None, None
 

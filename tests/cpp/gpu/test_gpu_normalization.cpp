@@ -232,4 +232,37 @@ TEST(GpuNormBwd, MixedActivationDtypes) {
   EXPECT_TRUE(test::same_bytes(gdb.bytes(), db.bytes(), db.buffer().bytes.size())) << "dbeta";
 }
 
+// nvte_rmsnorm_bwd_add on the GPU: the fused residual add, dx to rounding of the CPU's, dgamma byte
+// for byte, for an fp32 and a bf16 `add`.
+TEST(GpuNormBwd, RMSNormBwdAddMatchesCpu) {
+  SKIP_WITHOUT_GPU();
+  for (NVTEDType at : {kNVTEFloat32, kNVTEBFloat16}) {
+    const Problem pb(false, {45, 257}, kNVTEBFloat16, kNVTEFloat32, true);
+    TestTensor z(pb.shape, kNVTEFloat32), mu({pb.rows}, kNVTEFloat32),
+        rs({pb.rows}, kNVTEFloat32);
+    ASSERT_NVTE_OK(pb.forward(false, pb.x, pb.gamma, pb.beta, z, mu, rs));
+    TestTensor dz(pb.shape, kNVTEBFloat16), add(pb.shape, at);
+    std::mt19937 rng(8u);
+    dz.fill_uniform(rng, -1.0, 1.0);
+    add.fill_uniform(rng, -4.0, 4.0);
+    auto call = [&](bool gpu, NVTETensor dz_, NVTETensor x_, NVTETensor add_, NVTETensor rs_,
+                    NVTETensor g_, NVTETensor dx_, NVTETensor dg_) {
+      return with_workspace(gpu, [&](NVTETensor ws) {
+        return nvte_rmsnorm_bwd_add(dz_, x_, add_, rs_, g_, dx_, dg_, ws, 0, true, nullptr);
+      });
+    };
+    TestTensor dx(pb.shape, kNVTEBFloat16), dg({pb.h}, kNVTEFloat32);
+    ASSERT_NVTE_OK(call(false, dz, pb.x, add, rs, pb.gamma, dx, dg));
+    TestTensor gdx(pb.shape, kNVTEBFloat16), gdg({pb.h}, kNVTEFloat32);
+    GpuTensor d_dz(dz), d_x(pb.x), d_add(add), d_rs(rs), d_g(pb.gamma), d_dx(gdx), d_dg(gdg);
+    ASSERT_NVTE_OK(call(true, d_dz, d_x, d_add, d_rs, d_g, d_dx, d_dg));
+    d_dx.download(gdx, kNVTERowwiseData);
+    d_dg.download(gdg, kNVTERowwiseData);
+    EXPECT_TRUE(test::close(gdx.to_double(), dx.to_double(),
+                            test::norm_grad_tolerance(kNVTEBFloat16)))
+        << "dx, add " << test::dtype_tag(at);
+    EXPECT_TRUE(test::same_bytes(gdg.bytes(), dg.bytes(), dg.buffer().bytes.size())) << "dgamma";
+  }
+}
+
 }  // namespace

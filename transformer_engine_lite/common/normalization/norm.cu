@@ -107,7 +107,9 @@ __global__ void __launch_bounds__(kMaxThreads) norm_bwd_kernel(const NormBwdPara
       const float xh = (load_hp(p.x, p.x_dtype, base + j) - mu) * rs;
       const float dy = load_hp(p.dz, p.dz_dtype, base + j) *
                        weight(p.gamma, p.w_dtype, j, p.zero_centered_gamma);
-      store_hp(p.dx, p.dx_dtype, base + j, rs * (dy - m_dy - xh * m_dyx));
+      float dx = rs * (dy - m_dy - xh * m_dyx);
+      if (p.add != nullptr) dx += load_hp(p.add, p.add_dtype, base + j);  // fused residual grad
+      store_hp(p.dx, p.dx_dtype, base + j, dx);
     }
   }
 }

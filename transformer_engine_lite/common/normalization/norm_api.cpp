@@ -150,7 +150,8 @@ void norm_fwd_api(NormKind kind, const char *op, const NVTETensor x_h, const NVT
 void norm_bwd_api(NormKind kind, const char *op, const NVTETensor dz_h, const NVTETensor x_h,
                   const NVTETensor mu_h, const NVTETensor rsigma_h, const NVTETensor gamma_h,
                   NVTETensor dx_h, NVTETensor dgamma_h, NVTETensor dbeta_h,
-                  NVTETensor workspace_h, bool zero_centered_gamma, void *stream) {
+                  NVTETensor workspace_h, bool zero_centered_gamma, void *stream,
+                  const NVTETensor add_h) {
   const bool ln = kind == NormKind::kLayerNorm;
   const Tensor &dz = as_tensor(dz_h, "dz");
   const Tensor &x = as_tensor(x_h, "x");
@@ -161,10 +162,15 @@ void norm_bwd_api(NormKind kind, const char *op, const NVTETensor dz_h, const NV
   const Tensor &dgamma = as_tensor(dgamma_h, "dgamma");
   const Tensor *dbeta = ln ? &as_tensor(dbeta_h, "dbeta") : nullptr;
   Tensor &workspace = as_tensor_mut(workspace_h, "workspace");
+  const Tensor *add = add_h != nullptr ? &as_tensor(add_h, "add") : nullptr;
 
   check_input_x(x);
   check_activation(dz, "dz");
   check_same_shape(x.data, "x", dz.data, "dz");
+  if (add != nullptr) {
+    check_activation(*add, "add");
+    check_same_shape(x.data, "x", add->data, "add");
+  }
   if (ln) check_stats(*mu, "mu", x);
   check_stats(rsigma, "rsigma", x);
   check_gamma(gamma, x);
@@ -173,12 +179,13 @@ void norm_bwd_api(NormKind kind, const char *op, const NVTETensor dz_h, const NV
   check_like_gamma(dgamma, "dgamma", gamma);
   if (ln) check_like_gamma(*dbeta, "dbeta", gamma);
   check_outputs_disjoint({{&dz.data, "dz"}, {&x.data, "x"}, {ln ? &mu->data : nullptr, "mu"},
-                          {&rsigma.data, "rsigma"}, {&gamma.data, "gamma"}},
+                          {&rsigma.data, "rsigma"}, {&gamma.data, "gamma"},
+                          {add != nullptr ? &add->data : nullptr, "add"}},
                          {{&dx.data, "dx"}, {&dgamma.data, "dgamma"},
                           {ln ? &dbeta->data : nullptr, "dbeta"}, {&workspace.data, "workspace"}});
   const bool gpu =
       route(op, {{&dz, "dz"}, {&x, "x"}, {mu, "mu"}, {&rsigma, "rsigma"}, {&gamma, "gamma"},
-                 {&dx, "dx"}, {&dgamma, "dgamma"}, {dbeta, "dbeta"},
+                 {add, "add"}, {&dx, "dx"}, {&dgamma, "dgamma"}, {dbeta, "dbeta"},
                  {workspace.data.has_data() ? &workspace : nullptr, "workspace"}});
 
   const size_t rows = x.data.rows(), hidden = x.data.cols();
@@ -209,6 +216,10 @@ void norm_bwd_api(NormKind kind, const char *op, const NVTETensor dz_h, const NV
   p.zero_centered_gamma = zero_centered_gamma;
   p.dx = dx.data.dptr;
   p.dx_dtype = dx.data.dtype;
+  if (add != nullptr) {
+    p.add = add->data.dptr;
+    p.add_dtype = add->data.dtype;
+  }
   p.dgamma = dgamma.data.dptr;
   p.dbeta = ln ? dbeta->data.dptr : nullptr;
   p.workspace = workspace.data.ptr<float>();

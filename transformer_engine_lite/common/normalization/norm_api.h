@@ -13,10 +13,11 @@ void norm_fwd_api(NormKind kind, const char *op, const NVTETensor x, const NVTET
                   const NVTETensor beta, float epsilon, NVTETensor z, NVTETensor mu,
                   NVTETensor rsigma, NVTETensor workspace, bool zero_centered_gamma, void *stream);
 
-// Body of nvte_{layernorm,rmsnorm}_bwd: mu and dbeta are NULL (and ignored) for RMSNorm.
+// Body of nvte_{layernorm,rmsnorm}_bwd: mu and dbeta are NULL (and ignored) for RMSNorm; add
+// (nvte_rmsnorm_bwd_add) is added to dx when given.
 void norm_bwd_api(NormKind kind, const char *op, const NVTETensor dz, const NVTETensor x,
                   const NVTETensor mu, const NVTETensor rsigma, const NVTETensor gamma,
                   NVTETensor dx, NVTETensor dgamma, NVTETensor dbeta, NVTETensor workspace,
-                  bool zero_centered_gamma, void *stream);
+                  bool zero_centered_gamma, void *stream, const NVTETensor add = nullptr);
 
 }  // namespace nvte

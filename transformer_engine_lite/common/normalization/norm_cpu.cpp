@@ -208,6 +208,8 @@ void launch_norm_bwd(const NormBwdParams &p) {
   const size_t per_chunk = norm_bwd_partials_per_chunk(p.kind, n);
   const std::vector<float> w = effective_weight(p.gamma, p.w_dtype, n, p.zero_centered_gamma);
   const LoadFn load_dz = row_loader(p.dz_dtype, "dz"), load_x = row_loader(p.x_dtype, "x");
+  const LoadFn load_add = p.add != nullptr ? row_loader(p.add_dtype, "add") : nullptr;
+  const size_t add_row_bytes = n * (p.add != nullptr ? dtype_size(p.add_dtype) : 0);
   const StoreFn store_dx = row_storer(p.dx_dtype, "dx");
   const size_t dz_row = n * dtype_size(p.dz_dtype), x_row = n * dtype_size(p.x_dtype),
                dx_row = n * dtype_size(p.dx_dtype);
@@ -217,7 +219,7 @@ void launch_norm_bwd(const NormBwdParams &p) {
   // Chunks are a fixed split of the rows; threads take whole chunks, so each partial sum is the
   // same whatever the thread count.
   parallel_for(chunks, 1, [&](size_t c0, size_t c1) {
-    std::vector<float> xb(n), dzb(n);
+    std::vector<float> xb(n), dzb(n), addb(load_add ? n : 0);
     for (size_t c = c0; c < c1; ++c) {
       float *dgamma = p.workspace + c * per_chunk;
       float *dbeta = ln ? dgamma + n : nullptr;
@@ -232,6 +234,10 @@ void launch_norm_bwd(const NormBwdParams &p) {
         } else {
           NVTE_CPU_DISPATCH(
               rmsnorm_bwd_kernel(xb.data(), dzb.data(), w.data(), n, p.rsigma[row], dgamma));
+        }
+        if (load_add) {  // the residual gradient, added before dx's one rounding
+          load_add(static_cast<const char *>(p.add) + row * add_row_bytes, addb.data(), n);
+          NVTE_CPU_DISPATCH(add_row(xb.data(), addb.data(), n));
         }
         store_dx(xb.data(), dx + row * dx_row, n);
       }

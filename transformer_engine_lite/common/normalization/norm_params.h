@@ -47,6 +47,8 @@ struct NormBwdParams {
   bool zero_centered_gamma = false;
   void *dx = nullptr;  // [rows, hidden] out in dx_dtype
   DType dx_dtype = kNVTEFloat32;
+  const void *add = nullptr;  // [rows, hidden] in add_dtype, added to dx in fp32; may be null
+  DType add_dtype = kNVTEFloat32;
   void *dgamma = nullptr;  // [hidden] out in w_dtype
   void *dbeta = nullptr;   // [hidden] out in w_dtype; null for RMSNorm
   float *workspace = nullptr;  // fp32 [chunks, partials_per_chunk(kind, hidden)]

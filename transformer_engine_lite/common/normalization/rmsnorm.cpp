@@ -25,3 +25,15 @@ NVTEStatus nvte_rmsnorm_bwd(const NVTETensor dz, const NVTETensor x, const NVTET
                        dx, dgamma, nullptr, workspace, zero_centered_gamma, stream);
   });
 }
+
+NVTEStatus nvte_rmsnorm_bwd_add(const NVTETensor dz, const NVTETensor x, const NVTETensor add,
+                                const NVTETensor rsigma, const NVTETensor gamma, NVTETensor dx,
+                                NVTETensor dgamma, NVTETensor workspace,
+                                const int multiprocessorCount, const bool zero_centered_gamma,
+                                NVTEStream stream) {
+  (void)multiprocessorCount;
+  return nvte::guarded("nvte_rmsnorm_bwd_add", [&] {
+    nvte::norm_bwd_api(nvte::NormKind::kRMSNorm, "nvte_rmsnorm_bwd_add", dz, x, nullptr, rsigma,
+                       gamma, dx, dgamma, nullptr, workspace, zero_centered_gamma, stream, add);
+  });
+}

@@ -133,11 +133,19 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor> rmsnorm_fwd(
   return {z.z, rsigma, z.amax, z.scale_inv};
 }
 
-std::tuple<at::Tensor, at::Tensor> rmsnorm_bwd(const at::Tensor &dz_, const at::Tensor &x_,
-                                               const at::Tensor &rsigma_, const at::Tensor &gamma_,
-                                               bool zero_centered_gamma) {
-  constexpr const char *kOp = "te_lite::rmsnorm_bwd";
+// rmsnorm_bwd, and rmsnorm_bwd_add when add_ is given (dx += add inside the kernel).
+std::tuple<at::Tensor, at::Tensor> rmsnorm_bwd_impl(const char *kOp, const at::Tensor &dz_,
+                                                    const at::Tensor &x_, const at::Tensor *add_,
+                                                    const at::Tensor &rsigma_,
+                                                    const at::Tensor &gamma_,
+                                                    bool zero_centered_gamma) {
   check_norm_args(kOp, x_, gamma_, nullptr);
+  if (add_ != nullptr) {
+    check_dtype(kOp, "add", *add_, kHighPrecision);
+    TORCH_CHECK(add_->sizes() == x_.sizes(), kOp, ": argument 'add': expected the shape of x ",
+                x_.sizes(), ", got ", add_->sizes());
+    check_same_device(kOp, x_, "x", *add_, "add");
+  }
   check_dtype(kOp, "dz", dz_, kHighPrecision);
   TORCH_CHECK(dz_.sizes() == x_.sizes(), kOp, ": argument 'dz': expected the shape of x ",
               x_.sizes(), ", got ", dz_.sizes());
@@ -155,11 +163,37 @@ std::tuple<at::Tensor, at::Tensor> rmsnorm_bwd(const at::Tensor &dz_, const at::
   tg.data(gamma);
   tdx.data(dx);
   tdg.data(dgamma);
+  at::Tensor add;  // the contiguous copy stays alive during the call
+  TensorWrapper tadd;
+  if (add_ != nullptr) {
+    add = add_->contiguous();
+    tadd.data(add);
+  }
   with_workspace(kOp, x, [&](const TensorWrapper &ws) {
+    if (add_ != nullptr) {
+      return nvte_rmsnorm_bwd_add(tdz.get(), tx.get(), tadd.get(), trs.get(), tg.get(), tdx.get(),
+                                  tdg.get(), ws.get(), ctx.sm_count(), zero_centered_gamma,
+                                  ctx.stream());
+    }
     return nvte_rmsnorm_bwd(tdz.get(), tx.get(), trs.get(), tg.get(), tdx.get(), tdg.get(),
                             ws.get(), ctx.sm_count(), zero_centered_gamma, ctx.stream());
   });
   return {dx, dgamma};
+}
+
+std::tuple<at::Tensor, at::Tensor> rmsnorm_bwd(const at::Tensor &dz, const at::Tensor &x,
+                                               const at::Tensor &rsigma, const at::Tensor &gamma,
+                                               bool zero_centered_gamma) {
+  return rmsnorm_bwd_impl("te_lite::rmsnorm_bwd", dz, x, nullptr, rsigma, gamma,
+                          zero_centered_gamma);
+}
+
+std::tuple<at::Tensor, at::Tensor> rmsnorm_bwd_add(const at::Tensor &dz, const at::Tensor &x,
+                                                   const at::Tensor &add, const at::Tensor &rsigma,
+                                                   const at::Tensor &gamma,
+                                                   bool zero_centered_gamma) {
+  return rmsnorm_bwd_impl("te_lite::rmsnorm_bwd_add", dz, x, &add, rsigma, gamma,
+                          zero_centered_gamma);
 }
 
 void register_impls(torch::Library &m) {
@@ -167,6 +201,7 @@ void register_impls(torch::Library &m) {
   m.impl("layernorm_bwd", &layernorm_bwd);
   m.impl("rmsnorm_fwd", &rmsnorm_fwd);
   m.impl("rmsnorm_bwd", &rmsnorm_bwd);
+  m.impl("rmsnorm_bwd_add", &rmsnorm_bwd_add);
 }
 
 }  // namespace

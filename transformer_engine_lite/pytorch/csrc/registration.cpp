@@ -51,6 +51,9 @@ TORCH_LIBRARY(te_lite, m) {
   m.def(
       "rmsnorm_bwd(Tensor dz, Tensor x, Tensor rsigma, Tensor gamma, bool zero_centered_gamma) -> "
       "(Tensor, Tensor)");
+  m.def(
+      "rmsnorm_bwd_add(Tensor dz, Tensor x, Tensor add, Tensor rsigma, Tensor gamma, "
+      "bool zero_centered_gamma) -> (Tensor, Tensor)");
 
   // ---- activations
   m.def(

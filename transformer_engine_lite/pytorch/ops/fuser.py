@@ -12,13 +12,15 @@ Backward fusions (over whole forward ops; a basic op already inside a forward fu
 split again):
   MakeExtraOutput(in_place=True) + BasicLinear -> BackwardLinearAdd: the dgrad GEMM accumulates
       into the extra output's gradient (the residual gradient), no separate add.
+  MakeExtraOutput + RMSNorm -> BackwardAddRMSNorm: the norm's backward kernel adds the extra
+      output's gradient into dx (nvte_rmsnorm_bwd_add).
 
 How it runs (with autograd recording): one autograd.Function for the whole list. Its forward runs
 each forward op on detached inputs with grad enabled, so each op builds its own small autograd
 graph (the ops compute with autograd-aware calls: torch.ops.te_lite.* and the modules'
 Functions); its backward walks the backward ops in reverse order, running each op's graph with
-torch.autograd.grad, or a backward fused op that reconfigures the graph's GEMM node first (see
-fused/backward_linear_add.py). Parameter gradients are returned through the Function, so
+torch.autograd.grad, or a backward fused op that reconfigures the graph's node first (the GEMM's
+or the norm's: fused/backward_linear_add.py, backward_add_rmsnorm.py). Parameter gradients are returned through the Function, so
 autograd accumulates them (hooks, main_grad) as for any module. Without autograd recording the
 ops simply run in order.
 """

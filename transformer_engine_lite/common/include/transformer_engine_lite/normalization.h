@@ -55,6 +55,15 @@ NVTE_API NVTEStatus nvte_rmsnorm_bwd(const NVTETensor dz, const NVTETensor x,
                                      const int multiprocessorCount,
                                      const bool zero_centered_gamma, NVTEStream stream);
 
+/*! nvte_rmsnorm_bwd that also adds `add` ([N, H], fp32/fp16/bf16, x's shape) to dx: TE's fused
+ *  residual-gradient add (dx = rmsnorm_bwd(dz) + add, added in fp32 before dx's one rounding).
+ *  Workspace query and everything else as nvte_rmsnorm_bwd; `add` must not overlap an output. */
+NVTE_API NVTEStatus nvte_rmsnorm_bwd_add(const NVTETensor dz, const NVTETensor x,
+                                         const NVTETensor add, const NVTETensor rsigma,
+                                         const NVTETensor gamma, NVTETensor dx, NVTETensor dgamma,
+                                         NVTETensor workspace, const int multiprocessorCount,
+                                         const bool zero_centered_gamma, NVTEStream stream);
+
 #ifdef __cplusplus
 }
 #endif

@@ -4,10 +4,10 @@ from __future__ import annotations
 
 from .backward_fusions import (
     BackwardActivationBias,
-    BackwardAddRMSNorm,
     BackwardLinearScale,
     ForwardLinearScaleAdd,
 )
+from .backward_add_rmsnorm import BackwardAddRMSNorm, fuse_backward_add_rmsnorm
 from .backward_linear_add import BackwardLinearAdd, fuse_backward_linear_add
 from .forward_linear_bias_activation import (
     ForwardLinearBiasActivation,
@@ -25,6 +25,7 @@ __all__ = [
     "ForwardLinearBiasActivation",
     "ForwardLinearBiasAdd",
     "ForwardLinearScaleAdd",
+    "fuse_backward_add_rmsnorm",
     "fuse_backward_linear_add",
     "fuse_backward_ops",
     "fuse_forward_linear_bias_activation",
@@ -45,6 +46,6 @@ def fuse_backward_ops(forward_ops: OpList) -> list[tuple[FusibleOperation, list[
     """The backward plan: the forward ops reversed (each with its index in forward_ops), then
     every backward fusion pass in turn."""
     plan = [(forward_ops[u][0], [u]) for u in reversed(range(len(forward_ops)))]
-    for fusion in (fuse_backward_linear_add,):
+    for fusion in (fuse_backward_linear_add, fuse_backward_add_rmsnorm):
         plan = fusion(plan)
     return plan

@@ -1,6 +1,6 @@
 """TE's fused ops that are named here but not implemented: each needs a core kernel we do not
-have yet (a GEMM with alpha: nvte_cublas_gemm_scaled; a norm backward that adds the residual
-gradient; an activation backward fused with the bias gradient and the cast). The fusion passes
+have yet (a GEMM with alpha: nvte_cublas_gemm_scaled; an activation backward fused with the bias
+gradient and the cast). The fusion passes
 never produce them; constructing one says so."""
 
 from __future__ import annotations
@@ -11,7 +11,6 @@ from ..op import FusedOperation
 
 __all__ = [
     "BackwardActivationBias",
-    "BackwardAddRMSNorm",
     "BackwardLinearScale",
     "ForwardLinearScaleAdd",
 ]
@@ -26,8 +25,6 @@ def _not_implemented(name: str, what: str) -> type:
 
 BackwardActivationBias = _not_implemented(
     "BackwardActivationBias", "the activation backward fused with the bias gradient")
-BackwardAddRMSNorm = _not_implemented(
-    "BackwardAddRMSNorm", "RMSNorm's backward adding the residual gradient")
 BackwardLinearScale = _not_implemented(
     "BackwardLinearScale", "the backward GEMMs scaled by ConstantScale (GEMM alpha)")
 ForwardLinearScaleAdd = _not_implemented(
