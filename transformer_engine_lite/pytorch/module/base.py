@@ -43,6 +43,7 @@ from ..tensor import (
     QuantizedTensor,
     Quantizer,
 )
+from .._extra_state import check_fp8_param_scales, fp8_param_scales
 from ..utils import get_default_init_method
 from ._autograd import GemmConfig, WeightCast, cast_weight, linear
 
@@ -59,7 +60,7 @@ _EXTRA_STATE_KEYS = {
     1: {"version", "amax_history_fwd", "scale_fwd", "scale_inv_fwd", "amax_history_bwd",
         "scale_bwd", "scale_inv_bwd"},
     2: {"version", "num_gemms", "recipe", "amax_history_fwd", "scale_fwd", "amax_history_bwd",
-        "scale_bwd"},
+        "scale_bwd", "fp8_param_scales"},
 }
 _DEFAULT_HISTORY_LEN = 1024  # DelayedScaling's default; resized at the first update if different
 _HP_DTYPES = (torch.float32, torch.float16, torch.bfloat16)
@@ -542,7 +543,7 @@ class TransformerEngineBaseModule(torch.nn.Module):
 
     # ------------------------------------------------------------------ checkpoint
     def get_extra_state(self) -> dict[str, Any]:
-        return {
+        state = {
             "version": EXTRA_STATE_VERSION,
             "num_gemms": self.num_gemms,
             "recipe": self._last_recipe,
@@ -551,6 +552,10 @@ class TransformerEngineBaseModule(torch.nn.Module):
             "amax_history_bwd": self.fp8_bwd_amax_history.detach().clone(),
             "scale_bwd": self.fp8_bwd_scale.detach().clone(),
         }
+        param_scales = fp8_param_scales(self)
+        if param_scales:
+            state["fp8_param_scales"] = param_scales
+        return state
 
     @torch.no_grad()
     def set_extra_state(self, state: Any) -> None:
@@ -591,6 +596,7 @@ class TransformerEngineBaseModule(torch.nn.Module):
                     f"{type(recipe).__name__}"
                 )
         # Everything is checked before anything is assigned: a bad checkpoint changes nothing.
+        param_scales = check_fp8_param_scales(owner, self, state.get("fp8_param_scales", {}))
         dev = self.fp8_meta_device()
         updates = []
         for key, n, hist_name, scale_name in (
@@ -631,6 +637,9 @@ class TransformerEngineBaseModule(torch.nn.Module):
         for hist_name, hist32, scale_name, scale32 in updates:
             setattr(self, hist_name, hist32)
             getattr(self, scale_name).copy_(scale32)
+        for q, v in param_scales:
+            q.scale.copy_(v[0].reshape(q.scale.shape))
+            q.amax.copy_(v[1].reshape(q.amax.shape))
         self.fp8_fwd_ran.zero_()
         self.fp8_bwd_ran.zero_()
         if version == 2:

@@ -64,6 +64,14 @@ class Linear(FusedOperation):
                 self.basic_ops[1].bias = param
         super().register_parameter(name, param)
 
+    # The FP8 state (delayed scaling's amax histories and scales) lives in the BasicLinear, which
+    # is not a submodule: checkpoints carry it as this op's extra state.
+    def get_extra_state(self) -> Any:
+        return self.basic_ops[0].get_extra_state()
+
+    def set_extra_state(self, state: Any) -> None:
+        self.basic_ops[0].set_extra_state(state)
+
     def reset_parameters(self) -> None:
         for op in self.basic_ops:
             op.reset_parameters()
