@@ -606,3 +606,26 @@ def test_megatron_fused_mlp(tp1_group, norm, act):
     assert_close(x.grad, x2.grad.double(), torch.float32, "dx")
     for g, p in zip(grads, (*fc1.parameters(), *fc2.parameters())):
         assert_close(g, p.grad.double(), torch.float32, "parameter gradient")
+
+
+def test_basic_linear_get_quantizer_follows_delayed_scaling():
+    """get_quantizer (TE's BasicOperation API): under DelayedScaling a view of the op's own scales,
+    which the recipe updates after each step: scale = fp8_max / amax_history_max / 2^margin."""
+    recipe = DelayedScaling(margin=1, amax_history_len=4, amax_compute_algo="max")
+    op = ops.BasicLinear(32, 32)
+    assert op.get_quantizer("forward", 0) is None  # before any FP8 forward
+    with torch.no_grad():
+        op.weight.fill_(3.0)
+    for step, xv in enumerate((7.0, 2.0)):
+        x = torch.full((32, 32), xv, requires_grad=True)
+        with te.fp8_autocast(enabled=True, fp8_recipe=recipe):
+            y = op(x)
+        y.backward(torch.full_like(y, 2.0))
+        assert op.get_quantizer("forward", 0).scale.item() == pytest.approx(448.0 / 7.0 / 2, rel=1e-6)
+        assert op.get_quantizer("forward", 1).scale.item() == pytest.approx(448.0 / 3.0 / 2, rel=1e-6)
+        assert op.get_quantizer("backward", 0).scale.item() == pytest.approx(57344.0 / 4, rel=1e-6)
+    with te.fp8_autocast(enabled=True, fp8_recipe=MXFP8BlockScaling()):
+        op(torch.randn(32, 32))
+    assert type(op.get_quantizer("forward", 1)).__name__ == "MXFP8Quantizer"
+    with pytest.raises(ValueError, match="index"):
+        op.get_quantizer("backward", 1)

@@ -333,6 +333,7 @@ class TransformerEngineBaseModule(torch.nn.Module):
     def _note_recipe(self, recipe: Recipe | None) -> None:
         if recipe is not None and not torch.compiler.is_compiling():
             self._last_recipe = recipe.to_dict()
+            self._last_recipe_obj = recipe
 
     @staticmethod
     def _activation_dtype(owner: str, inp: torch.Tensor) -> torch.dtype:

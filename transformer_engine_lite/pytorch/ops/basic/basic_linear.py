@@ -9,7 +9,9 @@ from typing import Any
 import torch
 
 from ...distributed import TPConfig, set_tensor_model_parallel_attributes, split_size
+from ...fp8 import get_fp8_torch_dtype
 from ...module.base import TransformerEngineBaseModule
+from ...tensor import Float8CurrentScalingQuantizer, Float8Quantizer, MXFP8Quantizer, Quantizer
 from .._common import check_positive_int, compute_dtype, param_device, param_dtype, resolve_group
 from ..op import BasicOperation
 
@@ -138,3 +140,34 @@ class BasicLinear(TransformerEngineBaseModule, BasicOperation):
         self, input_: torch.Tensor, extra_inputs: tuple[torch.Tensor, ...]
     ) -> tuple[torch.Tensor, tuple[torch.Tensor, ...]]:
         return self.linear_forward(input_), ()
+
+    def num_quantizers(self, mode: str) -> int:
+        """TE's count: forward (input, weight), backward (grad output)."""
+        if mode not in ("forward", "backward"):
+            raise ValueError(f"{_OWNER}: mode: expected 'forward' or 'backward', got {mode!r}")
+        return 2 if mode == "forward" else 1
+
+    def get_quantizer(self, mode: str, index: int) -> Quantizer | None:
+        """TE's BasicOperation.get_quantizer for the recipe this op last ran under (None before
+        any FP8 forward): forward index 0 = input, 1 = weight; backward 0 = grad output. Delayed
+        scaling: a Float8Quantizer over this op's own scale and current amax slots (views, so
+        they show the recipe's updates); current scaling / MXFP8: the recipe's quantizer."""
+        n = self.num_quantizers(mode)
+        if isinstance(index, bool) or not isinstance(index, int) or not 0 <= index < n:
+            raise ValueError(f"{_OWNER}: index: expected 0..{n - 1} for {mode!r}, got {index!r}")
+        recipe = getattr(self, "_last_recipe_obj", None)
+        if recipe is None:
+            return None
+        fwd = mode == "forward"
+        dtype = get_fp8_torch_dtype(recipe.fp8_format, fwd)
+        if recipe.delayed():
+            scale = self.fp8_fwd_scale if fwd else self.fp8_bwd_scale
+            hist = self.fp8_fwd_amax_history if fwd else self.fp8_bwd_amax_history
+            return Float8Quantizer(scale[index : index + 1], hist[0, index : index + 1], dtype)
+        if recipe.float8_current_scaling():
+            qp = (recipe.fp8_quant_fwd_inp, recipe.fp8_quant_fwd_weight)[index] if fwd else (
+                recipe.fp8_quant_bwd_grad)
+            return Float8CurrentScalingQuantizer(
+                dtype, force_pow_2_scales=bool(qp.power_2_scale), amax_epsilon=float(qp.amax_epsilon)
+            )
+        return MXFP8Quantizer(dtype)
