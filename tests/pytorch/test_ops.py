@@ -18,6 +18,7 @@ te_ops = pytest.importorskip(
 )
 from op_helpers import HP_DTYPES, f32, ops, randn, run_opcheck
 from test_ops_attention import ATTENTION_OPCHECK_CASES
+from test_cross_entropy import CROSS_ENTROPY_OPCHECK_CASES
 from test_fused_optimizers import MULTI_TENSOR_OPCHECK_CASES
 from test_permutation import PERMUTATION_OPCHECK_CASES
 from test_router import ROUTER_OPCHECK_CASES
@@ -364,11 +365,12 @@ def test_every_op_has_an_opcheck_case():
         + ROUTER_OPCHECK_CASES
         + PERMUTATION_OPCHECK_CASES
         + MULTI_TENSOR_OPCHECK_CASES
+        + CROSS_ENTROPY_OPCHECK_CASES
     }
     assert set(te_ops.OPS) == covered, (
         f"no case for {sorted(set(te_ops.OPS) - covered)}; unknown {sorted(covered - set(te_ops.OPS))}"
     )
-    assert len(te_ops.OPS) == 54
+    assert len(te_ops.OPS) == 57
 
 
 # ===================================================================================== errors
