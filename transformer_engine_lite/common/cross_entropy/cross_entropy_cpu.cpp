@@ -30,8 +30,10 @@ void check_targets(const CrossEntropyParams &p, const I *target) {
   }
 }
 
+// Hot loops: NVTE_CPU_KERNEL, called through NVTE_CPU_DISPATCH so that each is compiled for the
+// AVX-512, AVX2 and baseline clones (exp_f32 is branch-free and vectorizes in all three).
 template <typename T>
-void row_stats(const T *x, size_t n, int64_t col, float *st) {
+NVTE_CPU_KERNEL void row_stats(const T *x, size_t n, int64_t col, float *st) {
   float lane_max[kLanes];
   std::fill(lane_max, lane_max + kLanes, -INFINITY);
   size_t j = 0;
@@ -68,6 +70,16 @@ void row_stats(const T *x, size_t n, int64_t col, float *st) {
   st[kStatS] = s;
 }
 
+template <typename T>
+NVTE_CPU_KERNEL void grad_row(const T *x, T *g, size_t n, const RowCombined &c, float scale) {
+  for (size_t j = 0; j < n; ++j) g[j] = from_float<T>(grad_of(c, to_float(x[j]), scale));
+}
+
+template <typename T>
+NVTE_CPU_KERNEL void scale_row(const T *g, T *out, size_t n, float go) {
+  for (size_t j = 0; j < n; ++j) out[j] = from_float<T>(to_float(g[j]) * go);
+}
+
 }  // namespace
 
 void launch_cross_entropy_stats(const CrossEntropyParams &p, DType dtype, const void *logits,
@@ -83,7 +95,7 @@ void launch_cross_entropy_stats(const CrossEntropyParams &p, DType dtype, const 
         for (size_t r = r0; r < r1; ++r) {
           const int64_t t = static_cast<int64_t>(tg[r]);
           const int64_t col = t == p.ignore_idx ? -1 : local_column(p, t);
-          row_stats(x + r * p.vocab, p.vocab, col, stats + r * kNumStats);
+          NVTE_CPU_DISPATCH(row_stats(x + r * p.vocab, p.vocab, col, stats + r * kNumStats));
         }
       });
     });
@@ -111,9 +123,7 @@ void launch_cross_entropy_fwd(const CrossEntropyParams &p, DType dtype, const vo
           }
           const RowCombined c = combine_row(p, r);
           loss[r] = c.loss;
-          for (size_t j = 0; j < n; ++j) {
-            g[j] = from_float<T>(grad_of(c, to_float(x[j]), p.grad_scale));
-          }
+          NVTE_CPU_DISPATCH(grad_row(x, g, n, c, p.grad_scale));
           const int64_t col = local_column(p, t);
           if (col >= 0) {
             // The one-hot term, added in fp32 before the single rounding.
@@ -133,9 +143,8 @@ void launch_cross_entropy_bwd(size_t rows, size_t vocab, DType dtype, const void
     parallel_for(rows, row_grain(vocab), [&](size_t r0, size_t r1) {
       for (size_t r = r0; r < r1; ++r) {
         const float go = grad_output[per_row ? r : 0];
-        const T *g = static_cast<const T *>(grad) + r * vocab;
-        T *out = static_cast<T *>(dx) + r * vocab;
-        for (size_t j = 0; j < vocab; ++j) out[j] = from_float<T>(to_float(g[j]) * go);
+        NVTE_CPU_DISPATCH(scale_row(static_cast<const T *>(grad) + r * vocab,
+                                    static_cast<T *>(dx) + r * vocab, vocab, go));
       }
     });
   });
