@@ -1,7 +1,8 @@
 """torch.ops.te_lite (transformer_engine_lite/pytorch/te_lite_ops.py): torch.library.opcheck for every op
 (schema, fake kernel, autograd registration, AOT dispatch with dynamic shapes; the attention and
 RoPE ops' cases live in test_ops_attention.py, the MoE router's in test_router.py, the MoE permutation's in
-test_permutation.py, and the check that every op has a case covers all four files), errors that name the argument, and a torch.compile(fullgraph=True) smoke test. Numerics:
+test_permutation.py, the cross entropy's in test_cross_entropy.py, and the check that every op has a
+case covers them all), errors that name the argument, and a torch.compile(fullgraph=True) smoke test. Numerics:
 test_ops_numerics.py."""
 
 from __future__ import annotations
