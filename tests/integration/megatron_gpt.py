@@ -27,8 +27,10 @@ from cpu_patches import patch_megatron_cuda_only_spots  # noqa: E402
 
 
 def count_calls() -> collections.Counter:
-    """Counts calls of our fused router and permutation functions (Megatron imports them by name:
-    wrap first) and of ops.Sequential (Megatron hides its TEFusedMLP's Sequential from .modules())."""
+    """Counts calls of our fused router, permutation and cross entropy functions (Megatron imports
+    them by name: wrap first) and of ops.Sequential (Megatron hides its TEFusedMLP's Sequential
+    from .modules())."""
+    import transformer_engine_lite.pytorch.cross_entropy as cross_entropy
     import transformer_engine_lite.pytorch.permutation as permutation
     import transformer_engine_lite.pytorch.router as router
 
@@ -43,7 +45,8 @@ def count_calls() -> collections.Counter:
 
         setattr(module, name, wrapper)
 
-    for module in (router, permutation):  # permutation: Megatron's moe_permute_fusion
+    # permutation: Megatron's moe_permute_fusion; cross_entropy: its cross_entropy_loss_fusion
+    for module in (router, permutation, cross_entropy):
         for name in module.__all__:
             counted(module, name)
     # the fusible-ops path (use_te_op_fuser): Megatron's TEFusedMLP runs an ops.Sequential
@@ -69,6 +72,7 @@ def main() -> None:
     p.add_argument("--moe", action="store_true")
     p.add_argument("--permute-fusion", action="store_true")  # MoE: TE's fused permutation
     p.add_argument("--op-fuser", action="store_true")  # Megatron's use_te_op_fuser
+    p.add_argument("--ce-fusion", action="store_true")  # TE's parallel_cross_entropy for the loss
     p.add_argument("--tp", type=int, default=1)
     p.add_argument("--steps", type=int, default=3)
     a = p.parse_args()
@@ -111,6 +115,8 @@ def main() -> None:
                   moe_router_fusion=True, moe_permute_fusion=a.permute_fusion)
     if a.op_fuser:
         kw.update(use_transformer_engine_op_fuser=True)
+    if a.ce_fusion:
+        kw.update(cross_entropy_loss_fusion=True, cross_entropy_fusion_impl="te")
     config = TransformerConfig(**kw)
     if a.spec == "te":
         spec = get_gpt_layer_with_transformer_engine_spec(

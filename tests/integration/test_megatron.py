@@ -9,6 +9,8 @@ patches. What is compared:
   blockwise: the recipe is built, and using it raises our NotImplementedError;
 - MoE with grouped GEMM and TE's fused router (our router functions are called);
 - use_te_op_fuser: the MLP as TE fusible ops (ops.Sequential runs) equals the module MLP;
+- cross_entropy_loss_fusion with the "te" impl: TE's parallel_cross_entropy (ours) gives the losses
+  of Megatron's unfused vocab-parallel cross entropy, at TP=1 and vocab-parallel at TP=2;
 - TP=2 with sequence parallelism under torchrun (gloo): the losses of TP=1.
 """
 
@@ -129,6 +131,17 @@ def test_op_fuser_mlp():
     assert _close(r["losses"], run("--spec", "te")["losses"], 1e-6), r["losses"]
     fp8 = run("--op-fuser", "--dtype", "bf16", "--fp8", "delayed")["losses"]
     assert _close(fp8, run("--dtype", "bf16", "--fp8", "delayed")["losses"], 1e-2), fp8
+
+
+def test_te_cross_entropy_fusion():
+    """cross_entropy_fusion_impl="te": Megatron's loss is TE's parallel_cross_entropy (ours), with
+    the losses of its own vocab_parallel_cross_entropy; at TP=2 the vocab is split over 2 ranks."""
+    r = run("--ce-fusion")
+    assert r["calls"].get("parallel_cross_entropy", 0) >= 3, r["calls"]  # once per step
+    assert _close(r["losses"], run("--spec", "te")["losses"], 1e-6), r["losses"]
+    tp2 = run("--tp", "2", "--ce-fusion", nproc=2)
+    assert tp2["calls"].get("parallel_cross_entropy", 0) >= 3, tp2["calls"]
+    assert _close(tp2["losses"], run("--spec", "te")["losses"], 1e-6), tp2["losses"]
 
 
 def test_tensor_parallel_2_with_sequence_parallel_equals_tp1():

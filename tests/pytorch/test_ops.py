@@ -1,7 +1,8 @@
 """torch.ops.te_lite (transformer_engine_lite/pytorch/te_lite_ops.py): torch.library.opcheck for every op
 (schema, fake kernel, autograd registration, AOT dispatch with dynamic shapes; the attention and
 RoPE ops' cases live in test_ops_attention.py, the MoE router's in test_router.py, the MoE permutation's in
-test_permutation.py, and the check that every op has a case covers all four files), errors that name the argument, and a torch.compile(fullgraph=True) smoke test. Numerics:
+test_permutation.py, the cross entropy's in test_cross_entropy.py, and the check that every op has a
+case covers them all), errors that name the argument, and a torch.compile(fullgraph=True) smoke test. Numerics:
 test_ops_numerics.py."""
 
 from __future__ import annotations
@@ -18,6 +19,7 @@ te_ops = pytest.importorskip(
 )
 from op_helpers import HP_DTYPES, f32, ops, randn, run_opcheck
 from test_ops_attention import ATTENTION_OPCHECK_CASES
+from test_cross_entropy import CROSS_ENTROPY_OPCHECK_CASES
 from test_fused_optimizers import MULTI_TENSOR_OPCHECK_CASES
 from test_permutation import PERMUTATION_OPCHECK_CASES
 from test_router import ROUTER_OPCHECK_CASES
@@ -378,11 +380,12 @@ def test_every_op_has_an_opcheck_case():
         + ROUTER_OPCHECK_CASES
         + PERMUTATION_OPCHECK_CASES
         + MULTI_TENSOR_OPCHECK_CASES
+        + CROSS_ENTROPY_OPCHECK_CASES
     }
     assert set(te_ops.OPS) == covered, (
         f"no case for {sorted(set(te_ops.OPS) - covered)}; unknown {sorted(covered - set(te_ops.OPS))}"
     )
-    assert len(te_ops.OPS) == 54
+    assert len(te_ops.OPS) == 57
 
 
 # ===================================================================================== errors

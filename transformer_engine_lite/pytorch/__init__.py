@@ -17,6 +17,7 @@ from .attention import DotProductAttention, MultiheadAttention
 from .attention.rope import RotaryPositionEmbedding, apply_rotary_pos_emb
 from .checkpoint import checkpoint
 from .cpu_offload import get_cpu_offload_context
+from .cross_entropy import parallel_cross_entropy  # TE's pytorch.cross_entropy
 from .permutation import (
     moe_permute,
     moe_permute_with_probs,
@@ -64,6 +65,7 @@ from .utils import get_device_compute_capability, is_bf16_available
 
 __all__ = [
     "get_cpu_offload_context",
+    "parallel_cross_entropy",
     "moe_permute",
     "moe_permute_with_probs",
     "moe_sort_chunks_by_index",

@@ -1,6 +1,6 @@
 // Every te_lite op schema, declared once (TORCH_LIBRARY). Device implementations are registered by
 // the family files (cast.cpp, norm.cpp, activation.cpp, gemm.cpp, softmax.cpp, rope.cpp,
-// attention.cpp, router.cpp, permutation.cpp); fake kernels and autograd by
+// attention.cpp, router.cpp, permutation.cpp, cross_entropy.cpp); fake kernels and autograd by
 // transformer_engine_lite/pytorch/te_lite_ops.py, whose docstring documents each op (the router's
 // autograd: pytorch/router.py, as TE's).
 #include <torch/library.h>
@@ -199,4 +199,17 @@ TORCH_LIBRARY_FRAGMENT(te_lite, m) {
       "multi_tensor_compute_scale_and_scale_inv(int chunk_size, Tensor noop_flag, "
       "Tensor[] amaxes, Tensor(a!)[] scales, Tensor(b!)[] scale_invs, float max_fp8, "
       "bool force_pow_2_scales, float epsilon) -> ()");
+}
+
+// ---- Vocab-parallel cross entropy (cross_entropy.cpp): a fragment of its own, because its fake
+// kernels live beside its autograd in pytorch/cross_entropy.py.
+TORCH_LIBRARY_FRAGMENT(te_lite, m) {
+  m.set_python_module("transformer_engine_lite.pytorch.cross_entropy");
+  m.def(
+      "cross_entropy_row_stats(Tensor logits, Tensor target, int rank, int world_size, "
+      "int ignore_idx) -> Tensor");
+  m.def(
+      "cross_entropy_fwd(Tensor logits, Tensor target, Tensor stats, int rank, int ignore_idx, "
+      "float label_smoothing, bool reduce_loss) -> (Tensor loss, Tensor grad)");
+  m.def("cross_entropy_bwd(Tensor grad, Tensor grad_output) -> Tensor");
 }
