@@ -99,6 +99,7 @@ _SIGNATURES: dict[str, list[Any]] = {
     "nvte_rmsnorm_fwd": [_T, _T, _f, _T, _T, _T, _i, _b, _S],
     "nvte_rmsnorm_bwd": [_T, _T, _T, _T, _T, _T, _T, _i, _b, _S],
     "nvte_cublas_gemm": [_T, _T, _T, _T, _T, _b, _b, _b, _T, _b, _b, _i, _S],
+    "nvte_cublas_gemm_scaled": [_T, _T, _T, _T, _T, _b, _b, _b, _T, _f, _f, _b, _i, _S],
 }
 for _act in ("gelu", "qgelu", "relu", "srelu", "silu", "geglu", "qgeglu", "reglu", "sreglu", "swiglu",
              "glu"):
