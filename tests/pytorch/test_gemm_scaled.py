@@ -203,3 +203,23 @@ def test_opcheck_scaled_gemm():
             2.0,
         ),
     )
+
+
+@pytest.mark.parametrize("out_dtype", [torch.float32, torch.bfloat16], ids=str)
+def test_general_gemm_alpha_beta(out_dtype):
+    from transformer_engine_lite.pytorch.cpp_extensions import general_gemm
+
+    w, x, b = randn(16, 32, dtype=out_dtype), randn(8, 32, dtype=out_dtype, seed=1), randn(16)
+    prod = x.double() @ w.double().t()
+    # TE: D = alpha * AB + bias (alpha does not scale the bias).
+    d = general_gemm(w, x, out_dtype, alpha=-0.5, bias=b.to(out_dtype))[0]
+    assert_close(d, -0.5 * prod + b.to(out_dtype).double(), out_dtype, "alpha before bias")
+    # Accumulate: out = beta * out + alpha * AB + bias, in one fused GEMM.
+    out = randn(8, 16, seed=2).to(out_dtype)
+    before = out.double()
+    r = general_gemm(w, x, out=out, accumulate=True, alpha=2.0, beta=0.25, bias=b.to(out_dtype))
+    assert r[0] is out
+    want = 0.25 * before + 2.0 * prod + b.to(out_dtype).double()
+    assert_close(out, want, out_dtype, "general_gemm accumulate alpha/beta")
+    with pytest.raises(ValueError, match="beta"):
+        general_gemm(w, x, out_dtype, beta=0.5)
