@@ -59,7 +59,13 @@ struct Config {
   NVTEDType a, b, d;
   int mode;
   NVTEDType aux;  // dtype of bias and pre_gelu_out
+  // nvte_cublas_gemm_scaled with these factors (the mode's accumulate flag is then unused);
+  // otherwise nvte_cublas_gemm, i.e. alpha = 1, beta = accumulate.
+  bool scaled = false;
+  float alpha = 1.0f, beta = 0.0f;
 };
+double alpha_of(const Config &c) { return c.scaled ? c.alpha : 1.0; }
+double beta_of(const Config &c) { return c.scaled ? c.beta : kModes[c.mode].accumulate ? 1.0 : 0.0; }
 
 NVTEDType aux_for(NVTEDType in) { return in == kF32 ? kF32 : in == kBF16 ? kBF16 : kF16; }
 
@@ -227,6 +233,10 @@ double max_abs(const std::vector<double> &v) {
 NVTEStatus call_gemm(const TestTensor &A, const TestTensor &B, TestTensor &D, NVTETensor bias,
                      NVTETensor pre, const Config &c) {
   const Mode &md = kModes[c.mode];
+  if (c.scaled) {
+    return nvte_cublas_gemm_scaled(A, B, D, bias, pre, c.transa, c.transb, md.grad, nullptr,
+                                   c.alpha, c.beta, false, 0, nullptr);
+  }
   return nvte_cublas_gemm(A, B, D, bias, pre, c.transa, c.transb, md.grad, nullptr, md.accumulate,
                           false, 0, nullptr);
 }
@@ -241,9 +251,14 @@ void run_case(const Config &c, uint32_t seed) {
   Operand B = random_operand(shape_b(d, c.transb), c.b, rng);
   const Product P = ref_product(A.v, B.v, d, c.transa, c.transb);
 
+  const double alpha = alpha_of(c), beta = beta_of(c);
   TestTensor D({d.n, d.m}, c.d);
   std::vector<double> prev(d.n * d.m, 0.0);
-  if (md.accumulate) prev = D.fill_uniform(rng, -1, 1);
+  if (beta != 0.0) {
+    prev = D.fill_uniform(rng, -1, 1);
+  } else if (c.scaled && !test::is_fp8(c.d)) {
+    for (size_t i = 0; i < D.numel(); ++i) D.put(i, NAN);  // beta = 0 must not read D
+  }
   TestTensor bias, pre;
   std::vector<double> bias_v, pre_v;
   const size_t bias_len = md.grad && !md.gelu ? d.n : d.m;
@@ -258,11 +273,12 @@ void run_case(const Config &c, uint32_t seed) {
 
   // Reference epilogue in double.
   std::vector<double> out(d.n * d.m), pre_ref(md.gelu ? d.n * d.m : 0), bias_ref(bias_len, 0.0);
+  std::vector<double> term(d.n * d.m);  // the epilogue's value before beta * prev is added
   double bias_l1 = 0;  // largest sum of |terms| behind one bias-gradient value
   for (size_t i = 0; i < d.n; ++i) {
     for (size_t j = 0; j < d.m; ++j) {
       const size_t idx = i * d.m + j;
-      double v = P.x[idx];
+      double v = alpha * P.x[idx];
       if (!md.grad) {
         if (md.bias) v += bias_v[j];
         if (md.gelu) {
@@ -273,12 +289,13 @@ void run_case(const Config &c, uint32_t seed) {
         v *= dgelu_ref(pre_v[idx]);
         bias_ref[j] += v;
       }
-      out[idx] = v + prev[idx];
+      term[idx] = v;
+      out[idx] = v + beta * prev[idx];
     }
   }
   if (md.grad && md.gelu) {
     std::vector<double> col_l1(d.m, 0.0);
-    for (size_t idx = 0; idx < out.size(); ++idx) col_l1[idx % d.m] += std::fabs(out[idx] - prev[idx]);
+    for (size_t idx = 0; idx < out.size(); ++idx) col_l1[idx % d.m] += std::fabs(term[idx]);
     bias_l1 = max_abs(col_l1);
   }
   if (md.grad && !md.gelu) {
@@ -305,8 +322,10 @@ void run_case(const Config &c, uint32_t seed) {
   ASSERT_NVTE_OK(call_gemm(A.t, B.t, D, md.bias ? bias.handle() : nullptr,
                            md.gelu ? pre.handle() : nullptr, c));
 
-  // Error of the fp32 product and epilogue (|gelu'| <= 1.13, bias and prev add |.| <= 1 each).
-  const double atol_c = test::fp32_accumulation_atol(d.k, 1.2 * P.max_l1 + 2.0);
+  // Error of the fp32 product and epilogue (|gelu'| <= 1.13, bias adds |.| <= 1, beta * prev
+  // |beta|; alpha scales the product's error with it).
+  const double atol_c = test::fp32_accumulation_atol(
+      d.k, std::fabs(alpha) * 1.2 * P.max_l1 + 1.0 + std::max(1.0, std::fabs(beta)));
   if (test::is_fp8(c.d)) {
     EXPECT_TRUE(fp8_close(D, out, d_scale, atol_c));
     const double amax = D.get(0, kNVTEAmax);

@@ -48,10 +48,12 @@ apply are float32 [0].
   clamped_swiglu_bwd(Tensor grad, Tensor x, float limit, float alpha) -> Tensor [x's shape]
   gemm(Tensor A, Tensor? A_scale_inv, bool transa, Tensor B, Tensor? B_scale_inv, bool transb,
       ScalarType out_dtype, Tensor? bias=None, bool gelu=False, bool grad=False,
-      Tensor? gelu_input=None, Tensor? out_scale=None)
+      Tensor? gelu_input=None, Tensor? out_scale=None, float alpha=1.0)
       -> (D, pre_gelu_out, bias_grad, amax, scale_inv)
-      TE's nvte_cublas_gemm: D = op(B) @ op(A) in row-major terms, op(A) = A^T if transa ([k, m]),
-      op(B) = B^T if transb ([n, k]); D is [*B.shape[:-1], m] if not transb, else [n, m].
+      TE's nvte_cublas_gemm_scaled (beta = 0): D = alpha * op(B) @ op(A) in row-major terms,
+      op(A) = A^T if transa ([k, m]), op(B) = B^T if transb ([n, k]); D is [*B.shape[:-1], m] if
+      not transb, else [n, m]. alpha scales the product before bias and GELU (and the dGELU bias
+      gradient with it; not the bias gradient of op(B)); autograd scales dA and dB by it.
       A_scale_inv / B_scale_inv: given exactly for FP8 operands. out_scale: exactly for FP8 out.
       grad=False: bias [m] is added; gelu=True returns pre_gelu_out (the biased product, dtype
         bias's, else out_dtype if not FP8, else A's if not FP8, else bfloat16) and D = gelu(it).
@@ -59,7 +61,9 @@ apply are float32 [0].
         a given bias (only its shape and dtype are used) requests bias_grad: the column sums of D's
         pre-output ([m]) with gelu, else the bias gradient of op(B) ([n]).
   gemm_accumulate_(Tensor(a!) D, Tensor A, Tensor? A_scale_inv, bool transa, Tensor B,
-      Tensor? B_scale_inv, bool transb, Tensor? bias=None) -> ()  D += op(B) @ op(A) (+ bias [m])
+      Tensor? B_scale_inv, bool transb, Tensor? bias=None, float alpha=1.0, float beta=1.0) -> ()
+      D = beta * D + alpha * op(B) @ op(A) + bias (bias [m], high precision; D high precision;
+      beta = 0 does not read D)
   scaled_softmax_fwd(Tensor x, float scale) -> Tensor                      x [b, h, sq, sk]
   scaled_masked_softmax_fwd(Tensor x, Tensor mask, float scale) -> Tensor  mask bool/uint8
       [b or 1, 1, sq, sk], nonzero = masked
@@ -417,6 +421,7 @@ def _(
     grad=False,
     gelu_input=None,
     out_scale=None,
+    alpha=1.0,
 ):
     _, _, d_shape = _gemm_dims(A, transa, B, transb)
     fp8_out = out_dtype in FP8_DTYPES
@@ -433,11 +438,12 @@ def _(
 
 # gemm autograd: high-precision forward GEMMs (grad=False, no FP8 operand or output) differentiate
 # w.r.t. A, B and bias; pre_gelu_out, bias_grad, amax and scale_inv are not differentiable. With
-# P = op(A) [k, m], Q = op(B) [n, k], Y = Q P (+ bias), D = Y or gelu(Y), and dY from dD:
-#   dA = transa ? dY^T Q : Q^T dY        dB = transb ? P dY^T : dY P^T        dbias = sum_n dY
-# each one te_lite.gemm (transa's dA fuses dbias as its grad-mode bias gradient, as TE's wgrad does).
-# Positions in the gemm schema of the arguments that can get a gradient (of 12 arguments).
-_GEMM_NUM_ARGS, _GEMM_A, _GEMM_B, _GEMM_BIAS = 12, 0, 3, 7
+# P = op(A) [k, m], Q = op(B) [n, k], Y = alpha Q P (+ bias), D = Y or gelu(Y), and dY from dD:
+#   dA = alpha (transa ? dY^T Q : Q^T dY)   dB = alpha (transb ? P dY^T : dY P^T)   dbias = sum_n dY
+# each one te_lite.gemm with the same alpha (transa's dA fuses dbias as its grad-mode bias gradient,
+# as TE's wgrad does; that gradient of op(B) = dY is not scaled by alpha, as dbias must not be).
+# Positions in the gemm schema of the arguments that can get a gradient (of 13 arguments).
+_GEMM_NUM_ARGS, _GEMM_A, _GEMM_B, _GEMM_BIAS, _GEMM_ALPHA = 13, 0, 3, 7, 12
 
 
 def _gemm_setup(ctx, inputs, output):
@@ -448,12 +454,13 @@ def _gemm_setup(ctx, inputs, output):
     if grad or fp8:
         ctx.mark_non_differentiable(d)  # grad-mode GEMMs are backward ops; FP8 has no gradient
     ctx.save_for_backward(a, b, pre if gelu and not grad else None)
-    ctx.gemm = (transa, transb, gelu, None if bias is None else bias.dtype)
+    alpha = inputs[_GEMM_ALPHA] if len(inputs) > _GEMM_ALPHA else 1.0
+    ctx.gemm = (transa, transb, gelu, None if bias is None else bias.dtype, alpha)
 
 
 def _gemm_backward(ctx, d_grad, *_):
     a, b, pre = ctx.saved_tensors
-    transa, transb, gelu, bias_dtype = ctx.gemm
+    transa, transb, gelu, bias_dtype, alpha = ctx.gemm
     needs = ctx.needs_input_grad  # may omit trailing arguments left at their defaults
     need_a, need_b = needs[_GEMM_A], needs[_GEMM_B]
     need_bias = bias_dtype is not None and len(needs) > _GEMM_BIAS and needs[_GEMM_BIAS]
@@ -466,16 +473,16 @@ def _gemm_backward(ctx, d_grad, *_):
         # Grad mode: a given bias (only its shape and dtype matter) receives sum_n dY.
         bias_like = dy.new_empty((m,), dtype=bias_dtype) if need_bias else None
         da, _, bias_grad, _, _ = _ops.gemm(
-            b, None, transb, dy, None, True, a.dtype, bias_like, False, True
+            b, None, transb, dy, None, True, a.dtype, bias_like, False, True, alpha=alpha
         )
         dbias = bias_grad if need_bias else None
     elif need_a:
-        da = _ops.gemm(dy, None, False, b, None, not transb, a.dtype)[0]
+        da = _ops.gemm(dy, None, False, b, None, not transb, a.dtype, alpha=alpha)[0]
     if need_b:
         if transb:
-            db = _ops.gemm(dy, None, True, a, None, transa, b.dtype)[0]
+            db = _ops.gemm(dy, None, True, a, None, transa, b.dtype, alpha=alpha)[0]
         else:
-            db = _ops.gemm(a, None, not transa, dy, None, False, b.dtype)[0]
+            db = _ops.gemm(a, None, not transa, dy, None, False, b.dtype, alpha=alpha)[0]
     if need_bias and dbias is None:
         dbias = dy.sum(0).to(bias_dtype)  # fp32 accumulation inside torch's reduction, no copy
     grads = [None] * _GEMM_NUM_ARGS
@@ -489,7 +496,7 @@ torch.library.register_autograd("te_lite::gemm", _gemm_backward, setup_context=_
 
 
 @torch.library.register_fake("te_lite::gemm_accumulate_")
-def _(D, A, A_scale_inv, transa, B, B_scale_inv, transb, bias=None):
+def _(D, A, A_scale_inv, transa, B, B_scale_inv, transb, bias=None, alpha=1.0, beta=1.0):
     _gemm_dims(A, transa, B, transb)
 
 

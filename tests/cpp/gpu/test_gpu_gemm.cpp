@@ -1,5 +1,6 @@
 // nvte_cublas_gemm on GPU tensors against the CPU op: every operand pair and output dtype, all four
-// transposes, each epilogue, odd / multi-tile / empty shapes, a caller's workspace. The GPU runs
+// transposes, each epilogue, odd / multi-tile / empty shapes, a caller's workspace, and
+// nvte_cublas_gemm_scaled's alpha / beta with each epilogue. The GPU runs
 // cuBLASLt or the tiled kernel, both summing in another order than oneDNN, so values are compared
 // within twice the FP32-accumulation allowance (both devices lie within it of the exact result, a
 // double reference computed here), plus the vendor-GELU allowance where an epilogue has GELU.
@@ -58,17 +59,41 @@ struct Config {
   NVTEDType aux;              // dtype of bias and pre_gelu_out
   bool d_transposed = false;  // FP8 D also gets its transposed copy [m, n]
   bool workspace = false;     // pass a 32 MiB device workspace
+  // nvte_cublas_gemm_scaled with these factors (the mode's accumulate flag is then unused).
+  bool scaled = false;
+  float alpha = 1.0f, beta = 0.0f;
 };
+double alpha_of(const Config &c) { return c.scaled ? c.alpha : 1.0; }
+double beta_of(const Config &c) { return c.scaled ? c.beta : kModes[c.mode].accumulate ? 1.0 : 0.0; }
+
+NVTEStatus call_gemm(const Config &c, NVTETensor A, NVTETensor B, NVTETensor D, NVTETensor bias,
+                     NVTETensor pre, NVTETensor ws) {
+  const Mode &md = kModes[c.mode];
+  if (c.scaled) {
+    return nvte_cublas_gemm_scaled(A, B, D, bias, pre, c.transa, c.transb, md.grad, ws, c.alpha,
+                                   c.beta, false, 0, nullptr);
+  }
+  return nvte_cublas_gemm(A, B, D, bias, pre, c.transa, c.transb, md.grad, ws, md.accumulate,
+                          false, 0, nullptr);
+}
 
 NVTEDType aux_for(NVTEDType in) { return in == kF32 ? kF32 : in == kF16 ? kF16 : kBF16; }
 
+std::string scale_tag(float v) {  // 2.5 -> "2p5", -0.75 -> "m0p75"
+  std::string s = std::to_string(v);
+  s.erase(s.find_last_not_of('0') + 1);
+  if (!s.empty() && s.back() == '.') s.pop_back();
+  for (char &ch : s) ch = ch == '-' ? 'm' : ch == '.' ? 'p' : ch;
+  return s;
+}
 std::string trans_tag(bool ta, bool tb) { return std::string(ta ? "T" : "N") + (tb ? "T" : "N"); }
 std::string config_name(const Config &c) {
   return std::string(kModes[c.mode].name) + "_" + test::dtype_tag(c.a) + "_x_" +
          test::dtype_tag(c.b) + "_to_" + test::dtype_tag(c.d) + "_aux_" + test::dtype_tag(c.aux) +
          "_" + trans_tag(c.transa, c.transb) + "_" + std::to_string(c.dims.m) + "x" +
          std::to_string(c.dims.n) + "x" + std::to_string(c.dims.k) +
-         (c.d_transposed ? "_transposed" : "") + (c.workspace ? "_workspace" : "");
+         (c.d_transposed ? "_transposed" : "") + (c.workspace ? "_workspace" : "") +
+         (c.scaled ? "_a" + scale_tag(c.alpha) + "_b" + scale_tag(c.beta) : "");
 }
 
 // A host tensor with the same buffers (shapes, dtypes, bytes) as `t`: holds the GPU's results.
@@ -112,7 +137,7 @@ double dgelu_ref(double x) {
 // What the double reference says about the magnitudes, for the tolerances.
 struct Bounds {
   double max_l1 = 0;     // max over outputs of sum_k |op(B)[i,k] op(A)[k,j]|
-  double max_x = 0;      // max |op(B) op(A)|
+  double max_x = 0;      // max |alpha op(B) op(A)|
   double max_arg = 0;    // max |GELU argument|: x + bias (forward) or pre_gelu_out (grad)
   double dbias_l1 = 0;   // max over columns of sum_i |x * gelu'(pre)| (dGELU bias gradient)
   double bgrad_l1 = 0;   // max over rows of sum_k |op(B)[i, k]| (bias gradient of op(B))
@@ -124,6 +149,7 @@ Bounds reference_bounds(const Config &c, const std::vector<double> &a, const std
   const Mode &md = kModes[c.mode];
   auto op_a = [&](size_t kk, size_t j) { return c.transa ? a[j * d.k + kk] : a[kk * d.m + j]; };
   auto op_b = [&](size_t i, size_t kk) { return c.transb ? b[kk * d.n + i] : b[i * d.k + kk]; };
+  const double alpha = alpha_of(c);
   Bounds r;
   std::vector<double> col_l1(d.m, 0.0);
   for (size_t i = 0; i < d.n; ++i) {
@@ -136,6 +162,8 @@ Bounds reference_bounds(const Config &c, const std::vector<double> &a, const std
         x += op_b(i, kk) * op_a(kk, j);
         l1 += std::fabs(op_b(i, kk) * op_a(kk, j));
       }
+      x *= alpha;  // alpha scales the product (not the bias gradient of op(B) above)
+      l1 *= std::fabs(alpha);
       r.max_l1 = std::max(r.max_l1, l1);
       r.max_x = std::max(r.max_x, std::fabs(x));
       if (md.gelu && !md.grad) {
@@ -174,7 +202,12 @@ void run_case(const Config &c, uint32_t seed) {
   const std::vector<double> av = fill_operand(A, rng), bv = fill_operand(B, rng);
 
   TestTensor D({d.n, d.m}, c.d);
-  if (md.accumulate) D.fill_uniform(rng, -1, 1);
+  const double beta = beta_of(c);
+  if (beta != 0.0) {
+    D.fill_uniform(rng, -1, 1);
+  } else if (c.scaled && !test::is_fp8(c.d)) {
+    for (size_t i = 0; i < D.numel(); ++i) D.put(i, NAN);  // beta = 0 reads no D on either device
+  }
   const size_t bias_len = md.grad && !md.gelu ? d.n : d.m;
   TestTensor bias({bias_len}, c.aux), pre({d.n, d.m}, c.aux);
   std::vector<double> bias_v(bias_len, 0.0), pre_v;
@@ -196,22 +229,21 @@ void run_case(const Config &c, uint32_t seed) {
   TestTensor gD = clone(D), gbias = clone(bias), gpre = clone(pre);
   GpuTensor dA(A), dB(B), dD(gD), dbias(gbias), dpre(gpre);
   GpuTensor ws({size_t{32} << 20}, kNVTEByte);
-  ASSERT_NVTE_OK(nvte_cublas_gemm(A, B, D, md.bias ? bias.handle() : nullptr,
-                                  md.gelu ? pre.handle() : nullptr, c.transa, c.transb, md.grad,
-                                  nullptr, md.accumulate, false, 0, nullptr));
+  ASSERT_NVTE_OK(call_gemm(c, A, B, D, md.bias ? bias.handle() : nullptr,
+                           md.gelu ? pre.handle() : nullptr, nullptr));
   const NVTETensor d_bias = md.bias ? static_cast<NVTETensor>(dbias) : nullptr;
   const NVTETensor d_pre = md.gelu ? static_cast<NVTETensor>(dpre) : nullptr;
   const NVTETensor d_ws = c.workspace ? static_cast<NVTETensor>(ws) : nullptr;
-  ASSERT_NVTE_OK(nvte_cublas_gemm(dA, dB, dD, d_bias, d_pre, c.transa, c.transb, md.grad, d_ws,
-                                  md.accumulate, false, 0, nullptr));
+  ASSERT_NVTE_OK(call_gemm(c, dA, dB, dD, d_bias, d_pre, d_ws));
   dD.download_all(gD);
   dbias.download_all(gbias);
   dpre.download_all(gpre);
 
   // Each device is within acc of the exact value (test_gemm.cpp's bound: |gelu'| <= 1.13, bias and
-  // D's previous value add <= 1 each), so the two within 2 acc; GELU may differ by the vendor's
-  // tanh.
-  const double acc = test::fp32_accumulation_atol(d.k, 1.2 * bd.max_l1 + 2.0);
+  // D's previous value add <= 1 each, beta times D's value |beta|; max_l1 carries alpha), so the
+  // two within 2 acc; GELU may differ by the vendor's tanh.
+  const double acc =
+      test::fp32_accumulation_atol(d.k, 1.2 * bd.max_l1 + 1.0 + std::max(1.0, std::fabs(beta)));
   const double gelu = md.gelu ? test::vendor_gelu_atol(bd.max_arg, md.grad ? bd.max_x : 1.0) : 0;
   const double slack = 2 * acc + gelu;
   if (test::is_fp8(c.d)) {
@@ -318,6 +350,36 @@ INSTANTIATE_TEST_SUITE_P(Dtypes, GpuGemmTest, ::testing::ValuesIn(dtype_configs(
 INSTANTIATE_TEST_SUITE_P(Epilogues, GpuGemmTest, ::testing::ValuesIn(epilogue_configs()),
                          param_name);
 INSTANTIATE_TEST_SUITE_P(Special, GpuGemmTest, ::testing::ValuesIn(special_configs()), param_name);
+
+// nvte_cublas_gemm_scaled: every epilogue x (alpha, beta) with alpha positive, negative and 0 and
+// beta 0, 1 and other, for fp32, bf16 and FP8 operands (FP8 D only with beta = 0: gemm.h), TN with
+// two tiles of n, and bf16 NT on an odd shape. cuBLASLt takes the forward ones without GELU +
+// beta; the tiled kernel the rest (and all of them under gpusim).
+std::vector<Config> scaled_configs() {
+  struct Scales {
+    float alpha, beta;
+  };
+  const Scales scales[] = {{2.5f, 0.0f}, {-0.75f, 0.5f}, {0.0f, 1.0f}};
+  std::vector<Config> cs;
+  for (int mode = 0; mode < static_cast<int>(std::size(kModes)); ++mode) {
+    if (kModes[mode].accumulate) continue;  // beta replaces the flag
+    for (const Scales &s : scales) {
+      auto add = [&](Config c) {
+        c.scaled = true;
+        c.alpha = s.alpha;
+        c.beta = s.beta;
+        cs.push_back(c);
+      };
+      add({{65, 130, 33}, true, false, kF32, kF32, kF32, mode, kF32});
+      add({{65, 130, 33}, true, false, kBF16, kBF16, kBF16, mode, kBF16});
+      add({{65, 130, 33}, true, false, kE4M3, kE4M3, kBF16, mode, kBF16});
+      if (s.beta == 0.0f) add({{65, 130, 33}, true, false, kE4M3, kE5M2, kE4M3, mode, kBF16});
+      add({{7, 33, 5}, false, true, kBF16, kBF16, kBF16, mode, kBF16});
+    }
+  }
+  return cs;
+}
+INSTANTIATE_TEST_SUITE_P(Scaled, GpuGemmTest, ::testing::ValuesIn(scaled_configs()), param_name);
 
 // ------------------------------------------------------------------ empty products
 // m, n or k = 0: nothing to multiply, but amax (0), scale_inv and bias gradients (zeros) are still

@@ -2,6 +2,7 @@
 // launch.
 #include "transformer_engine_lite/gemm.h"
 
+#include <cmath>
 #include <string>
 
 #include "../cast/emit_cpu.h"
@@ -53,18 +54,16 @@ void check_hp_dtype(const SimpleTensor &t, const char *arg) {
   check_dtype(t, arg, {kNVTEFloat32, kNVTEFloat16, kNVTEBFloat16});
 }
 
-}  // namespace
-}  // namespace nvte
-
-using namespace nvte;
-
-NVTEStatus nvte_cublas_gemm(const NVTETensor A, const NVTETensor B, NVTETensor D,
-                            const NVTETensor bias, NVTETensor pre_gelu_out, bool transa, bool transb,
-                            bool grad, NVTETensor workspace, bool accumulate,
-                            bool use_split_accumulator, int math_sm_count, NVTEStream stream) {
-  // Accumulation is always FP32 (ARCHITECTURE.md §5), on every device.
-  (void)use_split_accumulator;
-  return guarded("nvte_cublas_gemm", [&] {
+// Both entry points: nvte_cublas_gemm is alpha = 1, beta = accumulate ? 1 : 0. `scaled` names the
+// caller in messages (its argument is 'beta', nvte_cublas_gemm's 'accumulate').
+NVTEStatus gemm_entry(const char *api, bool scaled, const NVTETensor A, const NVTETensor B,
+                      NVTETensor D, const NVTETensor bias, NVTETensor pre_gelu_out, bool transa,
+                      bool transb, bool grad, NVTETensor workspace, float alpha, float beta,
+                      int math_sm_count, NVTEStream stream) {
+  return guarded(api, [&] {
+    NVTE_CHECK(std::isfinite(alpha), "argument 'alpha': expected a finite scale, got ", alpha);
+    NVTE_CHECK(std::isfinite(beta), "argument 'beta': expected a finite scale, got ", beta);
+    const bool accumulate = beta != 0.0f;  // D is read only then (beta = 0: cuBLAS does not read C)
     const Tensor &a = as_tensor(A, "A");
     const Tensor &b = as_tensor(B, "B");
     const Tensor &d = as_tensor(D, "D");
@@ -97,10 +96,18 @@ NVTEStatus nvte_cublas_gemm(const NVTETensor A, const NVTETensor B, NVTETensor D
                          "argument 'D': the CPU GEMM writes per-tensor scaled outputs (scaling mode "
                          "NVTE_DELAYED_TENSOR_SCALING), got scaling mode ",
                          static_cast<int>(d.scaling_mode));
-    NVTE_CHECK_SUPPORTED(!(accumulate && is_fp8(d.data.dtype)),
-                         "argument 'accumulate': accumulating into an FP8 output is not supported "
-                         "(expected D of dtype float32, float16 or bfloat16 with accumulate=true, got ",
-                         dtype_name(d.data.dtype), ")");
+    if (scaled) {
+      NVTE_CHECK_SUPPORTED(!(accumulate && is_fp8(d.data.dtype)),
+                           "argument 'beta': accumulating into an FP8 output is not supported "
+                           "(expected beta = 0 with an FP8 D, or D of dtype float32, float16 or "
+                           "bfloat16; got beta = ", beta, " and D of dtype ",
+                           dtype_name(d.data.dtype), ")");
+    } else {
+      NVTE_CHECK_SUPPORTED(!(accumulate && is_fp8(d.data.dtype)),
+                           "argument 'accumulate': accumulating into an FP8 output is not "
+                           "supported (expected D of dtype float32, float16 or bfloat16 with "
+                           "accumulate=true, got ", dtype_name(d.data.dtype), ")");
+    }
 
     // ---- epilogue tensors
     if (pre_t != nullptr) {
@@ -145,7 +152,7 @@ NVTEStatus nvte_cublas_gemm(const NVTETensor A, const NVTETensor B, NVTETensor D
                                                  {bias_t, "bias"},
                                                  {pre_t, "pre_gelu_out"},
                                                  {ws_t, "workspace"}});
-    const bool gpu = use_gpu(device, "nvte_cublas_gemm");
+    const bool gpu = use_gpu(device, api);
     // FP8 D: scale, amax, scale_inv, transposed copy; validation reads no tensor memory.
     const OutputSpec d_spec = validate_output(d, "D", d.data.shape);
     if (gpu) {
@@ -164,6 +171,8 @@ NVTEStatus nvte_cublas_gemm(const NVTETensor A, const NVTETensor B, NVTETensor D
       g.transb = transb;
       g.grad = grad;
       g.accumulate = accumulate;
+      g.alpha = alpha;
+      g.beta = beta;
       g.math_sm_count = math_sm_count;
       gpu::launch_gemm(g, d_spec, stream);
 #endif
@@ -174,7 +183,7 @@ NVTEStatus nvte_cublas_gemm(const NVTETensor A, const NVTETensor B, NVTETensor D
     (void)stream;
     const OutputEmitter em(d, d_spec);
 #ifndef NVTE_WITH_ONEDNN
-    NVTE_CHECK_SUPPORTED(false, "nvte_cublas_gemm: this build has no CPU GEMM backend (expected a "
+    NVTE_CHECK_SUPPORTED(false, api, ": this build has no CPU GEMM backend (expected a "
                                 "build with oneDNN: configure with NVTE_WITH_ONEDNN=ON and install "
                                 "onednn-cpu-gomp + onednn-devel-cpu-gomp, got NVTE_WITH_ONEDNN=OFF)");
 #endif
@@ -191,6 +200,8 @@ NVTEStatus nvte_cublas_gemm(const NVTETensor A, const NVTETensor B, NVTETensor D
     p.transa = transa;
     p.transb = transb;
     p.accumulate = accumulate;
+    p.alpha = alpha;
+    p.beta = beta;
     p.scale_inv_a = is_fp8(a.data.dtype) ? *a.scale_inv.ptr<const float>() : 1.0f;
     p.scale_inv_b = is_fp8(b.data.dtype) ? *b.scale_inv.ptr<const float>() : 1.0f;
     if (grad) {
@@ -199,4 +210,28 @@ NVTEStatus nvte_cublas_gemm(const NVTETensor A, const NVTETensor B, NVTETensor D
       gemm::launch_gemm_fwd(p, em);
     }
   });
+}
+
+}  // namespace
+}  // namespace nvte
+
+// Accumulation is always FP32 (ARCHITECTURE.md §5), on every device: use_split_accumulator has
+// nothing to select.
+NVTEStatus nvte_cublas_gemm(const NVTETensor A, const NVTETensor B, NVTETensor D,
+                            const NVTETensor bias, NVTETensor pre_gelu_out, bool transa, bool transb,
+                            bool grad, NVTETensor workspace, bool accumulate,
+                            bool use_split_accumulator, int math_sm_count, NVTEStream stream) {
+  (void)use_split_accumulator;
+  return nvte::gemm_entry("nvte_cublas_gemm", false, A, B, D, bias, pre_gelu_out, transa, transb,
+                          grad, workspace, 1.0f, accumulate ? 1.0f : 0.0f, math_sm_count, stream);
+}
+
+NVTEStatus nvte_cublas_gemm_scaled(const NVTETensor A, const NVTETensor B, NVTETensor D,
+                                   const NVTETensor bias, NVTETensor pre_gelu_out, bool transa,
+                                   bool transb, bool grad, NVTETensor workspace, float alpha,
+                                   float beta, bool use_split_accumulator, int math_sm_count,
+                                   NVTEStream stream) {
+  (void)use_split_accumulator;
+  return nvte::gemm_entry("nvte_cublas_gemm_scaled", true, A, B, D, bias, pre_gelu_out, transa,
+                          transb, grad, workspace, alpha, beta, math_sm_count, stream);
 }

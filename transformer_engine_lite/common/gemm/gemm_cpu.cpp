@@ -59,6 +59,10 @@ P *offset(P *base, size_t elems, DType t) {
 NVTE_CPU_KERNEL void add_row(float *acc, const float *v, size_t n) {
   for (size_t i = 0; i < n; ++i) acc[i] += v[i];
 }
+// acc += s * v; with s = 1 the same bytes as add_row (s * v is exact, one rounding either way).
+NVTE_CPU_KERNEL void axpy_row(float *acc, float s, const float *v, size_t n) {
+  for (size_t i = 0; i < n; ++i) acc[i] += s * v[i];
+}
 NVTE_CPU_KERNEL void scale_row(float *v, float s, size_t n) {
   for (size_t i = 0; i < n; ++i) v[i] *= s;
 }
@@ -273,7 +277,9 @@ MatmulDesc make_desc(const GemmParams &p, Compute compute) {
   d.wei_stride[1] = p.transa ? d.K : 1;
   d.src_dtype = compute_dtype(p.B->data.dtype, compute);
   d.wei_dtype = compute_dtype(p.A->data.dtype, compute);
-  d.src_scale = is_fp8(p.B->data.dtype);
+  // alpha rides on the src scale (run_product), so it multiplies the fp32 accumulator with the
+  // FP8 scale_inv, before bias and sum post-ops; alpha = 1 keeps the primitive of nvte_cublas_gemm.
+  d.src_scale = is_fp8(p.B->data.dtype) || p.alpha != 1.0f;
   d.wei_scale = is_fp8(p.A->data.dtype);
   return d;
 }
@@ -328,6 +334,7 @@ Plan make_plan(const GemmParams &p, bool grad) {
       dd.bias = !grad && p.bias != nullptr;
       dd.bias_dtype = kNVTEFloat32;
       dd.accumulate = p.accumulate;
+      dd.sum_scale = p.beta;
       if ((plan.prim = get_matmul(dd))) {
         plan.direct = true;
         plan.compute = compute;
@@ -359,7 +366,7 @@ void run_product(const GemmParams &p, const Plan &plan, const Operand &a, const 
   args.wei = a.ptr;
   args.dst = dst;
   args.bias = plan.bias_post_op ? bias_f : nullptr;
-  args.src_scale = p.scale_inv_b;
+  args.src_scale = p.scale_inv_b * p.alpha;  // one fp32 scalar: exact for alpha = 1
   args.wei_scale = p.scale_inv_a;
   run_matmul(*plan.prim, args);
 }
@@ -367,7 +374,7 @@ void run_product(const GemmParams &p, const Plan &plan, const Operand &a, const 
 // ---------------------------------------------------------------- epilogue
 enum class Epilogue { kPlain, kBiasGelu, kDgelu };
 
-// X: fp32 [n, m] product (already scaled). Writes D (and pre_gelu_out in kBiasGelu); in kDgelu X is
+// X: fp32 [n, m] product (already scaled by the scale_inv and alpha). Writes D (and pre_gelu_out in kBiasGelu); in kDgelu X is
 // overwritten with x * gelu'(pre) for the bias gradient.
 void run_epilogue(const GemmParams &p, Epilogue mode, float *X, const float *bias_f,
                   const OutputEmitter &em) {
@@ -403,7 +410,7 @@ void run_epilogue(const GemmParams &p, Epilogue mode, float *X, const float *bia
       }
       if (load_d) {  // D's previous row, read before emit overwrites this row block
         load_d(offset<const void>(p.D->data.dptr, row * m, p.D->data.dtype), prev.data(), m);
-        NVTE_CPU_DISPATCH(add_row(v, prev.data(), m));
+        NVTE_CPU_DISPATCH(axpy_row(v, p.beta, prev.data(), m));
       }
     }
   });

@@ -21,15 +21,18 @@ struct GemmParams {
   const Tensor *pre_gelu_out = nullptr;  // nullptr when empty; output (fwd) or input (grad)
   size_t m = 0, n = 0, k = 0;
   bool transa = false, transb = false;
-  bool accumulate = false;  // D += result instead of D = result
+  bool accumulate = false;  // beta != 0: D's previous value is read
+  float alpha = 1.0f;        // scales the product (nvte_cublas_gemm_scaled)
+  float beta = 1.0f;         // scales D's previous value (used when accumulate)
   float scale_inv_a = 1.0f;  // FP8 operands' scale_inv (1 for other dtypes)
   float scale_inv_b = 1.0f;
 };
 
-// grad = false: D = acc + [gelu](op(B)op(A) + bias), pre_gelu_out = op(B)op(A) + bias.
+// With X = alpha * op(B)op(A) and acc = beta * D's previous value (0 without accumulate):
+// grad = false: D = acc + [gelu](X + bias), pre_gelu_out = X + bias.
 void launch_gemm_fwd(const GemmParams &p, const OutputEmitter &d_out);
 // grad = true: D = acc + X [* gelu'(pre_gelu_out)], bias = column sums of that product (dgelu) or
-// row sums of op(B) (no pre_gelu_out).
+// row sums of op(B) (no pre_gelu_out; alpha does not enter).
 void launch_gemm_bwd(const GemmParams &p, const OutputEmitter &d_out);
 
 }  // namespace gemm

@@ -248,7 +248,9 @@ __global__ void scale_inv_kernel(const float *scale, float *scale_inv) {
 // The combinations cuBLASLt computes as gemm.h specifies, before any library call. Anything else
 // is the tiled kernel's: empty products; FNUZ FP8; E5M2 x E5M2 (no cuBLASLt kernels); FP8 before
 // sm_89; the amax of a high-precision D (cuBLASLt records amax only for FP8 outputs); GELU or dGELU
-// with accumulate (cuBLASLt applies them to AB + C, gemm.h adds D's previous value afterwards);
+// with beta != 0 (cuBLASLt applies them to alpha AB + beta C, gemm.h adds D's previous value
+// afterwards); dGELU or bias gradients with alpha != 1 (whether cuBLASLt's bias gradients carry alpha
+// is undocumented: gemm.h scales the dGELU one and not that of op(B));
 // dGELU / bias gradients of FP8 operands (TE never asks for them; how cuBLASLt would scale them is
 // undocumented); non-FP8 bias or pre-GELU buffers of a dtype other than D's (cuBLASLt ties them to
 // D's type).
@@ -263,6 +265,7 @@ bool eligible(const GemmArgs &g, const OutputSpec &spec, int device) {
   if (fp8 && at == kNVTEFloat8E5M2 && bt == kNVTEFloat8E5M2) return false;
   if (!spec.fp8 && g.D->amax.has_data()) return false;
   if (g.pre_gelu_out != nullptr && g.accumulate) return false;
+  if (g.grad && g.alpha != 1.0f && (g.bias != nullptr || g.pre_gelu_out != nullptr)) return false;
   if (fp8 && g.grad && (g.bias != nullptr || g.pre_gelu_out != nullptr)) return false;
   if (!fp8 && g.bias != nullptr && g.bias->data.dtype != spec.dtype) return false;
   if (!fp8 && g.pre_gelu_out != nullptr && g.pre_gelu_out->data.dtype != spec.dtype) return false;
@@ -310,7 +313,7 @@ bool launch_gemm_cublaslt(const GemmArgs &g, const OutputSpec &spec, void *strea
   const Layout a_layout(lt, a_type, g.transa ? g.k : g.m, g.transa ? g.m : g.k);
   const Layout b_layout(lt, b_type, g.transb ? g.n : g.k, g.transb ? g.k : g.n);
   const Layout d_layout(lt, d_type, g.m, g.n);
-  // C is D's previous value (beta = 1 when accumulating). An FP8 D is never accumulated into and
+  // C is D's previous value (scaled by beta when accumulating). An FP8 D is never accumulated into and
   // cuBLASLt wants C in bf16/fp16 then (the bias dtype, as TE), with no C pointer.
   cudaDataType_t c_type = d_type;
   if (spec.fp8) c_type = g.bias != nullptr ? cuda_type(g.bias->data.dtype) : CUDA_R_16BF;
@@ -368,7 +371,8 @@ bool launch_gemm_cublaslt(const GemmArgs &g, const OutputSpec &spec, void *strea
   if (hs != CUBLAS_STATUS_SUCCESS || found == 0) return false;  // e.g. FP8 layouts other than TN
   if (!ws_given) ws.allocate(result.workspaceSize, s);
 
-  const float alpha = 1.0f, beta = g.accumulate ? 1.0f : 0.0f;
+  // Host scalars (the default pointer mode); beta = 0 when not accumulating, so C is not read.
+  const float alpha = g.alpha, beta = g.accumulate ? g.beta : 0.0f;
   const void *c_ptr = spec.fp8 ? nullptr : D.data.dptr;
   const cublasStatus_t ms =
       lt.matmul(handle, desc.get(), &alpha, A.data.dptr, a_layout.get(), B.data.dptr,

@@ -22,7 +22,9 @@ struct GemmArgs {
   size_t m = 0, n = 0, k = 0;
   bool transa = false, transb = false;
   bool grad = false;        // backward epilogues (dGELU, bias gradients)
-  bool accumulate = false;  // D += result instead of D = result
+  bool accumulate = false;  // beta != 0: D's previous value is read
+  float alpha = 1.0f;       // D = beta * D + epilogue(alpha * product) (gemm.h)
+  float beta = 1.0f;        // used when accumulate
   int math_sm_count = 0;    // > 0: SM count cuBLASLt should target (TE's math_sm_count)
 };
 

@@ -10,6 +10,7 @@
 #include <array>
 #include <cstdint>
 #include <cstdlib>
+#include <cstring>
 #include <list>
 #include <mutex>
 #include <unordered_map>
@@ -77,7 +78,7 @@ const dnnl::engine &cpu_engine() {
 
 // ---------------------------------------------------------------- cache key
 // Every field of MatmulDesc as integers (no padding bytes, so plain equality and hashing are exact).
-using Key = std::array<int64_t, 15>;
+using Key = std::array<int64_t, 16>;
 struct KeyHash {
   size_t operator()(const Key &k) const {
     uint64_t h = 1469598103934665603ull;  // FNV-1a over the fields
@@ -86,10 +87,17 @@ struct KeyHash {
   }
 };
 
+int64_t bits_of(float f) {
+  uint32_t u = 0;
+  std::memcpy(&u, &f, sizeof(u));
+  return u;
+}
+
 Key make_key(const MatmulDesc &d) {
   return Key{d.M, d.K, d.N, d.src_stride[0], d.src_stride[1], d.wei_stride[0], d.wei_stride[1],
              d.src_dtype, d.wei_dtype, d.dst_dtype, d.src_scale, d.wei_scale, d.bias,
-             d.bias ? d.bias_dtype : kNVTEFloat32, d.accumulate};
+             d.bias ? d.bias_dtype : kNVTEFloat32, d.accumulate,
+             d.accumulate ? bits_of(d.sum_scale) : 0};
 }
 
 // LRU cache. Creating a matmul primitive descriptor costs 0.1-1 ms (ISA dispatch, blocking
@@ -156,7 +164,7 @@ std::shared_ptr<const MatmulPrimitive> create(const MatmulDesc &d) {
     prim->bias = dnnl::memory::desc(dims{1, d.N}, to_dnnl(d.bias_dtype), dims{d.N, 1});
     po.append_binary(dnnl::algorithm::binary_add, prim->bias);
   }
-  if (d.accumulate) po.append_sum(1.0f);
+  if (d.accumulate) po.append_sum(d.sum_scale);
   attr.set_post_ops(po);
   // The primitives are cached for every thread (JAX runs one GEMM per device concurrently). oneDNN's
   // library scratchpad (ONEDNN_ENABLE_CONCURRENT_EXEC=OFF builds) ties a primitive to the thread

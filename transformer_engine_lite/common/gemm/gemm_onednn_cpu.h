@@ -24,8 +24,10 @@ struct MatmulDesc {
   // dst row r += bias (binary add post-op broadcast over rows), applied after the scales.
   bool bias = false;
   DType bias_dtype = kNVTEFloat32;
-  // dst += previous dst (sum post-op), applied last.
+  // dst += sum_scale * previous dst (sum post-op), applied last. The scale is a creation-time
+  // constant of oneDNN's sum post-op, so it is part of the cache key (beta: usually 1).
   bool accumulate = false;
+  float sum_scale = 1.0f;
 };
 
 struct MatmulArgs {

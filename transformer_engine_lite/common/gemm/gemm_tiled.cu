@@ -50,7 +50,9 @@ struct TiledParams {
   size_t m = 0, n = 0, k = 0;
   bool transa = false, transb = false;
   bool grad = false;                   // dGELU epilogue when pre is set
-  bool accumulate = false;             // D (high precision) += result
+  bool accumulate = false;             // D (high precision) = beta * D + result
+  float alpha = 1.0f;                  // scales the product with the scale_inv
+  float beta = 1.0f;                   // used when accumulate
   const void *bias = nullptr;          // forward bias [m]; nullptr: none
   DType bias_dtype = kNVTEFloat32;
   void *pre = nullptr;                 // pre_gelu_out [n, m]: written (forward) or read (grad)
@@ -156,9 +158,10 @@ __global__ void __launch_bounds__(kThreads)
   }
 
   // Epilogue, in the CPU's order (gemm_cpu.cpp run_epilogue): x = dot * scale_inv_a * scale_inv_b;
-  // forward y = x + bias, pre = y, v = gelu(y); grad v = x * gelu'(pre); then v += D_prev.
+  // forward y = x + bias, pre = y, v = gelu(y); grad v = x * gelu'(pre); then v += beta * D_prev.
+  // alpha joins the scale_inv product (exact for alpha = 1: the bytes of nvte_cublas_gemm).
   const float scale_ab = (p.a_scale_inv != nullptr ? *p.a_scale_inv : 1.0f) *
-                         (p.b_scale_inv != nullptr ? *p.b_scale_inv : 1.0f);
+                         (p.b_scale_inv != nullptr ? *p.b_scale_inv : 1.0f) * p.alpha;
   const float out_scale = output_scale(out);
   float thread_amax = 0.0f;
   float dbias[kMicro] = {};  // this thread's column sums of the dGELU product, rows in order
@@ -181,7 +184,8 @@ __global__ void __launch_bounds__(kThreads)
         dbias[c] += v;
       }
       if constexpr (!is_fp8_v<OType>) {  // accumulate into an FP8 D is rejected by gemm.cpp
-        if (p.accumulate) v = v + to_float(static_cast<const OType *>(out.data)[idx]);
+        // beta * prev is exact for beta = 1, so a contracted fmaf rounds as v + prev did.
+        if (p.accumulate) v = v + p.beta * to_float(static_cast<const OType *>(out.data)[idx]);
       }
       store_output<OType>(out, i, j, v, out_scale);
       thread_amax = abs_max_update(thread_amax, v);
@@ -295,6 +299,8 @@ void launch_gemm_tiled(const GemmArgs &g, const OutputSpec &d_spec, void *stream
   p.transb = g.transb;
   p.grad = g.grad;
   p.accumulate = g.accumulate;
+  p.alpha = g.alpha;
+  p.beta = g.beta;
   if (g.pre_gelu_out != nullptr) {
     p.pre = g.pre_gelu_out->data.dptr;
     p.pre_dtype = g.pre_gelu_out->data.dtype;

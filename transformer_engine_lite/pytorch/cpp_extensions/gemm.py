@@ -34,7 +34,29 @@ def _operand(name: str, t: Any, rowwise: bool) -> tuple[torch.Tensor, torch.Tens
     return t, None
 
 
-def general_gemm(
+def general_gemm(A: Any, B: Any, *args: Any, **kwargs: Any):
+    """D = op(B) @ op(A) (+ bias, GELU epilogue) in TE's column-major naming: layout "TN" gives
+    B @ A^T (A is the weight [out, in], B the input [tokens, in]), "NN" B @ A, "NT" B^T @ A.
+    Operands may be Float8Tensor / MXFP8Tensor. out_dtype: default A's (nominal) dtype.
+    quantization_params: quantize D with this quantizer (returns a QuantizedTensor). out /
+    accumulate / alpha / beta: D = [GELU](alpha * product + bias) + beta * out (beta default 1
+    with accumulate; alpha does not scale the bias, as TE), written into out. Returns (D, bias_grad, gelu_input, extra_output) as TE.
+    use_split_accumulator is a GPU FP8 option (the CPU GEMM always accumulates in FP32).
+    Userbuffer overlap (ub, ub_type, extra_output, bulk_overlap) is not supported.
+    workspace: TE 2.8's cuBLAS scratch argument (module.base.get_workspace()), third positional
+    there and gone in later TE: accepted by keyword, or in the third place followed by TE 2.8's
+    order (out_dtype, quantization_params, ...), positionally or by keyword; no GEMM here needs
+    it (oneDNN and our cuBLASLt path allocate their own)."""
+    # A tensor in the third place is TE 2.8's workspace: the arguments after it are then in the
+    # same order as ours (a *args wrapper, so quantization_params may still come by keyword).
+    if args and isinstance(args[0], torch.Tensor):
+        if "workspace" in kwargs:
+            raise TypeError("general_gemm: workspace given twice (positionally and by keyword)")
+        kwargs["workspace"], args = args[0], args[1:]
+    return _general_gemm(A, B, *args, **kwargs)
+
+
+def _general_gemm(
     A: torch.Tensor,
     B: torch.Tensor,
     out_dtype: torch.dtype | None = None,
@@ -55,26 +77,7 @@ def general_gemm(
     bulk_overlap: bool = False,
     workspace: torch.Tensor | None = None,
 ) -> tuple[Any, torch.Tensor | None, torch.Tensor | None, torch.Tensor | None]:
-    """D = op(B) @ op(A) (+ bias, GELU epilogue) in TE's column-major naming: layout "TN" gives
-    B @ A^T (A is the weight [out, in], B the input [tokens, in]), "NN" B @ A, "NT" B^T @ A.
-    Operands may be Float8Tensor / MXFP8Tensor. out_dtype: default A's (nominal) dtype.
-    quantization_params: quantize D with this quantizer (returns a QuantizedTensor). out /
-    accumulate / alpha / beta: D = alpha * product + beta * out (beta default 1 with accumulate),
-    written into out. Returns (D, bias_grad, gelu_input, extra_output) as TE.
-    use_split_accumulator is a GPU FP8 option (the CPU GEMM always accumulates in FP32).
-    Userbuffer overlap (ub, ub_type, extra_output, bulk_overlap) is not supported.
-    workspace: TE 2.8's cuBLAS scratch argument (module.base.get_workspace()), third positional
-    there and gone in later TE: accepted by keyword, or in the third place followed by out_dtype;
-    no GEMM here needs it (oneDNN and our cuBLASLt path allocate their own)."""
-    if isinstance(out_dtype, torch.Tensor):  # TE 2.8's order: (A, B, workspace, out_dtype, ...)
-        if workspace is not None:
-            raise TypeError("general_gemm: workspace given twice (positionally and by keyword)")
-        if quantization_params is not None and not isinstance(quantization_params, torch.dtype):
-            raise TypeError(
-                "general_gemm: with the workspace in the third place (TE 2.8's order), pass the "
-                "arguments after out_dtype by keyword"
-            )
-        workspace, out_dtype, quantization_params = out_dtype, quantization_params, None
+    """general_gemm with the workspace, if any, by keyword."""
     if workspace is not None and not isinstance(workspace, torch.Tensor):
         raise TypeError(f"general_gemm: workspace: expected a torch.Tensor, got {type(workspace).__name__}")
     if ub is not None or ub_type is not None or extra_output is not None or bulk_overlap:
@@ -96,11 +99,26 @@ def general_gemm(
         raise ValueError(f"general_gemm: beta: expected None or 0 without accumulate, got {beta!r}")
     if accumulate and out is None:
         raise ValueError("general_gemm: out: expected a tensor to accumulate into, got None")
+    if (
+        accumulate
+        and not gelu
+        and not grad
+        and quantization_params is None
+        and out.dtype in (torch.float32, torch.bfloat16, torch.float16)
+        and dtype == out.dtype
+        and out.is_contiguous()
+    ):
+        # One fused GEMM: out = beta * out + alpha * product + bias, rounded once (the core's
+        # nvte_cublas_gemm_scaled).
+        ops().gemm_accumulate_(
+            out, a, a_si, transa, b, b_si, transb, bias, float(alpha),
+            1.0 if beta is None else float(beta),
+        )
+        return out, None, None, None
+    # alpha scales the product before bias and GELU, as TE's "D = GELU(alpha*AB + bias)".
     d, pre_gelu, bias_grad, _, _ = ops().gemm(
-        a, a_si, transa, b, b_si, transb, dtype, bias, gelu, grad, gelu_in, None
+        a, a_si, transa, b, b_si, transb, dtype, bias, gelu, grad, gelu_in, None, float(alpha)
     )
-    if alpha != 1.0:
-        d = d * alpha
     if out is not None:
         if tuple(out.shape) != tuple(d.shape):
             raise ValueError(

@@ -1,6 +1,10 @@
-// te_lite GEMM ops over nvte_cublas_gemm (TE's column-major semantics, see gemm.h): the functional
-// gemm with its bias / GELU / bias-gradient epilogues and FP8 output; gemm_accumulate_ (D += ...).
+// te_lite GEMM ops over nvte_cublas_gemm_scaled (TE's column-major semantics, see gemm.h): the
+// functional gemm with its bias / GELU / bias-gradient epilogues, FP8 output and alpha;
+// gemm_accumulate_ (D = beta * D + alpha * ... + bias).
 #include <torch/library.h>
+
+#include <cmath>
+#include <limits>
 
 #include <transformer_engine_lite/gemm.h>
 
@@ -40,6 +44,14 @@ TensorWrapper wrap_operand(const at::Tensor &data, const std::optional<at::Tenso
   return w;
 }
 
+// alpha and beta arrive as Python floats (double); the core takes fp32 and rejects non-finite ones,
+// so a finite double that overflows fp32 is named here rather than reported as "inf".
+float scale_arg(const char *op, const char *arg, double v) {
+  TORCH_CHECK(!std::isfinite(v) || std::fabs(v) <= std::numeric_limits<float>::max(), op,
+              ": argument '", arg, "': expected a value representable in float32, got ", v);
+  return static_cast<float>(v);
+}
+
 // Column-major GEMM sizes (gemm.h): op(A) is [k, m] and op(B) [n, k] in row-major terms.
 struct GemmDims {
   int64_t m, n, k;
@@ -70,8 +82,10 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor, at::Tensor> gemm(
     const at::Tensor &A_, const std::optional<at::Tensor> &A_scale_inv, bool transa,
     const at::Tensor &B_, const std::optional<at::Tensor> &B_scale_inv, bool transb,
     at::ScalarType out_dtype, const std::optional<at::Tensor> &bias_, bool gelu, bool grad,
-    const std::optional<at::Tensor> &gelu_input_, const std::optional<at::Tensor> &out_scale) {
+    const std::optional<at::Tensor> &gelu_input_, const std::optional<at::Tensor> &out_scale,
+    double alpha_) {
   constexpr const char *kOp = "te_lite::gemm";
+  const float alpha = scale_arg(kOp, "alpha", alpha_);
   check_operand(kOp, "A", "A_scale_inv", A_, A_scale_inv);
   check_operand(kOp, "B", "B_scale_inv", B_, B_scale_inv);
   check_same_device(kOp, A_, "A", B_, "B");
@@ -160,9 +174,10 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor, at::Tensor> gemm(
   }
   at::Tensor ws_buffer;
   TensorWrapper workspace = gpu_workspace(ctx, A, ws_buffer);
-  check_nvte(nvte_cublas_gemm(ta.get(), tb.get(), td.get(), tbias.get(), tpre.get(), transa,
-                              transb, grad, workspace.get(), /*accumulate=*/false,
-                              /*use_split_accumulator=*/true, /*math_sm_count=*/0, ctx.stream()),
+  check_nvte(nvte_cublas_gemm_scaled(ta.get(), tb.get(), td.get(), tbias.get(), tpre.get(), transa,
+                                     transb, grad, workspace.get(), alpha, /*beta=*/0.0f,
+                                     /*use_split_accumulator=*/true, /*math_sm_count=*/0,
+                                     ctx.stream()),
              kOp);
   return {D, pre_gelu_out, bias_grad, amax, scale_inv};
 }
@@ -170,8 +185,10 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor, at::Tensor> gemm(
 void gemm_accumulate_(const at::Tensor &D, const at::Tensor &A_,
                       const std::optional<at::Tensor> &A_scale_inv, bool transa,
                       const at::Tensor &B_, const std::optional<at::Tensor> &B_scale_inv,
-                      bool transb, const std::optional<at::Tensor> &bias_) {
+                      bool transb, const std::optional<at::Tensor> &bias_, double alpha_,
+                      double beta_) {
   constexpr const char *kOp = "te_lite::gemm_accumulate_";
+  const float alpha = scale_arg(kOp, "alpha", alpha_), beta = scale_arg(kOp, "beta", beta_);
   check_operand(kOp, "A", "A_scale_inv", A_, A_scale_inv);
   check_operand(kOp, "B", "B_scale_inv", B_, B_scale_inv);
   check_same_device(kOp, A_, "A", B_, "B");
@@ -184,10 +201,11 @@ void gemm_accumulate_(const at::Tensor &D, const at::Tensor &A_,
   TORCH_CHECK(D.is_contiguous(), kOp,
               ": argument 'D': expected a contiguous tensor (updated in place), got strides ",
               D.strides());
-  if (bias_.has_value()) {  // forward epilogue: D += product + bias (one rounding of D)
+  if (bias_.has_value()) {  // forward bias epilogue: one value per column of D
     check_dtype(kOp, "bias", *bias_, kHighPrecision);
     TORCH_CHECK(bias_->dim() == 1 && bias_->size(0) == dims.m, kOp,
-                ": argument 'bias': expected shape [", dims.m, "] (m), got ", bias_->sizes());
+                ": argument 'bias': expected shape [m] = [", dims.m,
+                "] (one value per column of D), got ", bias_->sizes());
     check_same_device(kOp, A_, "A", *bias_, "bias");
   }
   const DeviceContext ctx(A_);
@@ -205,9 +223,10 @@ void gemm_accumulate_(const at::Tensor &D, const at::Tensor &A_,
   }
   at::Tensor ws_buffer;
   TensorWrapper workspace = gpu_workspace(ctx, A, ws_buffer);
-  check_nvte(nvte_cublas_gemm(ta.get(), tb.get(), td.get(), tbias.get(), none.get(), transa, transb,
-                              /*grad=*/false, workspace.get(), /*accumulate=*/true,
-                              /*use_split_accumulator=*/true, /*math_sm_count=*/0, ctx.stream()),
+  check_nvte(nvte_cublas_gemm_scaled(ta.get(), tb.get(), td.get(), tbias.get(), none.get(), transa,
+                                     transb, /*grad=*/false, workspace.get(), alpha, beta,
+                                     /*use_split_accumulator=*/true, /*math_sm_count=*/0,
+                                     ctx.stream()),
              kOp);
 }
 

@@ -65,15 +65,16 @@ TORCH_LIBRARY(te_lite, m) {
       "Tensor? scale=None) -> (Tensor, Tensor, Tensor)");
   m.def("clamped_swiglu_bwd(Tensor grad, Tensor x, float limit, float alpha) -> Tensor");
 
-  // ---- GEMM (TE's nvte_cublas_gemm semantics)
+  // ---- GEMM (TE's nvte_cublas_gemm_scaled semantics)
   m.def(
       "gemm(Tensor A, Tensor? A_scale_inv, bool transa, Tensor B, Tensor? B_scale_inv, "
       "bool transb, ScalarType out_dtype, Tensor? bias=None, bool gelu=False, bool grad=False, "
-      "Tensor? gelu_input=None, Tensor? out_scale=None) -> "
+      "Tensor? gelu_input=None, Tensor? out_scale=None, float alpha=1.0) -> "
       "(Tensor, Tensor, Tensor, Tensor, Tensor)");
   m.def(
       "gemm_accumulate_(Tensor(a!) D, Tensor A, Tensor? A_scale_inv, bool transa, Tensor B, "
-      "Tensor? B_scale_inv, bool transb, Tensor? bias=None) -> ()");
+      "Tensor? B_scale_inv, bool transb, Tensor? bias=None, float alpha=1.0, "
+      "float beta=1.0) -> ()");
 
   // ---- fused softmax
   m.def("scaled_softmax_fwd(Tensor x, float scale) -> Tensor");

@@ -46,6 +46,31 @@ NVTE_API NVTEStatus nvte_cublas_gemm(const NVTETensor A, const NVTETensor B, NVT
                                      bool use_split_accumulator, int math_sm_count,
                                      NVTEStream stream);
 
+/*! nvte_cublas_gemm with TE's scaling factors (TE 2.8's nvte_cublas_gemm_scaled): the product is
+ *  scaled by alpha and D's previous value by beta; nvte_cublas_gemm(..., accumulate, ...) is exactly
+ *  this call with alpha = 1 and beta = accumulate ? 1 : 0 (same bytes). With X as above:
+ *  Forward: Y = alpha * X + bias; pre_gelu_out (if non-empty) = Y and D = beta * D + gelu(Y),
+ *    otherwise D = beta * D + Y (TE: "D = GELU(alpha*AB + bias)"; as for accumulate, D's previous
+ *    value is added after the GELU).
+ *  Backward: D = beta * D + (alpha * X) [* gelu'(pre_gelu_out)]; the dGELU bias gradient sums that
+ *    product, so it carries alpha; the bias gradient of op(B) (no pre_gelu_out) is a function of B
+ *    alone and does not.
+ *  beta = 0 does not read D (its previous contents may be anything, NaN included), as in cuBLAS;
+ *  beta != 0 with an FP8 D is NVTE_ERROR_UNSUPPORTED (as accumulate). alpha = 0 still forms the
+ *  product (IEEE: a non-finite A or B entry gives NaN). Non-finite alpha or beta is
+ *  NVTE_ERROR_INVALID_ARGUMENT (TE does not check; cuBLAS would spread Inf/NaN over all of D).
+ *  Rounding: every path computes the whole expression in FP32 and rounds D once: alpha multiplies
+ *  the FP32 accumulator together with the FP8 scale_inv (CPU: one oneDNN runtime scale of
+ *  scale_inv_B * alpha; GPU: scale_inv_A * scale_inv_B * alpha in the epilogue, or cuBLASLt's
+ *  alpha), before bias and GELU; beta * D is added last, in FP32.
+ */
+NVTE_API NVTEStatus nvte_cublas_gemm_scaled(const NVTETensor A, const NVTETensor B, NVTETensor D,
+                                            const NVTETensor bias, NVTETensor pre_gelu_out,
+                                            bool transa, bool transb, bool grad,
+                                            NVTETensor workspace, float alpha, float beta,
+                                            bool use_split_accumulator, int math_sm_count,
+                                            NVTEStream stream);
+
 #ifdef __cplusplus
 }
 #endif
