@@ -443,6 +443,54 @@ def test_backward_add_rmsnorm(dtype, zero_centered):
     assert_close(dx1, want, dtype, "dx + residual gradient")
 
 
+@pytest.mark.parametrize("recipe", [None, *RECIPES])
+def test_linear_scale_fusions(recipe):
+    """BasicLinear + ConstantScale [+ AddExtraInput(in_place=True)]: the scale is the GEMMs' alpha
+    (ForwardLinearScaleAdd forward and backward; BackwardLinearScale backward), equal to the ops
+    run one by one (an Identity in between blocks the fusions)."""
+    scale = -0.375
+    lins = []
+    for _ in range(2):  # same weights, own delayed-scaling state each
+        torch.manual_seed(8)
+        lins.append(ops.BasicLinear(32, 48))
+    fused = ops.Sequential(lins[0], ops.ConstantScale(scale), ops.AddExtraInput(in_place=True))
+    unfused = ops.Sequential(lins[1], ops.Identity(), ops.ConstantScale(scale),
+                             ops.AddExtraInput(in_place=True))
+    x, res = _rand(16, 32, seed=23), _rand(16, 48, seed=24)
+    dy = _rand(16, 48, seed=25)
+    out = []
+    for seq, lin in zip((fused, unfused), lins):
+        xi, ri = x.detach().clone().requires_grad_(), res.detach().clone().requires_grad_()
+        with te.fp8_autocast(enabled=recipe is not None,
+                             fp8_recipe=RECIPES[recipe]() if recipe else None):
+            y = seq(xi, ri)
+        y.backward(dy.detach())
+        out.append((y.detach(), xi.grad, ri.grad, lin.weight.grad))
+    assert [type(o).__name__ for o, _ in fused._module_groups[0]._forward_ops] == [
+        "ForwardLinearScaleAdd"]
+    # FP8: the fused GEMMs quantize dy and apply the scale after, the unfused ops quantize the
+    # scaled dy: the same values up to one FP8 rounding (E5M2 gradients under HYBRID)
+    tol = torch.float32 if recipe is None else "fp8_2gemm"
+    for a, b, what in zip(out[0], out[1], ("y", "dx", "dres", "dw")):
+        assert_close(a, b.double(), tol, f"fused vs unfused {what}")
+    if recipe is None:
+        w = lins[0].weight.detach().double()
+        assert_close(out[0][0], res.double() + scale * (x.double() @ w.t()), torch.float32, "y")
+        assert_close(out[0][1], scale * (dy.double() @ w), torch.float32, "dx")
+    # backward-only fusion: no residual add after the scale
+    seq = ops.Sequential(lins[0], ops.ConstantScale(scale))
+    xi = x.detach().clone().requires_grad_()
+    lins[0].weight.grad = None
+    seq(xi).backward(dy.detach())
+    assert [type(o).__name__ for o, _ in seq._module_groups[0]._backward_ops] == [
+        "BackwardLinearScale"]
+    if recipe is None:
+        w = lins[0].weight.detach().double()
+        assert_close(xi.grad, scale * (dy.double() @ w), torch.float32, "dx (backward fusion)")
+        assert_close(lins[0].weight.grad, scale * (dy.double().t() @ x.double()), torch.float32,
+                     "dw (backward fusion)")
+
+
 def test_in_place_add_into_quantized_or_mismatched_extra_input():
     """A residual the GEMM cannot accumulate into (other dtype, FP8) still gets the sum written into
     it (AddExtraInput's in-place semantics), computed unfused."""
@@ -517,7 +565,7 @@ def test_input_cast_to_parameter_dtype():
         (lambda: ops.Bias(-1), ValueError, "size"),
         (lambda: ops.LayerNorm(8, eps=-1.0), ValueError, "eps"),
         (lambda: ops.RMSNorm((8, 0)), ValueError, "normalized_shape"),
-        (lambda: ops.fused.BackwardLinearScale(), NotImplementedError, "BackwardLinearScale"),
+        (lambda: ops.fused.BackwardActivationBias(), NotImplementedError, "BackwardActivationBias"),
         (lambda: ops.Dropout(1.5), ValueError, "p"),
         (lambda: ops.ConstantScale("2"), TypeError, "scale"),
         (lambda: ops.Reshape(3), TypeError, "shape"),

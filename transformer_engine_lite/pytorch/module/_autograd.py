@@ -47,6 +47,11 @@ class GemmConfig(NamedTuple):
     save_original_input: bool = False
 
 
+def _alpha_kw(alpha: float) -> dict[str, float]:
+    # alpha only when it is not 1: the GEMM's default, one code path for both
+    return {} if alpha == 1.0 else {"alpha": alpha}
+
+
 def _gemm_fwd(
     a: torch.Tensor,
     a_si: torch.Tensor | None,
@@ -55,12 +60,14 @@ def _gemm_fwd(
     out_dtype: torch.dtype,
     bias: torch.Tensor | None,
     acc: torch.Tensor | None,
+    alpha: float = 1.0,
 ) -> torch.Tensor:
-    """b @ a^T (+ bias) as a new tensor, or added into acc ([..., N], out_dtype) by the GEMM's
-    accumulate epilogue: one rounding of acc + product + bias, no extra pass over the output."""
+    """alpha * b @ a^T (+ bias) as a new tensor, or added into acc ([..., N], out_dtype) by the
+    GEMM's accumulate epilogue: one rounding of acc + product + bias, no extra pass."""
     if acc is None:
-        return ops().gemm(a, a_si, True, b, b_si, False, out_dtype, bias)[0]
-    ops().gemm_accumulate_(acc.view(-1, acc.shape[-1]), a, a_si, True, b, b_si, False, bias)
+        return ops().gemm(a, a_si, True, b, b_si, False, out_dtype, bias, **_alpha_kw(alpha))[0]
+    ops().gemm_accumulate_(acc.view(-1, acc.shape[-1]), a, a_si, True, b, b_si, False, bias,
+                           **_alpha_kw(alpha))
     return acc
 
 
@@ -71,11 +78,13 @@ def _gemm_dgrad(
     g_si: torch.Tensor | None,
     out_dtype: torch.dtype,
     acc: torch.Tensor | None,
+    alpha: float = 1.0,
 ) -> torch.Tensor:
-    """dgrad = g @ W as a new tensor, or added into acc (in place; returned, [..., K])."""
+    """dgrad = alpha * g @ W as a new tensor, or added into acc (in place; returned)."""
     if acc is None:
-        return ops().gemm(w, w_si, False, g, g_si, False, out_dtype)[0]
-    ops().gemm_accumulate_(acc.view(-1, acc.shape[-1]), w, w_si, False, g, g_si, False)
+        return ops().gemm(w, w_si, False, g, g_si, False, out_dtype, **_alpha_kw(alpha))[0]
+    ops().gemm_accumulate_(acc.view(-1, acc.shape[-1]), w, w_si, False, g, g_si, False,
+                           **_alpha_kw(alpha))
     return acc
 
 
@@ -105,6 +114,7 @@ class _LinearFn(torch.autograd.Function):
         wgrad_store: list[Any] | None,
         w_cast: WeightCast | None,
         acc: torch.Tensor | None = None,
+        alpha: float = 1.0,
     ) -> tuple[torch.Tensor, torch.Tensor]:
         te = ops()
         k = inp.shape[-1]
@@ -143,7 +153,8 @@ class _LinearFn(torch.autograd.Function):
                 wq, w_amax = quantize_per_tensor(
                     w, cfg.weight, fwd_scale[s + 1 : s + 2] if delayed else None
                 )
-            out = _gemm_fwd(wq.data, wq.scale_inv, xq.data, xq.scale_inv, out_dtype, bias, acc)
+            out = _gemm_fwd(wq.data, wq.scale_inv, xq.data, xq.scale_inv, out_dtype, bias, acc,
+                            alpha)
             amax = torch.cat([x_amax, w_amax]) if delayed else _empty_amax(inp)
             if hp_bwd:
                 # an FP8 weight is saved as its bytes and dequantized by the backward
@@ -167,7 +178,7 @@ class _LinearFn(torch.autograd.Function):
             else:
                 wr, wc = mx_dequantized(w, dt, True, need_dgrad and quant_bwd)
             b = bias.to(torch.bfloat16) if bias is not None else None
-            out = _gemm_fwd(wr, None, xr, None, out_dtype, b, acc)
+            out = _gemm_fwd(wr, None, xr, None, out_dtype, b, acc, alpha)
             amax = _empty_amax(inp)
             if hp_bwd:
                 saved = (x2, None, w, None)
@@ -176,13 +187,14 @@ class _LinearFn(torch.autograd.Function):
             else:
                 saved = (x2 if cfg.save_original_input else xc, None, wc, None)
         else:
-            out = _gemm_fwd(w, None, x2, None, out_dtype, bias, acc)
+            out = _gemm_fwd(w, None, x2, None, out_dtype, bias, acc, alpha)
             if cfg.mode == "calibrate":
                 amax = torch.cat([te.compute_amax(x2), te.compute_amax(w)])
             else:
                 amax = _empty_amax(inp)
             saved = (x2, None, w, None)
         ctx.cfg = cfg
+        ctx.alpha = alpha
         ctx.inp_shape = inp.shape
         ctx.w_dtype = weight.dtype
         ctx.has_bias = bias is not None
@@ -213,8 +225,10 @@ class _LinearFn(torch.autograd.Function):
         need_dgrad, need_wgrad = ctx.needs_input_grad[0], ctx.needs_input_grad[1]
         need_wgrad = need_wgrad or cfg.fuse_wgrad
         dgrad = wgrad = None
-        # Set on this node by the op fuser's BackwardLinearAdd: the dgrad GEMM adds into it.
+        # Set on this node by the op fuser: BackwardLinearAdd's tensor the dgrad GEMM adds into;
+        # BackwardLinearScale's factor of the output gradient (grad_alpha), applied by the GEMMs.
         dgrad_into = getattr(ctx, "dgrad_into", None)
+        alpha = ctx.alpha * getattr(ctx, "grad_alpha", 1.0)
         fp8_bwd = cfg.mode in ("delayed", "current", "mxfp8") and cfg.bwd_override is None
         if fp8_bwd and cfg.mode in ("delayed", "current"):
             bwd_hist, bwd_scale, bwd_ran = ctx.bwd
@@ -229,7 +243,8 @@ class _LinearFn(torch.autograd.Function):
                 if not torch.compiler.is_compiling():
                     FP8GlobalStateManager.queue_backward_update()
             if need_dgrad:
-                dgrad = _gemm_dgrad(w_data, w_si, gq.data, gq.scale_inv, act_dtype, dgrad_into)
+                dgrad = _gemm_dgrad(w_data, w_si, gq.data, gq.scale_inv, act_dtype, dgrad_into,
+                                    alpha)
             if cfg.save_original_input and need_wgrad:
                 x_data, x_si = quantize_per_tensor(x_data, cfg.inp, None)[0]
             wa = (x_data, x_si, gq.data, gq.scale_inv)
@@ -238,7 +253,7 @@ class _LinearFn(torch.autograd.Function):
             # tokens: column-wise blocks of dy and x.
             gr, gc = mx_dequantized(dy, cfg.grad.dtype, need_dgrad, need_wgrad)
             if need_dgrad:
-                dgrad = _gemm_dgrad(w_data, None, gr, None, act_dtype, dgrad_into)
+                dgrad = _gemm_dgrad(w_data, None, gr, None, act_dtype, dgrad_into, alpha)
             if cfg.save_original_input and need_wgrad:
                 x_data = mx_dequantized(x_data, cfg.inp.dtype, False, True)[1]
             wa = (x_data, None, gc, None)
@@ -252,31 +267,33 @@ class _LinearFn(torch.autograd.Function):
             x_data = x_data if x_data.dtype == act_dtype else x_data.to(act_dtype)
             w_data = w_data if w_data.dtype == act_dtype else w_data.to(act_dtype)
             if need_dgrad:
-                dgrad = _gemm_dgrad(w_data, None, dy, None, act_dtype, dgrad_into)
+                dgrad = _gemm_dgrad(w_data, None, dy, None, act_dtype, dgrad_into, alpha)
             wa = (x_data, None, dy, None)
         if need_wgrad and cfg.delay_wgrad and ctx.wgrad_store is not None:
             ctx.wgrad_store.append(
                 _DelayedWgrad(wa, ctx.w_dtype, ctx.main_grad if cfg.fuse_wgrad else None,
-                              ctx.weight_param, ctx.weight_ref)
+                              ctx.weight_param, ctx.weight_ref, alpha)
             )
         elif need_wgrad:
             if cfg.fuse_wgrad:
-                te.gemm_accumulate_(ctx.main_grad, wa[0], wa[1], False, wa[2], wa[3], True)
+                te.gemm_accumulate_(ctx.main_grad, wa[0], wa[1], False, wa[2], wa[3], True,
+                                    **_alpha_kw(alpha))
                 if not torch.compiler.is_compiling():
                     param = ctx.weight_param
                     if hasattr(param, "grad_added_to_main_grad"):
                         param.grad_added_to_main_grad = True
             else:
-                wgrad = te.gemm(wa[0], wa[1], False, wa[2], wa[3], True, ctx.w_dtype)[0]
+                wgrad = te.gemm(wa[0], wa[1], False, wa[2], wa[3], True, ctx.w_dtype,
+                                **_alpha_kw(alpha))[0]
         dbias = None
         if ctx.has_bias and ctx.needs_input_grad[2]:
             # Bias gradient from the high-precision dy. torch's reduction already accumulates bf16/fp16
             # in fp32; upcasting dy first would copy the whole tensor (64 ms at [4096, 8192]).
-            dbias = dy.sum(0).to(ctx.bias_dtype)
+            dbias = (dy.sum(0) if alpha == 1.0 else dy.sum(0) * alpha).to(ctx.bias_dtype)
         if dgrad is not None:
             dgrad = dgrad.reshape(ctx.inp_shape)
         dacc = grad_out if ctx.needs_input_grad[11] else None
-        return dgrad, wgrad, dbias, None, None, None, None, None, None, None, None, dacc
+        return dgrad, wgrad, dbias, None, None, None, None, None, None, None, None, dacc, None
 
 
 class WeightCast(NamedTuple):
@@ -333,19 +350,21 @@ class _DelayedWgrad:
     result goes (main_grad, or back through the weight tensor the forward received)."""
 
     def __init__(self, operands: tuple[Any, ...], w_dtype: torch.dtype,
-                 main_grad: torch.Tensor | None, param: Any, weight_ref: Any) -> None:
-        self.operands, self.w_dtype = operands, w_dtype
+                 main_grad: torch.Tensor | None, param: Any, weight_ref: Any,
+                 alpha: float = 1.0) -> None:
+        self.operands, self.w_dtype, self.alpha = operands, w_dtype, alpha
         self.main_grad, self.param, self.weight_ref = main_grad, param, weight_ref
 
     def __call__(self) -> None:
         te = ops()
         a, a_si, b, b_si = self.operands
         if self.main_grad is not None:
-            te.gemm_accumulate_(self.main_grad, a, a_si, False, b, b_si, True)
+            te.gemm_accumulate_(self.main_grad, a, a_si, False, b, b_si, True,
+                                **_alpha_kw(self.alpha))
             if hasattr(self.param, "grad_added_to_main_grad"):
                 self.param.grad_added_to_main_grad = True
             return
-        wgrad = te.gemm(a, a_si, False, b, b_si, True, self.w_dtype)[0]
+        wgrad = te.gemm(a, a_si, False, b, b_si, True, self.w_dtype, **_alpha_kw(self.alpha))[0]
         ref = self.weight_ref
         if ref is not None and ref.requires_grad:
             torch.autograd.backward([ref], [wgrad])
@@ -369,13 +388,17 @@ def linear(
     wgrad_store: list[Any] | None = None,
     w_cast: WeightCast | None = None,
     acc: torch.Tensor | None = None,
+    alpha: float = 1.0,
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """Functional entry of _LinearFn; meta = (fwd_scale, bwd_hist, bwd_scale, bwd_ran);
     wgrad_store: the module's queue of delayed weight gradients (cfg.delay_wgrad); w_cast: a cached
     cast of `weight` to use instead of casting it (gradients still go to `weight`). acc: a
     contiguous tensor of the output's shape and dtype that the GEMM adds its result (and the bias)
-    into, in place, and that is returned as the output (the op fuser's ForwardLinearBiasAdd)."""
-    return _LinearFn.apply(inp, weight, bias, *meta, main_grad, cfg, wgrad_store, w_cast, acc)
+    into, in place, and that is returned as the output (the op fuser's ForwardLinearBiasAdd).
+    alpha: the product is scaled by it (in the GEMM; ForwardLinearScaleAdd), and so are the
+    gradients."""
+    return _LinearFn.apply(inp, weight, bias, *meta, main_grad, cfg, wgrad_store, w_cast, acc,
+                           alpha)
 
 
 def norm(

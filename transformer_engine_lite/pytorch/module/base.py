@@ -390,10 +390,12 @@ class TransformerEngineBaseModule(torch.nn.Module):
         input_gathered: bool = False,
         is_first_microbatch: bool | None = None,
         acc: torch.Tensor | None = None,
+        alpha: float = 1.0,
     ) -> torch.Tensor:
         """One GEMM with its tensor-parallel communication (see distributed.py). add_bias=False
         leaves the bias to the caller (return_bias). is_first_microbatch: TE's weight-cast cache
-        (see _weight_cast). acc: the output is added into it in place (not row-parallel)."""
+        (see _weight_cast). acc: the output is added into it in place (not row-parallel);
+        alpha: the GEMM's scale of the product (and of its gradients)."""
         mode, recipe, code = fp8
         dtype = x.dtype
         if tp.size > 1 and parallel_mode == "column" and not input_gathered:
@@ -416,7 +418,7 @@ class TransformerEngineBaseModule(torch.nn.Module):
             # activation recompute: the recompute quantizes with the forward's scales
             meta = (stash_scales(self, meta[0]), *meta[1:])
         w_cast = self._weight_cast(gemm, w, cfg, meta[0], is_first_microbatch)
-        y, amax = linear(x, w, b, meta, main_grad, cfg, self._wgrad_store, w_cast, acc)
+        y, amax = linear(x, w, b, meta, main_grad, cfg, self._wgrad_store, w_cast, acc, alpha)
         if not recomputing():  # a recompute repeats a step that was already recorded
             self._record_forward(cfg, amax)
             if mode == "delayed" and isinstance(getattr(weight, "_quantizer", None), Float8Quantizer):

@@ -113,8 +113,9 @@ class BasicLinear(TransformerEngineBaseModule, BasicOperation):
         x: torch.Tensor,
         bias: torch.Tensor | None = None,
         acc: torch.Tensor | None = None,
+        alpha: float = 1.0,
     ) -> torch.Tensor:
-        """x W^T (+ bias in the GEMM epilogue, or after the row-parallel reduction); acc: a
+        """alpha x W^T (+ bias in the GEMM epilogue, or after the row-parallel reduction); acc: a
         tensor the GEMM adds its result into, in place, returned as the output (the fuser checks
         that it fits: same shape and compute dtype, contiguous, not row-parallel)."""
         if self.weight.device.type == "meta":
@@ -133,7 +134,7 @@ class BasicLinear(TransformerEngineBaseModule, BasicOperation):
         main_grad = self._main_grad(_OWNER, self.accumulate_into_main_grad, self.weight)
         return self._run_linear(
             x, self.weight, bias, 0, self.tensor_parallel_mode, self._tp, fp8,
-            add_bias=bias is not None, main_grad=main_grad, acc=acc,
+            add_bias=bias is not None, main_grad=main_grad, acc=acc, alpha=alpha,
         )
 
     def fuser_forward(

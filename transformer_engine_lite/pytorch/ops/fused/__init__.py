@@ -2,10 +2,12 @@
 
 from __future__ import annotations
 
-from .backward_fusions import (
-    BackwardActivationBias,
+from .backward_fusions import BackwardActivationBias
+from .linear_scale import (
     BackwardLinearScale,
     ForwardLinearScaleAdd,
+    fuse_backward_linear_scale,
+    fuse_forward_linear_scale_add,
 )
 from .backward_add_rmsnorm import BackwardAddRMSNorm, fuse_backward_add_rmsnorm
 from .backward_linear_add import BackwardLinearAdd, fuse_backward_linear_add
@@ -27,9 +29,11 @@ __all__ = [
     "ForwardLinearScaleAdd",
     "fuse_backward_add_rmsnorm",
     "fuse_backward_linear_add",
+    "fuse_backward_linear_scale",
     "fuse_backward_ops",
     "fuse_forward_linear_bias_activation",
     "fuse_forward_linear_bias_add",
+    "fuse_forward_linear_scale_add",
     "fuse_forward_ops",
 ]
 
@@ -37,7 +41,11 @@ __all__ = [
 def fuse_forward_ops(ops: OpList) -> OpList:
     """Apply every forward fusion pass in turn (TE's order: the add fusion first, so a linear
     feeding an in-place residual add takes the accumulate epilogue)."""
-    for fusion in (fuse_forward_linear_bias_add, fuse_forward_linear_bias_activation):
+    for fusion in (
+        fuse_forward_linear_bias_add,
+        fuse_forward_linear_bias_activation,
+        fuse_forward_linear_scale_add,
+    ):
         ops = fusion(ops)
     return ops
 
@@ -46,6 +54,6 @@ def fuse_backward_ops(forward_ops: OpList) -> list[tuple[FusibleOperation, list[
     """The backward plan: the forward ops reversed (each with its index in forward_ops), then
     every backward fusion pass in turn."""
     plan = [(forward_ops[u][0], [u]) for u in reversed(range(len(forward_ops)))]
-    for fusion in (fuse_backward_linear_add, fuse_backward_add_rmsnorm):
+    for fusion in (fuse_backward_linear_add, fuse_backward_add_rmsnorm, fuse_backward_linear_scale):
         plan = fusion(plan)
     return plan

@@ -11,8 +11,6 @@ from ..op import FusedOperation
 
 __all__ = [
     "BackwardActivationBias",
-    "BackwardLinearScale",
-    "ForwardLinearScaleAdd",
 ]
 
 
@@ -25,7 +23,3 @@ def _not_implemented(name: str, what: str) -> type:
 
 BackwardActivationBias = _not_implemented(
     "BackwardActivationBias", "the activation backward fused with the bias gradient")
-BackwardLinearScale = _not_implemented(
-    "BackwardLinearScale", "the backward GEMMs scaled by ConstantScale (GEMM alpha)")
-ForwardLinearScaleAdd = _not_implemented(
-    "ForwardLinearScaleAdd", "the forward GEMM scaled by ConstantScale into the extra input")
