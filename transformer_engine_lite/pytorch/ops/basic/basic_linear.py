@@ -160,6 +160,8 @@ class BasicLinear(TransformerEngineBaseModule, BasicOperation):
         if recipe is None:
             return None
         fwd = mode == "forward"
+        if fwd and index == 1 and isinstance(getattr(self.weight, "_quantizer", None), Quantizer):
+            return self.weight._quantizer  # an FP8 weight parameter quantizes itself
         dtype = get_fp8_torch_dtype(recipe.fp8_format, fwd)
         if recipe.delayed():
             scale = self.fp8_fwd_scale if fwd else self.fp8_bwd_scale
