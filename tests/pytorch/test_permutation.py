@@ -2,7 +2,9 @@
 gradients against a pure-torch fp64 reference and against Megatron-Core's unfused functions
 (moe_utils.permute / unpermute / sort_chunks_by_idxs, fused=False), every dtype, num_out_tokens
 dropping, probs (with TE's zero-prob padding rows), Float8Tensor inputs (bytes permuted, scale_inv
-kept), TE's row_id_map layout, errors naming the argument, and the opcheck cases of the moe_* ops
+kept), MXFP8Tensor inputs (bytes and scale rows permuted), TE's row_id_map layout, the index map
+(map_type="index": TE's [topK * num_tokens] row_id_map from a stable sort, against a pure-torch
+reference), errors naming the argument, and the opcheck cases of the moe_* ops
 (PERMUTATION_OPCHECK_CASES, collected by test_ops.py)."""
 
 from __future__ import annotations
@@ -22,7 +24,12 @@ from op_helpers import run_opcheck  # noqa: E402
 from utils import DTYPES, assert_close  # noqa: E402
 
 from transformer_engine_lite.pytorch import permutation as perm  # noqa: E402
-from transformer_engine_lite.pytorch.tensor import Float8Quantizer, Float8Tensor  # noqa: E402
+from transformer_engine_lite.pytorch.tensor import (  # noqa: E402
+    Float8Quantizer,
+    Float8Tensor,
+    MXFP8Quantizer,
+    MXFP8Tensor,
+)
 
 # (tokens, experts, hidden, topk, dropped routes)
 SHAPES = [(1, 1, 1, 1, 0), (7, 8, 5, 2, 0), (33, 16, 67, 4, 5), (20, 37, 129, 5, 11)]
@@ -199,11 +206,123 @@ def test_float8_tensor_bytes_permuted_scale_kept(fp8_dtype):
         perm.moe_unpermute(out, row_id_map)
 
 
+@pytest.mark.parametrize("fp8_dtype", [torch.float8_e4m3fn, torch.float8_e5m2], ids=str)
+def test_mxfp8_tensor_bytes_and_scale_rows_permuted(fp8_dtype):
+    t, e, h, k = 12, 6, 96, 2
+    rm = _routing(t, e, k, seed=6)
+    xq = MXFP8Quantizer(fp8_dtype, rowwise=True, columnwise=True)(_randn(t, h, seed=3) * 4)
+    n = t * k - 3
+    out, row_id_map = perm.moe_permute(xq, rm, num_out_tokens=n)
+    assert isinstance(out, MXFP8Tensor) and out._columnwise_data is None  # TE's: row-wise only
+    tok, _ = _routes(rm, n)
+    assert torch.equal(out._rowwise_data, xq._rowwise_data[tok])
+    assert torch.equal(out._rowwise_scale_inv, xq._rowwise_scale_inv[tok])
+    assert torch.equal(out.dequantize(), xq.dequantize()[tok])
+    # unpermute's backward (no merging probs) permutes an MXFP8 gradient the same way.
+    y = _randn(n, h, seed=4).requires_grad_()
+    z = perm.moe_unpermute(y, row_id_map, restore_shape=(t, h))
+    gq = MXFP8Quantizer(fp8_dtype, rowwise=True, columnwise=False)(_randn(t, h, seed=5))
+    (gy,) = torch.autograd.grad(z, y, gq)
+    assert isinstance(gy, MXFP8Tensor)
+    assert torch.equal(gy._rowwise_data, gq._rowwise_data[tok])
+    assert torch.equal(gy._rowwise_scale_inv, gq._rowwise_scale_inv[tok])
+    col_only = MXFP8Quantizer(fp8_dtype, rowwise=False, columnwise=True)(_randn(32, h))
+    with pytest.raises(ValueError, match="row-wise"):
+        perm.moe_permute(col_only, _routing(32, e, k))
+    with pytest.raises(NotImplementedError, match="inp"):
+        perm.moe_sort_chunks_by_index(xq, torch.tensor([5, 7]), torch.tensor([1, 0]))
+
+
+# ------------------------------------------------------------------------------ index map
+def ref_index_permute(x, idx, n):
+    """Routes sorted stably by expert (route id t * topK + k breaks ties), first n kept."""
+    order = torch.argsort(idx.reshape(-1).long(), stable=True)
+    k = idx.shape[1]
+    return x.double()[order[:n] // k], order
+
+
+@pytest.mark.parametrize("dtype", DTYPES, ids=str)
+@pytest.mark.parametrize("shape", [(1, 1, 1, 1, 0), (9, 4, 5, 2, 3), (40, 7, 67, 3, 0),
+                                   (33, 70, 33, 5, 17)], ids=lambda s: "x".join(map(str, s)))
+def test_index_map_matches_reference(shape, dtype):
+    t, e, h, k, drop = shape
+    g = torch.Generator().manual_seed(t)
+    idx = torch.randint(-2, e - 2, (t, k), generator=g, dtype=torch.int32)  # repeats, negatives
+    n = t * k - drop
+    x = _randn(t, h, dtype=dtype, seed=1).requires_grad_()
+    out, row_id_map = perm.moe_permute(x, idx, num_out_tokens=n, map_type="index")
+    ref, order = ref_index_permute(x.detach(), idx, n)
+    assert torch.equal(out.double(), ref)
+    ref_map = torch.full((t * k,), -1, dtype=torch.int32)
+    pos = torch.arange(t * k, dtype=torch.int32)
+    ref_map[order] = torch.where(pos < n, pos, -1)
+    # TE's layout: route (t, k) at k * num_tokens + t.
+    assert torch.equal(row_id_map, ref_map.reshape(t, k).T.reshape(-1))
+    gy = _randn(n, h, dtype=dtype, seed=2)
+    (gx,) = torch.autograd.grad(out, x, gy)
+    ref_gx = torch.zeros(t, h, dtype=torch.float64).index_add_(0, order[:n] // k, gy.double())
+    assert_close(gx, ref_gx.to(dtype), dtype)  # up to topK terms summed in fp32
+
+    y = out.detach().requires_grad_()
+    probs = torch.rand(t, k, generator=g).to(dtype).requires_grad_()
+    if dtype == torch.float32:
+        z = perm.moe_unpermute(y, row_id_map, merging_probs=probs, map_type="index")
+    else:  # TE's warning, then probs taken in fp32
+        with pytest.warns(UserWarning, match="float32"):
+            z = perm.moe_unpermute(y, row_id_map, merging_probs=probs, map_type="index")
+    w = torch.zeros(t * k, dtype=torch.float64)
+    w[order[:n]] = 1.0
+    rows = torch.zeros(t * k, h, dtype=torch.float64)
+    rows[order[:n]] = y.detach().double()
+    p64 = probs.detach().float().double()
+    ref_z = (rows.view(t, k, h) * p64.unsqueeze(-1)).sum(1)
+    assert_close(z, ref_z.to(dtype), dtype)
+    gz = _randn(t, h, dtype=dtype, seed=3)
+    gy2, gp = torch.autograd.grad(z, (y, probs), gz)
+    ref_gy = (gz.double().unsqueeze(1) * p64.unsqueeze(-1)).reshape(t * k, h)[order[:n]]
+    assert_close(gy2, ref_gy.to(dtype), dtype)
+    ref_gp = (rows.view(t, k, h) * gz.double().unsqueeze(1)).sum(-1) * w.view(t, k)
+    assert gp.dtype == dtype
+    assert_close(gp, ref_gp.to(dtype), dtype)
+
+
+def test_index_map_topk1_no_probs_is_the_inverse():
+    x = _randn(10, 6, seed=7).requires_grad_()
+    idx = torch.tensor([[3], [1], [3], [0], [2], [1], [0], [3], [2], [2]], dtype=torch.int32)
+    out, row_id_map = perm.moe_permute(x, idx, map_type="index")
+    z = perm.moe_unpermute(out, row_id_map, map_type="index")  # TE: topK = 1 without probs
+    assert torch.equal(z, x.detach())
+    (gx,) = torch.autograd.grad(z, x, torch.ones_like(z))
+    assert torch.equal(gx, torch.ones_like(x))
+    with pytest.warns(UserWarning, match="int32"):
+        out64, _ = perm.moe_permute(x, idx.long(), map_type="index")
+    assert torch.equal(out64, out)
+    empty, emap = perm.moe_permute(torch.zeros(0, 4), torch.zeros(0, 2, dtype=torch.int32),
+                                   map_type="index")
+    assert empty.shape == (0, 4) and emap.numel() == 0
+
+
+def test_index_map_errors_name_the_argument():
+    x, idx = torch.zeros(4, 3), torch.zeros(4, 2, dtype=torch.int32)
+    with pytest.raises(ValueError, match="routing_map"):
+        perm.moe_permute(x, torch.zeros(5, 2, dtype=torch.int32), map_type="index")
+    with pytest.raises(TypeError, match="index"):
+        perm.moe_permute(x, idx.float(), map_type="index")
+    with pytest.raises(TypeError, match="inp"):
+        perm.moe_permute(x.int(), idx, map_type="index")
+    q = Float8Quantizer(torch.tensor([1.0]), torch.zeros(1), torch.float8_e4m3fn)
+    with pytest.raises(NotImplementedError, match="inp"):
+        perm.moe_permute(q(x), idx, map_type="index")
+    out, row_id_map = perm.moe_permute(x, idx, map_type="index")
+    with pytest.raises(ValueError, match="merging_probs"):
+        perm.moe_unpermute(out, row_id_map, merging_probs=torch.ones(4, 3), map_type="index")
+    with pytest.raises(ValueError, match="row_id_map"):
+        perm.moe_unpermute(out, row_id_map.view(4, 2), map_type="index")
+
+
 # ------------------------------------------------------------------------------ errors
 def test_errors_name_the_argument():
     x, rm = torch.zeros(4, 3), torch.zeros(4, 2, dtype=torch.bool)
-    with pytest.raises(NotImplementedError, match="map_type"):
-        perm.moe_permute(x, rm, map_type="index")
     with pytest.raises(ValueError, match="map_type"):
         perm.moe_permute(x, rm, map_type="dense")
     with pytest.raises(TypeError, match="routing_map"):
@@ -248,6 +367,18 @@ PERMUTATION_OPCHECK_CASES: list[tuple[str, str, Callable[[], tuple]]] = [
      lambda: (_randn(12, 7, dtype=torch.float16), _map_case(), None, None, 6)),
     ("moe_unpermute_with_mask_map_bwd_with_merging_probs", "fp32",
      lambda: (_randn(6, 7), _map_case(), _randn(12, 7, seed=1), torch.rand(6, 5))),
+    ("moe_index_make_row_id_map", "drop",
+     lambda: (torch.tensor([[2, 0], [1, 2], [0, 0]], dtype=torch.int32), 5)),
+    ("moe_permute_with_index_map", "bf16",
+     lambda: (_randn(3, 7, dtype=torch.bfloat16),
+              torch.tensor([4, 2, 0, 5, 1, 3], dtype=torch.int32), 6)),
+    ("moe_unpermute_with_index_map", "probs",
+     lambda: (_randn(6, 7), torch.tensor([4, 2, 0, 5, 1, -1], dtype=torch.int32),
+              torch.rand(3, 2), 3)),
+    ("moe_unpermute_with_index_map_bwd", "fp16",
+     lambda: (_randn(3, 7, dtype=torch.float16),
+              torch.tensor([4, 2, 0, 5, 1, 3], dtype=torch.int32),
+              _randn(6, 7, dtype=torch.float16, seed=1), torch.rand(3, 2))),
     ("moe_make_chunk_sort_map", "int64",
      lambda: (torch.tensor([2, 0, 3, 1]), torch.tensor([3, 1, 0, 2]), 6)),
     ("moe_sort_chunks_by_map", "fwd-probs",

@@ -6,20 +6,33 @@ Semantics (TE's mask-map path): permuted rows are grouped by expert (expert 0 fi
 ascending order within an expert; ``num_out_tokens`` rows are kept (later routes dropped; -1: all
 routes). ``row_id_map`` is TE's int32 ``[num_tokens, 2 * num_experts + 1]`` layout. With probs, a
 route whose prob is exactly 0 gives a row of zeros (TE's padding slots). Unpermute sums the routes
-in fp32. ``Float8Tensor`` inputs are permuted byte for byte and keep their ``scale_inv``.
+in fp32. ``Float8Tensor`` inputs are permuted byte for byte and keep their ``scale_inv``;
+``MXFP8Tensor`` inputs have their row-wise bytes and row-wise scale rows moved with their tokens
+(the result is row-wise only, as TE's: the column-wise copy cannot be permuted by rows).
 
-Not implemented (``NotImplementedError``): ``map_type="index"``, FP8 tensors other than
-``Float8Tensor`` (MXFP8 / blockwise), FP8 into ``moe_unpermute``'s forward (TE refuses it too).
+Index map (``map_type="index"``, TE's): ``routing_map`` is int32 ``[num_tokens, topK]`` expert
+indices; the permuted rows are the routes sorted stably by expert, the first ``num_out_tokens``
+kept; ``row_id_map`` is TE's int32 ``[topK * num_tokens]`` (route (t, k) at ``k * num_tokens + t``:
+its row, -1 dropped). ``moe_unpermute(map_type="index")`` takes fp32 ``probs [num_tokens, topK]``
+(others are cast, with TE's warning); without probs it is TE's topK = 1 inverse (one output row per
+``row_id_map`` entry). Unpermute sums the routes in fp32 (TE: in the data dtype).
+
+Not implemented (``NotImplementedError``): blockwise FP8 tensors (``Float8BlockwiseQTensor`` is not
+in this library), FP8 into ``moe_unpermute``'s forward (TE refuses it too), FP8 with the index map.
 """
 
 from __future__ import annotations
 
 from typing import Optional, Tuple
 
+import warnings
+
 import torch
 
 from . import te_lite_ops  # noqa: F401  (loads the extension: torch.ops.te_lite.*)
-from .tensor import Float8Tensor, QuantizedTensor
+from .tensor import Float8Tensor, MXFP8Tensor, QuantizedTensor
+from ._permutation_index import permute_index as _permute_index
+from ._permutation_index import unpermute_index as _unpermute_index
 
 __all__ = [
     "moe_permute",
@@ -71,6 +84,26 @@ def _(fwd_output_grad, row_id_map, fwd_input, merging_probs):
     )
 
 
+@torch.library.register_fake("te_lite::moe_index_make_row_id_map")
+def _(indices, num_out_tokens):
+    return indices.new_empty((indices.numel(),), dtype=torch.int32)
+
+
+@torch.library.register_fake("te_lite::moe_permute_with_index_map")
+def _(inp, row_id_map, num_out_tokens):
+    return inp.new_empty((num_out_tokens, inp.shape[1]))
+
+
+@torch.library.register_fake("te_lite::moe_unpermute_with_index_map")
+def _(inp, row_id_map, probs, num_tokens):
+    return inp.new_empty((num_tokens, inp.shape[1]))
+
+
+@torch.library.register_fake("te_lite::moe_unpermute_with_index_map_bwd")
+def _(grad, row_id_map, fwd_input, probs):
+    return fwd_input.new_empty(fwd_input.shape, dtype=grad.dtype), probs.new_empty(probs.shape)
+
+
 @torch.library.register_fake("te_lite::moe_make_chunk_sort_map")
 def _(split_sizes, sorted_index, num_tokens):
     return split_sizes.new_empty((num_tokens,), dtype=torch.int32)
@@ -101,32 +134,67 @@ def _check_int(name: str, v: object, low: int) -> int:
     return v
 
 
-def _check_data(name: str, t: object) -> None:
-    """High precision, or a Float8Tensor; other quantized tensors are not implemented."""
-    if isinstance(t, QuantizedTensor) and not isinstance(t, Float8Tensor):
+def _check_data(name: str, t: object, mxfp8: bool = False) -> None:
+    """High precision, a Float8Tensor, or (mxfp8) a row-wise MXFP8Tensor; other quantized tensors
+    are not implemented."""
+    if isinstance(t, MXFP8Tensor) and mxfp8:
+        if t._rowwise_data is None:
+            raise ValueError(
+                f"{name}: expected an MXFP8Tensor with row-wise data, got column-wise only"
+            )
+    elif isinstance(t, QuantizedTensor) and not isinstance(t, Float8Tensor):
         raise NotImplementedError(
-            f"{name}: {type(t).__name__} is not implemented (FP8 inputs: Float8Tensor only)"
+            f"{name}: {type(t).__name__} is not implemented here (FP8 inputs: Float8Tensor"
+            + (", MXFP8Tensor)" if mxfp8 else ")")
         )
-    if not isinstance(t, Float8Tensor):
+    if not isinstance(t, QuantizedTensor):
         _check_tensor(name, t, _HP)
     if t.dim() != 2:
         raise ValueError(f"{name}: expected [num_tokens, hidden_size], got shape {tuple(t.shape)}")
 
 
 def _check_map_type(map_type: object) -> None:
-    if map_type == "index":
-        raise NotImplementedError("map_type: 'index' is not implemented (use map_type='mask')")
-    if map_type != "mask":
+    if map_type not in ("mask", "index"):
         raise ValueError(f"map_type: expected 'mask' or 'index', got {map_type!r}")
 
 
-def _bytes_of(t: torch.Tensor) -> Tuple[torch.Tensor, Optional[Float8Tensor]]:
-    return (t._data, t) if isinstance(t, Float8Tensor) else (t, None)
+def _bytes_of(t: torch.Tensor) -> Tuple[torch.Tensor, Optional[QuantizedTensor]]:
+    if isinstance(t, Float8Tensor):
+        return t._data, t
+    if isinstance(t, MXFP8Tensor):
+        return t._rowwise_data, t
+    return t, None
 
 
-def _wrap(data: torch.Tensor, like: Optional[Float8Tensor]) -> torch.Tensor:
+def _permute_rows(data, row_id_map, probs, num_out, like):
+    """Mask-map permute of data (and of an MXFP8Tensor's row-wise scale rows, as uint8 rows:
+    scales move with their token whatever the prob, TE's), wrapped like ``like``."""
+    out, permuted_probs = _ops.moe_permute_with_mask_map(data, row_id_map, probs, num_out)
+    scale = None
+    if isinstance(like, MXFP8Tensor):
+        scale, _ = _ops.moe_permute_with_mask_map(
+            like._rowwise_scale_inv.contiguous(), row_id_map, None, num_out
+        )
+    return _wrap(out, like, scale), permuted_probs
+
+
+def _wrap(
+    data: torch.Tensor, like: Optional[QuantizedTensor], scale: Optional[torch.Tensor] = None
+) -> torch.Tensor:
     if like is None:
         return data
+    if isinstance(like, MXFP8Tensor):
+        return MXFP8Tensor(
+            shape=data.shape,
+            dtype=like.dtype,
+            fp8_dtype=like._fp8_dtype,
+            rowwise_data=data,
+            rowwise_scale_inv=scale,
+            columnwise_data=None,
+            columnwise_scale_inv=None,
+            quantizer=None,
+            requires_grad=data.requires_grad,
+        )
     return Float8Tensor(
         data=data,
         fp8_dtype=like._fp8_dtype,
@@ -144,13 +212,11 @@ class _moe_permute_mask_map(torch.autograd.Function):
     def forward(ctx, inp, routing_map, num_out_tokens, probs):
         data, fp8 = _bytes_of(inp)
         row_id_map = _ops.moe_make_row_id_map(routing_map, num_out_tokens)
-        out, permuted_probs = _ops.moe_permute_with_mask_map(
-            data, row_id_map, probs, num_out_tokens
-        )
+        out, permuted_probs = _permute_rows(data, row_id_map, probs, num_out_tokens, fp8)
         ctx.save_for_backward(row_id_map)
         ctx.num_tokens = inp.shape[0]
         ctx.mark_non_differentiable(row_id_map)
-        return _wrap(out, fp8), row_id_map, permuted_probs if probs is not None else None
+        return out, row_id_map, permuted_probs if probs is not None else None
 
     @staticmethod
     def backward(ctx, grad, _, permuted_probs_grad):
@@ -197,11 +263,9 @@ class _moe_unpermute_mask_map(torch.autograd.Function):
                 grad.contiguous(), row_id_map, inp, merging_probs
             )
         elif ctx.needs_input_grad[0]:
-            if isinstance(grad, QuantizedTensor) and not isinstance(grad, Float8Tensor):
-                raise NotImplementedError(f"moe_unpermute: {type(grad).__name__} gradients")
+            _check_data("moe_unpermute's gradient", grad, mxfp8=True)
             data, fp8 = _bytes_of(grad)
-            out, _ = _ops.moe_permute_with_mask_map(data, row_id_map, None, ctx.num_permuted)
-            act_grad = _wrap(out, fp8)
+            act_grad, _ = _permute_rows(data, row_id_map, None, ctx.num_permuted, fp8)
         return (
             act_grad if ctx.needs_input_grad[0] else None,
             None,
@@ -244,7 +308,7 @@ class _moe_chunk_sort(torch.autograd.Function):
 
 # ------------------------------------------------------------------------------ API
 def _permute(inp, routing_map, num_out_tokens, probs):
-    _check_data("inp", inp)
+    _check_data("inp", inp, mxfp8=True)
     _check_tensor("routing_map", routing_map, _MAP_DTYPES, ndim=2)
     if routing_map.shape[0] != inp.shape[0]:
         raise ValueError(
@@ -274,9 +338,13 @@ def moe_permute(
 ) -> Tuple[torch.Tensor, torch.Tensor]:
     """Permute the rows of ``inp`` [num_tokens, hidden] by expert (``routing_map`` [num_tokens,
     num_experts], nonzero = routed); returns (permuted [num_out_tokens, hidden], row_id_map).
-    ``max_token_num`` is TE's workspace hint for the index map and is ignored."""
+    With ``map_type="index"``, ``routing_map`` is [num_tokens, topK] expert indices and row_id_map
+    TE's [topK * num_tokens] (module docstring). ``max_token_num`` is TE's workspace hint (our
+    sort sizes its buffer per call): checked, otherwise unused."""
     _check_map_type(map_type)
     _check_int("max_token_num", max_token_num, -1)
+    if map_type == "index":
+        return _permute_index(inp, routing_map, num_out_tokens)
     out, row_id_map, _ = _permute(inp, routing_map, num_out_tokens, None)
     return out, row_id_map
 
@@ -312,6 +380,8 @@ def moe_unpermute(
     _check_map_type(map_type)
     if isinstance(inp, QuantizedTensor):
         raise NotImplementedError("inp: FP8 input to moe_unpermute is not implemented (TE's)")
+    if map_type == "index":
+        return _unpermute_index(inp, row_id_map, merging_probs)
     _check_data("inp", inp)
     _check_tensor("row_id_map", row_id_map, (torch.int32,), ndim=2)
     num_tokens, hidden = tuple(inp.shape) if restore_shape is None else tuple(restore_shape)

@@ -1,6 +1,8 @@
 // MoE permutation on the GPU against the CPU op: row_id_map (several blocks of experts and
 // tokens, num_out_tokens dropping), permute with and without probs (FP8 bytes included),
-// unpermute with and without merging probs, its backward with merging probs, and the chunk sort.
+// unpermute with and without merging probs, its backward with merging probs, and the chunk sort;
+// the index map: the one-block radix sort (negative and repeated indices, large expert ids that
+// need every digit pass, a slice per thread of several routes) and its data kernels.
 // Both devices run the same per-element math (permutation_params.h) in the same order: every
 // output is compared byte for byte.
 #include <algorithm>
@@ -160,5 +162,89 @@ TEST(GpuPermutationChunkSort, MatchesCpu) {
   EXPECT_TRUE(same(py[1], py[0]));
   EXPECT_TRUE(same(b[1], x));
 }
+
+// Index map: 700 tokens x 3 routes (2100 routes: several per sort thread), then expert ids over
+// 2^28 (every 4-bit pass moves keys), then a few tokens (most sort threads idle).
+struct IndexDims {
+  size_t tokens, topk, hidden;
+  int lo, span, drop;
+};
+const IndexDims kIndexDims[] = {{700, 3, 19, -2, 9, 101}, {64, 4, 7, 1 << 28, 1 << 30, 0},
+                                {3, 2, 130, 0, 2, 1}};
+
+class GpuIndexPermutationTest : public ::testing::TestWithParam<Param> {};
+
+TEST_P(GpuIndexPermutationTest, MatchesCpu) {
+  SKIP_WITHOUT_GPU();
+  const auto [di, dtype] = GetParam();
+  const IndexDims d = kIndexDims[di];
+  const size_t T = d.tokens, K = d.topk, H = d.hidden, R = T * K;
+  const int out = int(R) - d.drop;
+  const size_t O = size_t(out);
+  std::mt19937 rng(5 + di);
+  std::uniform_int_distribution<int> pick(d.lo, d.lo + d.span - 1);
+  TestTensor idx({T, K}, kNVTEInt32), x({T, H}, dtype), probs({T, K}, kNVTEFloat32),
+      g({T, H}, dtype), ws({R}, kNVTEInt32);
+  for (size_t i = 0; i < R; ++i) idx.put(i, pick(rng));
+  x.fill_uniform(rng, -2.0, 2.0);
+  probs.fill_uniform(rng, 0.0, 1.0);
+  g.fill_uniform(rng, -1.0, 1.0);
+  GpuTensor d_idx(idx), d_x(x), d_probs(probs), d_g(g), d_ws(ws);
+  TestTensor map[2] = {TestTensor({R}, kNVTEInt32), TestTensor({R}, kNVTEInt32)};
+  TestTensor y[2] = {TestTensor({O, H}, dtype), TestTensor({O, H}, dtype)};
+  ASSERT_NVTE_OK(nvte_permute_index_make_row_id_map(idx, int(T), int(K), out, ws, map[0], nullptr));
+  ASSERT_NVTE_OK(
+      nvte_permute_with_index_map(x, map[0], int(T), int(K), out, int(H), y[0], nullptr));
+  GpuTensor d_map(map[1]), d_y(y[1]);
+  ASSERT_NVTE_OK(
+      nvte_permute_index_make_row_id_map(d_idx, int(T), int(K), out, d_ws, d_map, nullptr));
+  ASSERT_NVTE_OK(
+      nvte_permute_with_index_map(d_x, d_map, int(T), int(K), out, int(H), d_y, nullptr));
+  d_map.download(map[1], kNVTERowwiseData);
+  d_y.download(y[1], kNVTERowwiseData);
+  EXPECT_TRUE(same(map[1], map[0]));
+  EXPECT_TRUE(same(y[1], y[0]));
+  if (test::is_fp8(dtype)) return;
+
+  TestTensor z[2] = {TestTensor({T, H}, dtype), TestTensor({T, H}, dtype)};
+  TestTensor z_np[2] = {TestTensor({T, H}, dtype), TestTensor({T, H}, dtype)};
+  TestTensor dx[2] = {TestTensor({O, H}, dtype), TestTensor({O, H}, dtype)};
+  TestTensor dp[2] = {TestTensor({T, K}, kNVTEFloat32), TestTensor({T, K}, kNVTEFloat32)};
+  ASSERT_NVTE_OK(
+      nvte_unpermute_with_index_map(y[0], map[0], probs, int(T), int(K), int(H), z[0], nullptr));
+  ASSERT_NVTE_OK(nvte_unpermute_with_index_map(y[0], map[0], nullptr, int(T), int(K), int(H),
+                                               z_np[0], nullptr));
+  ASSERT_NVTE_OK(nvte_unpermute_with_index_map_bwd(g, map[0], y[0], probs, int(T), int(K), int(H),
+                                                   dx[0], dp[0], nullptr));
+  GpuTensor d_z(z[1]), d_znp(z_np[1]), d_dx(dx[1]), d_dp(dp[1]);
+  ASSERT_NVTE_OK(
+      nvte_unpermute_with_index_map(d_y, d_map, d_probs, int(T), int(K), int(H), d_z, nullptr));
+  ASSERT_NVTE_OK(nvte_unpermute_with_index_map(d_y, d_map, nullptr, int(T), int(K), int(H), d_znp,
+                                               nullptr));
+  ASSERT_NVTE_OK(nvte_unpermute_with_index_map_bwd(d_g, d_map, d_y, d_probs, int(T), int(K),
+                                                   int(H), d_dx, d_dp, nullptr));
+  d_z.download(z[1], kNVTERowwiseData);
+  d_znp.download(z_np[1], kNVTERowwiseData);
+  d_dx.download(dx[1], kNVTERowwiseData);
+  d_dp.download(dp[1], kNVTERowwiseData);
+  EXPECT_TRUE(same(z[1], z[0]));
+  EXPECT_TRUE(same(z_np[1], z_np[0]));
+  EXPECT_TRUE(same(dx[1], dx[0]));
+  EXPECT_TRUE(same(dp[1], dp[0]));
+}
+
+std::string index_param_name(const ::testing::TestParamInfo<Param> &info) {
+  const auto [di, dtype] = info.param;
+  const IndexDims d = kIndexDims[di];
+  return std::to_string(d.tokens) + "x" + std::to_string(d.topk) + "x" +
+         std::to_string(d.hidden) + "_drop" + std::to_string(d.drop) + "_" +
+         test::dtype_tag(dtype);
+}
+
+INSTANTIATE_TEST_SUITE_P(All, GpuIndexPermutationTest,
+                         ::testing::Combine(::testing::Range(0, int(std::size(kIndexDims))),
+                                            ::testing::Values(kNVTEFloat32, kNVTEBFloat16,
+                                                              kNVTEFloat8E4M3)),
+                         index_param_name);
 
 }  // namespace

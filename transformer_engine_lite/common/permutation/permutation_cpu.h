@@ -3,6 +3,7 @@
 #pragma once
 
 #include "../util/tensor.h"
+#include "permutation_index.h"
 #include "permutation_params.h"
 
 namespace nvte {
@@ -25,5 +26,20 @@ void launch_make_chunk_sort_map(const PermuteParams &p, const int64_t *split_siz
 void launch_sort_chunks_by_map(const PermuteParams &p, DType dtype, const void *in,
                                const int32_t *row_id_map, DType probs_dtype, const void *probs,
                                bool forward, void *out, void *permuted_probs);
+
+// Index map (permutation_index.h). Sort: row_id_map of indices [tokens, topk]; the GPU's radix sort
+// uses workspace (int32 [tokens * topk]).
+void launch_index_make_row_id_map(const IndexPermuteParams &p, const int32_t *indices,
+                                  int32_t *workspace, int32_t *row_id_map);
+void launch_permute_with_index_map(const IndexPermuteParams &p, DType dtype, const void *in,
+                                   const int32_t *row_id_map, void *out);
+void launch_unpermute_with_index_map(const IndexPermuteParams &p, DType dtype, const void *in,
+                                     const int32_t *row_id_map, const float *probs,
+                                     void *out);
+void launch_unpermute_with_index_map_bwd(const IndexPermuteParams &p, DType dtype,
+                                         const void *grad, const int32_t *row_id_map,
+                                         const void *fwd_input, const float *probs,
+                                         void *in_grad, float *probs_grad);
+
 
 }  // namespace nvte

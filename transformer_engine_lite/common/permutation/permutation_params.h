@@ -107,7 +107,9 @@ NVTE_HOST_DEVICE int32_t chunk_sort_dst(const PermuteParams &p, const int64_t *s
 }
 
 // merging_probs_grad of one token: zero row, then each route's dot product over the hidden
-// dimension in order (fp32).
+// dimension in order, accumulated in fp64 and rounded once (an fp32 running sum over thousands of
+// elements drifts by ~1e-6 relative, past TE's fp32 tolerance; TE's GPU block reduction and
+// torch's pairwise sum stay close to the exact value, and so does this).
 template <typename T, typename P>
 NVTE_HOST_DEVICE void unpermute_probs_grad_token(const PermuteParams &p, const int32_t *row,
                                                  const T *grad, const T *fwd_input, P *probs_grad,
@@ -118,11 +120,12 @@ NVTE_HOST_DEVICE void unpermute_probs_grad_token(const PermuteParams &p, const i
     const int32_t src = row[i];
     const int64_t e = route_expert(row, p.experts, i);
     if (src < 0 || static_cast<size_t>(src) >= p.in_rows || e < 0) continue;
-    float acc = 0.0f;
+    double acc = 0.0;
     for (size_t h = 0; h < p.hidden; ++h) {
-      acc += to_float(fwd_input[src * p.hidden + h]) * to_float(grad[t * p.hidden + h]);
+      acc += static_cast<double>(to_float(fwd_input[src * p.hidden + h])) *
+             static_cast<double>(to_float(grad[t * p.hidden + h]));
     }
-    probs_grad[t * p.experts + e] = from_float<P>(acc);
+    probs_grad[t * p.experts + e] = from_float<P>(static_cast<float>(acc));
   }
 }
 

@@ -1,8 +1,8 @@
 // Every te_lite op schema, declared once (TORCH_LIBRARY). Device implementations are registered by
 // the family files (cast.cpp, norm.cpp, activation.cpp, gemm.cpp, softmax.cpp, rope.cpp,
-// attention.cpp, router.cpp, permutation.cpp, cross_entropy.cpp); fake kernels and autograd by
-// transformer_engine_lite/pytorch/te_lite_ops.py, whose docstring documents each op (the router's
-// autograd: pytorch/router.py, as TE's).
+// attention.cpp, router.cpp, permutation.cpp, permutation_index.cpp, cross_entropy.cpp); fake
+// kernels and autograd by transformer_engine_lite/pytorch/te_lite_ops.py, whose docstring
+// documents each op (the router's autograd: pytorch/router.py, as TE's).
 #include <torch/library.h>
 
 TORCH_LIBRARY(te_lite, m) {
@@ -154,6 +154,15 @@ TORCH_LIBRARY_FRAGMENT(te_lite, m) {
   m.def(
       "moe_sort_chunks_by_map(Tensor inp, Tensor row_id_map, Tensor? probs, bool is_forward) -> "
       "(Tensor output, Tensor permuted_probs)");
+  // Index map (permutation_index.cpp): row_id_map int32 [topK * num_tokens].
+  m.def("moe_index_make_row_id_map(Tensor indices, int num_out_tokens) -> Tensor");
+  m.def("moe_permute_with_index_map(Tensor inp, Tensor row_id_map, int num_out_tokens) -> Tensor");
+  m.def(
+      "moe_unpermute_with_index_map(Tensor inp, Tensor row_id_map, Tensor? probs, "
+      "int num_tokens) -> Tensor");
+  m.def(
+      "moe_unpermute_with_index_map_bwd(Tensor grad, Tensor row_id_map, Tensor fwd_input, "
+      "Tensor probs) -> (Tensor fwd_input_grad, Tensor probs_grad)");
 }
 
 // ---- Multi-tensor ops for fused optimizers (multi_tensor.cpp): a fragment of its own, because its

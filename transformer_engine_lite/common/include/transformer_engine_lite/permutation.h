@@ -23,7 +23,18 @@
  * Map entries out of range are skipped (never read or written past a buffer). Split sizes and
  * sorted_index are checked on the CPU (sizes >= 0 summing to num_tokens, a permutation); on a GPU
  * rows of an inconsistent chunk map are -1. Empty inputs are valid and write nothing.
- * Not here (TE's): the index-map (top-k indices) variant, blockwise / MXFP8 scale permutation.
+ * MXFP8 / blockwise scales are permuted as uint8 / fp32-as-data rows by the caller.
+ *
+ * Index map (TE's map_type="index"): indices int32 [num_tokens, topK] (expert of each route).
+ * row_id_map int32 [topK * num_tokens], route (t, k) at k * num_tokens + t: the routes sorted
+ * stably by expert index (signed order; ties by route id t * topK + k) give the permuted rows; a
+ * route's entry is its row, or -1 when the row is at or past num_out_tokens (dropped).
+ * permute:   output[row_id_map[k][t]] = input[t].
+ * unpermute: output[t] = sum_k input[row_id_map[k][t]] * probs[t][k] (fp32 sum over k in order;
+ *            probs fp32 [num_tokens, topK] or NULL: weight 1; dropped routes add nothing).
+ * unpermute backward (with probs): fwd_input_grad[row_id_map[k][t]] = grad[t] * probs[t][k],
+ *            probs_grad[t][k] = sum_h grad[t][h] * fwd_input[row][h] (fp64 sum, rounded once;
+ *            0 for a dropped route).
  */
 #ifndef TRANSFORMER_ENGINE_LITE_PERMUTATION_H_
 #define TRANSFORMER_ENGINE_LITE_PERMUTATION_H_
@@ -77,6 +88,34 @@ NVTE_API NVTEStatus nvte_sort_chunks_by_map(const NVTETensor input, const NVTETe
                                             const NVTETensor probs, int num_tokens,
                                             int hidden_size, int is_forward, NVTETensor output,
                                             NVTETensor permuted_probs, NVTEStream stream);
+
+/*! row_id_map of an index map (see above); workspace int32 [num_tokens * topK] (the GPU's sort
+ *  buffer); num_out_tokens < 0: keep every route. */
+NVTE_API NVTEStatus nvte_permute_index_make_row_id_map(const NVTETensor indices, int num_tokens,
+                                                       int topK, int num_out_tokens,
+                                                       NVTETensor workspace, NVTETensor row_id_map,
+                                                       NVTEStream stream);
+
+/*! output [num_out_tokens, hidden_size] (input's dtype: high precision or FP8 bytes); rows no
+ *  route writes are left as they were. */
+NVTE_API NVTEStatus nvte_permute_with_index_map(const NVTETensor input, const NVTETensor row_id_map,
+                                                int num_tokens, int topK, int num_out_tokens,
+                                                int hidden_size, NVTETensor output,
+                                                NVTEStream stream);
+
+/*! output [num_tokens, hidden_size] from input [rows, hidden_size] (fp32 / fp16 / bf16). */
+NVTE_API NVTEStatus nvte_unpermute_with_index_map(const NVTETensor input,
+                                                  const NVTETensor row_id_map,
+                                                  const NVTETensor probs, int num_tokens, int topK,
+                                                  int hidden_size, NVTETensor output,
+                                                  NVTEStream stream);
+
+/*! Backward of unpermute with probs: fwd_input_grad [rows, hidden_size] (grad's dtype; rows no
+ *  route reads are left as they were), probs_grad fp32 [num_tokens, topK]. */
+NVTE_API NVTEStatus nvte_unpermute_with_index_map_bwd(
+    const NVTETensor grad, const NVTETensor row_id_map, const NVTETensor fwd_input,
+    const NVTETensor probs, int num_tokens, int topK, int hidden_size, NVTETensor fwd_input_grad,
+    NVTETensor probs_grad, NVTEStream stream);
 
 #ifdef __cplusplus
 }
