@@ -65,7 +65,9 @@ struct Config {
   float alpha = 1.0f, beta = 0.0f;
 };
 double alpha_of(const Config &c) { return c.scaled ? c.alpha : 1.0; }
-double beta_of(const Config &c) { return c.scaled ? c.beta : kModes[c.mode].accumulate ? 1.0 : 0.0; }
+double beta_of(const Config &c) {
+  return c.scaled ? c.beta : kModes[c.mode].accumulate ? 1.0 : 0.0;
+}
 
 NVTEDType aux_for(NVTEDType in) { return in == kF32 ? kF32 : in == kBF16 ? kBF16 : kF16; }
 

@@ -22,8 +22,9 @@ std::string num_tag(float v) {
 std::string scaled_name(const ::testing::TestParamInfo<Config> &info) {
   const Config &c = info.param;
   return std::string(kModes[c.mode].name) + "_" + test::dtype_tag(c.a) + "_x_" +
-         test::dtype_tag(c.b) + "_to_" + test::dtype_tag(c.d) + "_" + trans_tag(c.transa, c.transb) +
-         "_" + dims_tag(c.dims) + "_a" + num_tag(c.alpha) + "_b" + num_tag(c.beta);
+         test::dtype_tag(c.b) + "_to_" + test::dtype_tag(c.d) + "_" +
+         trans_tag(c.transa, c.transb) + "_" + dims_tag(c.dims) + "_a" + num_tag(c.alpha) + "_b" +
+         num_tag(c.beta);
 }
 
 // Modes without the accumulate flag (beta replaces it): plain, bias, gelu, bias_gelu, grad,
@@ -134,8 +135,9 @@ TEST(GemmScaled, AlphaOneBetaAccumulateIsNvteCublasGemm) {
 }
 
 // ------------------------------------------------------------------ exact rounding
-// Quarter-grid operands and eighth-grid bias / prev with power-of-two alpha and beta: alpha X + bias
-// + beta prev is exact in fp32, so D's bytes must be the independent rounding of the exact value.
+// Quarter-grid operands and eighth-grid bias / prev with power-of-two alpha and beta:
+// alpha X + bias + beta prev is exact in fp32, so D's bytes must be the independent rounding of
+// the exact value.
 TEST(GemmScaled, PowerOfTwoScalesRoundOnce) {
   if (!have_gemm()) GTEST_SKIP() << "built without oneDNN";
   const Dims d{33, 17, 65};

@@ -64,7 +64,9 @@ struct Config {
   float alpha = 1.0f, beta = 0.0f;
 };
 double alpha_of(const Config &c) { return c.scaled ? c.alpha : 1.0; }
-double beta_of(const Config &c) { return c.scaled ? c.beta : kModes[c.mode].accumulate ? 1.0 : 0.0; }
+double beta_of(const Config &c) {
+  return c.scaled ? c.beta : kModes[c.mode].accumulate ? 1.0 : 0.0;
+}
 
 NVTEStatus call_gemm(const Config &c, NVTETensor A, NVTETensor B, NVTETensor D, NVTETensor bias,
                      NVTETensor pre, NVTETensor ws) {

@@ -218,8 +218,8 @@ NVTEStatus gemm_entry(const char *api, bool scaled, const NVTETensor A, const NV
 // Accumulation is always FP32 (ARCHITECTURE.md §5), on every device: use_split_accumulator has
 // nothing to select.
 NVTEStatus nvte_cublas_gemm(const NVTETensor A, const NVTETensor B, NVTETensor D,
-                            const NVTETensor bias, NVTETensor pre_gelu_out, bool transa, bool transb,
-                            bool grad, NVTETensor workspace, bool accumulate,
+                            const NVTETensor bias, NVTETensor pre_gelu_out, bool transa,
+                            bool transb, bool grad, NVTETensor workspace, bool accumulate,
                             bool use_split_accumulator, int math_sm_count, NVTEStream stream) {
   (void)use_split_accumulator;
   return nvte::gemm_entry("nvte_cublas_gemm", false, A, B, D, bias, pre_gelu_out, transa, transb,

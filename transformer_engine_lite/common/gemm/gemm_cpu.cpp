@@ -374,7 +374,8 @@ void run_product(const GemmParams &p, const Plan &plan, const Operand &a, const 
 // ---------------------------------------------------------------- epilogue
 enum class Epilogue { kPlain, kBiasGelu, kDgelu };
 
-// X: fp32 [n, m] product (already scaled by the scale_inv and alpha). Writes D (and pre_gelu_out in kBiasGelu); in kDgelu X is
+// X: fp32 [n, m] product (already scaled by the scale_inv and alpha). Writes D (and pre_gelu_out in
+// kBiasGelu); in kDgelu X is
 // overwritten with x * gelu'(pre) for the bias gradient.
 void run_epilogue(const GemmParams &p, Epilogue mode, float *X, const float *bias_f,
                   const OutputEmitter &em) {

@@ -249,8 +249,8 @@ __global__ void scale_inv_kernel(const float *scale, float *scale_inv) {
 // is the tiled kernel's: empty products; FNUZ FP8; E5M2 x E5M2 (no cuBLASLt kernels); FP8 before
 // sm_89; the amax of a high-precision D (cuBLASLt records amax only for FP8 outputs); GELU or dGELU
 // with beta != 0 (cuBLASLt applies them to alpha AB + beta C, gemm.h adds D's previous value
-// afterwards); dGELU or bias gradients with alpha != 1 (whether cuBLASLt's bias gradients carry alpha
-// is undocumented: gemm.h scales the dGELU one and not that of op(B));
+// afterwards); dGELU or bias gradients with alpha != 1 (whether cuBLASLt's bias gradients carry
+// alpha is undocumented: gemm.h scales the dGELU one and not that of op(B));
 // dGELU / bias gradients of FP8 operands (TE never asks for them; how cuBLASLt would scale them is
 // undocumented); non-FP8 bias or pre-GELU buffers of a dtype other than D's (cuBLASLt ties them to
 // D's type).
@@ -313,7 +313,7 @@ bool launch_gemm_cublaslt(const GemmArgs &g, const OutputSpec &spec, void *strea
   const Layout a_layout(lt, a_type, g.transa ? g.k : g.m, g.transa ? g.m : g.k);
   const Layout b_layout(lt, b_type, g.transb ? g.n : g.k, g.transb ? g.k : g.n);
   const Layout d_layout(lt, d_type, g.m, g.n);
-  // C is D's previous value (scaled by beta when accumulating). An FP8 D is never accumulated into and
+  // C is D's previous value (scaled by beta when accumulating). An FP8 D is never accumulated into,
   // cuBLASLt wants C in bf16/fp16 then (the bias dtype, as TE), with no C pointer.
   cudaDataType_t c_type = d_type;
   if (spec.fp8) c_type = g.bias != nullptr ? cuda_type(g.bias->data.dtype) : CUDA_R_16BF;

@@ -40,7 +40,8 @@ def general_gemm(A: Any, B: Any, *args: Any, **kwargs: Any):
     Operands may be Float8Tensor / MXFP8Tensor. out_dtype: default A's (nominal) dtype.
     quantization_params: quantize D with this quantizer (returns a QuantizedTensor). out /
     accumulate / alpha / beta: D = [GELU](alpha * product + bias) + beta * out (beta default 1
-    with accumulate; alpha does not scale the bias, as TE), written into out. Returns (D, bias_grad, gelu_input, extra_output) as TE.
+    with accumulate; alpha does not scale the bias, as TE), written into out.
+    Returns (D, bias_grad, gelu_input, extra_output) as TE.
     use_split_accumulator is a GPU FP8 option (the CPU GEMM always accumulates in FP32).
     Userbuffer overlap (ub, ub_type, extra_output, bulk_overlap) is not supported.
     workspace: TE 2.8's cuBLAS scratch argument (module.base.get_workspace()), third positional

@@ -46,9 +46,9 @@ NVTE_API NVTEStatus nvte_cublas_gemm(const NVTETensor A, const NVTETensor B, NVT
                                      bool use_split_accumulator, int math_sm_count,
                                      NVTEStream stream);
 
-/*! nvte_cublas_gemm with TE's scaling factors (TE 2.8's nvte_cublas_gemm_scaled): the product is
- *  scaled by alpha and D's previous value by beta; nvte_cublas_gemm(..., accumulate, ...) is exactly
- *  this call with alpha = 1 and beta = accumulate ? 1 : 0 (same bytes). With X as above:
+/*! nvte_cublas_gemm with TE's scaling factors (TE 2.8's nvte_cublas_gemm_scaled): the product
+ *  is scaled by alpha and D's previous value by beta; nvte_cublas_gemm(..., accumulate, ...) is
+ *  exactly this call with alpha = 1 and beta = accumulate ? 1 : 0 (same bytes). With X as above:
  *  Forward: Y = alpha * X + bias; pre_gelu_out (if non-empty) = Y and D = beta * D + gelu(Y),
  *    otherwise D = beta * D + Y (TE: "D = GELU(alpha*AB + bias)"; as for accumulate, D's previous
  *    value is added after the GELU).
