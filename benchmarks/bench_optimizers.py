@@ -1,6 +1,6 @@
 #!/usr/bin/env python
-"""Times one step of TE's FusedAdam (ours) against torch.optim.AdamW (foreach, and fused=True where
-this torch build runs it on the CPU); checks the parameters after a few steps against an fp64 AdamW
+"""Times one step of TE's FusedAdam (ours) against torch.optim.AdamW (its CPU default, foreach, and
+fused=True where this torch build runs it on the CPU); checks the parameters after a few steps against an fp64 AdamW
 before a time counts.
 
     python benchmarks/bench_optimizers.py                  # all cases, full sizes
@@ -69,7 +69,9 @@ def _adamw_fp64(vals: list[torch.Tensor], grads: list[torch.Tensor],
 
 
 def _torch_adamw(params: list[torch.Tensor], variant: str) -> torch.optim.Optimizer:
-    kw = {"foreach": True} if variant == "foreach" else {"fused": True}
+    """variant: "default" (torch's choice for CPU tensors: the per-tensor loop), "foreach" or
+    "fused"."""
+    kw = {"default": {}, "foreach": {"foreach": True}, "fused": {"fused": True}}[variant]
     try:
         opt = torch.optim.AdamW(params, **OPTS, **kw)
         if variant == "fused":  # torch checks device support at the first step
@@ -86,7 +88,7 @@ def _cat(ts: list[torch.Tensor]) -> torch.Tensor:
 
 
 def _fp32_case(variant: str) -> Callable[[bool], Case]:
-    """fp32 parameters, fp32 states: FusedAdam vs AdamW(foreach | fused)."""
+    """fp32 parameters, fp32 states: FusedAdam vs AdamW(default | foreach | fused)."""
 
     def build(quick: bool) -> Case:
         vals, grads = _tensors(quick)
@@ -116,10 +118,14 @@ def _fp32_case(variant: str) -> Callable[[bool], Case]:
     return build
 
 
-def _bf16_master_case(quick: bool) -> Case:
+def _bf16_master_case(variant: str) -> Callable[[bool], Case]:
     """bf16 parameters with fp32 master weights: FusedAdam(master_weights=True) (one fused pass:
-    update the master, write the bf16 parameter) vs AdamW(foreach) on fp32 master copies, then the
+    update the master, write the bf16 parameter) vs AdamW(variant) on fp32 master copies, then the
     copy back into the bf16 parameters (what mixed-precision training does with torch alone)."""
+    return lambda quick: _bf16_master(quick, variant)
+
+
+def _bf16_master(quick: bool, variant: str) -> Case:
     vals, grads = _tensors(quick)
     vals = [v.bfloat16().float() for v in vals]  # masters start at the bf16 values on both sides
 
@@ -133,12 +139,13 @@ def _bf16_master_case(quick: bool) -> Case:
         master = [torch.nn.Parameter(v.clone()) for v in vals]
         for p, g in zip(master, grads):
             p.grad = g.bfloat16().float()
-        ref_opt = _torch_adamw(master, "foreach")
+        ref_opt = _torch_adamw(master, variant)
 
         @torch.no_grad()
         def ref_step() -> None:
             ref_opt.step()
-            torch._foreach_copy_(model, master)
+            for m, w in zip(model, master):  # a loop: torch's CPU _foreach_copy_ is far slower
+                m.copy_(w)
 
         return ours, opt, ref_step, model, master
 
@@ -163,9 +170,11 @@ def _bf16_master_case(quick: bool) -> Case:
 
 
 CASES: dict[str, tuple[Callable[[bool], Case], float | None]] = {
+    "adam_fp32_vs_default": (_fp32_case("default"), None),
     "adam_fp32_vs_foreach": (_fp32_case("foreach"), None),
     "adam_fp32_vs_fused": (_fp32_case("fused"), None),
-    "adam_bf16_master_vs_foreach": (_bf16_master_case, None),
+    "adam_bf16_master_vs_default": (_bf16_master_case("default"), None),
+    "adam_bf16_master_vs_fused": (_bf16_master_case("fused"), None),
 }
 
 
