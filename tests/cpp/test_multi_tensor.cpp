@@ -265,6 +265,33 @@ INSTANTIATE_TEST_SUITE_P(
              test::dtype_tag(std::get<2>(info.param)) + (std::get<3>(info.param) ? "_out" : "");
     });
 
+// fp16 weights: the step is rounded to fp16 before it is added (TE's kernel), so with a
+// power-of-two lr and momentum the result is torch.optim.SGD's fp16 update, which steps by its
+// rounded buffer: buf = fp16(momentum * mom + g); w = fp16(w - lr * buf), bit for bit. Values
+// stay in [0.25, 1) so every intermediate is exact in fp32 and the only roundings are these.
+TEST(MultiTensorSgd, Fp16StepRoundedLikeTorch) {
+  const double lr = 0.25, momentum = 0.125;
+  std::mt19937 rng(5);
+  TestTensor g({4099}, kNVTEFloat16), w({4099}, kNVTEFloat16), mo({4099}, kNVTEFloat16);
+  const std::vector<double> gv = g.fill_uniform(rng, 0.5, 1.0);
+  const std::vector<double> wv = w.fill_uniform(rng, 0.25, 1.0);
+  const std::vector<double> mv = mo.fill_uniform(rng, 0.25, 0.5);
+  TestTensor ref_w({4099}, kNVTEFloat16), ref_m({4099}, kNVTEFloat16);
+  for (size_t i = 0; i < gv.size(); ++i) {
+    ref_m.put(i, momentum * mv[i] + gv[i]);     // one rounding to fp16
+    ref_w.put(i, wv[i] - lr * ref_m.get(i));    // from the rounded buffer, one rounding
+  }
+  HandleLists h(3);
+  h.add(0, g);
+  h.add(1, w);
+  h.add(2, mo);
+  TestTensor noop = noop_flag();
+  ASSERT_NVTE_OK(nvte_multi_tensor_sgd_cuda(kChunk, noop, h.get(), 3, 1, 0.0f, float(momentum),
+                                            0.0f, float(lr), 0, 0, 0, 1.0f, nullptr));
+  EXPECT_EQ(w.to_double(), ref_w.to_double());
+  EXPECT_EQ(mo.to_double(), ref_m.to_double());
+}
+
 TEST(MultiTensorSgd, NoopFlagSkips) {
   TestTensor g({5}, kNVTEFloat32), w({5}, kNVTEFloat32), mo({5}, kNVTEFloat32);
   for (size_t i = 0; i < 5; ++i) g.put(i, 1.0), w.put(i, 2.0);

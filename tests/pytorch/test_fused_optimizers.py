@@ -245,6 +245,19 @@ def test_fused_sgd_matches_torch(momentum, dampening, nesterov, weight_decay, dt
         assert (p.float() - h).abs().max() <= 2 * (q.float() - h).abs().max() + 1e-6
 
 
+def test_fused_sgd_fp16_matches_torch_bitwise():
+    """fp16 weights: the step -lr * g is rounded to fp16 before it is added (TE's kernel). With a
+    power-of-two lr and momentum that is exactly torch's update from its rounded fp16 buffer, so
+    the two agree bit for bit; an update added in fp32 (one rounding) drifts by ulps per step."""
+    params, ref = _params(torch.float16), _params(torch.float16)
+    kw = dict(lr=0.25, momentum=0.125)
+    opt, ref_opt = FusedSGD(params, **kw), torch.optim.SGD(ref, **kw)
+    _run(opt, params, ref_opt, ref, steps=7)
+    _close(params, ref, (0.0, 0.0))
+    _close([opt.state[p]["momentum_buffer"] for p in params],
+           [ref_opt.state[p]["momentum_buffer"] for p in ref], (0.0, 0.0))
+
+
 def test_fused_sgd_bad_arguments():
     with pytest.raises(ValueError, match="momentum"):
         FusedSGD(_params(), lr=0.1, momentum=-1.0)
@@ -331,6 +344,20 @@ def test_compute_scale_and_scale_inv():
                          448.0, True, 0.0)
     assert scale[0].tolist() == [1.0, 256.0, 128.0] and scale[1].tolist() == [1.0]
     assert scale_inv[0].tolist() == [1.0, 1 / 256, 1 / 128]
+
+
+def test_tex_multi_tensor_names():
+    """TE code calls these as transformer_engine_torch.multi_tensor_* (our pytorch.tex)."""
+    from transformer_engine_lite.pytorch import optimizers, tex
+
+    for name in ("multi_tensor_scale", "multi_tensor_l2norm", "multi_tensor_unscale_l2norm",
+                 "multi_tensor_adam", "multi_tensor_adam_param_remainder",
+                 "multi_tensor_adam_fp8", "multi_tensor_adam_capturable",
+                 "multi_tensor_adam_capturable_master", "multi_tensor_sgd",
+                 "multi_tensor_compute_scale_and_scale_inv"):
+        assert getattr(tex, name) is getattr(optimizers, name)
+    with pytest.raises(AttributeError, match="multi_tensor_nope"):
+        tex.multi_tensor_nope  # noqa: B018
 
 
 def test_multi_tensor_bad_inputs():

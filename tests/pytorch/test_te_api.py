@@ -60,6 +60,12 @@ def test_init_helpers_and_device_queries():
         assert te.get_device_compute_capability() == (0, 0)
         assert te.is_bf16_available() is True
         assert te.is_bf16_available(return_reason=True) == (True, "")
+        # gpu_autocast_ctx: autocast on the device the kernels run on (here the CPU: bf16).
+        x = torch.randn(4, 4)
+        with te_utils.gpu_autocast_ctx(enabled=True):
+            assert torch.mm(x, x).dtype == torch.bfloat16
+        with te_utils.gpu_autocast_ctx(enabled=False):
+            assert torch.mm(x, x).dtype == torch.float32
 
 
 # ------------------------------------------------------------------ GroupedLinear

@@ -1,5 +1,6 @@
 """TE's `transformer_engine_torch` names that Python code uses: the DType enum (same values as the
-C API's NVTEDType) and its torch dtype mapping."""
+C API's NVTEDType), its torch dtype mapping, and the multi_tensor_* functions (same signatures:
+chunk_size, noop_flag, tensor_lists, *scalars)."""
 
 from __future__ import annotations
 
@@ -7,7 +8,21 @@ from enum import IntEnum
 
 import torch
 
-__all__ = ["DType", "dtype_to_torch", "torch_to_dtype"]
+# TE's extension exposes these as module functions; ours live in optimizers._ops and are looked up
+# lazily (module __getattr__) because optimizers imports this module's package at import time.
+_MULTI_TENSOR = (
+    "multi_tensor_adam",
+    "multi_tensor_adam_capturable",
+    "multi_tensor_adam_capturable_master",
+    "multi_tensor_adam_fp8",
+    "multi_tensor_adam_param_remainder",
+    "multi_tensor_compute_scale_and_scale_inv",
+    "multi_tensor_l2norm",
+    "multi_tensor_scale",
+    "multi_tensor_sgd",
+    "multi_tensor_unscale_l2norm",
+)
+__all__ = ["DType", "dtype_to_torch", "torch_to_dtype", *_MULTI_TENSOR]
 
 
 class DType(IntEnum):
@@ -58,3 +73,11 @@ def torch_to_dtype(dtype: torch.dtype) -> DType:
         return _FROM_TORCH[dtype]
     except KeyError:
         raise ValueError(f"dtype: {dtype} has no transformer_engine DType") from None
+
+
+def __getattr__(name: str):  # noqa: ANN202  (PEP 562)
+    if name in _MULTI_TENSOR:
+        from .optimizers import _ops
+
+        return getattr(_ops, name)
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

@@ -8,6 +8,7 @@ is_*_available checks in fp8.py).
 
 from __future__ import annotations
 
+import functools
 import math
 from collections.abc import Callable
 
@@ -22,6 +23,7 @@ __all__ = [
     "divide",
     "get_default_init_method",
     "get_device_compute_capability",
+    "gpu_autocast_ctx",
     "init_method_constant",
     "init_method_normal",
     "is_bf16_available",
@@ -95,6 +97,13 @@ def is_bf16_available(return_reason: bool = False) -> bool | tuple[bool, str]:
     ok = is_bf16_compatible()
     reason = "" if ok else "bf16 needs compute capability 8.0 or higher"
     return (ok, reason) if return_reason else ok
+
+
+# TE's torch.amp.autocast on the device its kernels run on: CUDA when torch has a GPU, otherwise
+# the CPU, where this build's kernels run (autocast then casts to bf16 on the CPU).
+gpu_autocast_ctx = functools.partial(
+    torch.amp.autocast, device_type="cuda" if torch.cuda.is_available() else "cpu"
+)
 
 
 def divide(numerator: int, denominator: int) -> int:

@@ -5,6 +5,7 @@
 
 #include <cstddef>
 #include <cstdint>
+#include <type_traits>
 #include <vector>
 
 #include "../platform/host_device.h"
@@ -163,7 +164,13 @@ NVTE_HOST_DEVICE void sgd_element(const TensorSet &t, size_t i, const SgdParams 
     g = s.nesterov ? g + s.momentum * mom : mom;
   }
   if (s.wd != 0.0f && s.wd_after_momentum) g += s.wd * w;
-  const W w_new = from_float<W>(w + (-s.lr * g));
+  // fp16 weights: the step -lr * g is rounded to fp16 before the add, as in TE's kernel (its
+  // `weight += float` on a half weight converts the float to half first); with a power-of-two lr
+  // that is torch.optim.SGD's step from its rounded fp16 momentum buffer. TE has no bf16 weights
+  // here; ours take the one-rounding update (closer to fp32, within torch's bf16 error).
+  float step = -s.lr * g;
+  if constexpr (std::is_same_v<W, fp16>) step = to_float(from_float<fp16>(step));
+  const W w_new = from_float<W>(w + step);
   *wp = w_new;
   if (has_out) static_cast<O *>(t.ptr[3])[i] = from_float<O>(to_float(w_new));
   if (s.momentum != 0.0f) *mp = from_float<W>(mom);

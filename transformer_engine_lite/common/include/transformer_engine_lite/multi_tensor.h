@@ -101,7 +101,8 @@ NVTE_API NVTEStatus nvte_multi_tensor_adam_capturable_master_cuda(
  *    g = g * scale;  if (wd != 0 && !wd_after_momentum) g += wd * w
  *    if (momentum != 0) { mom = first_run ? g : momentum * mom + (1 - dampening) * g;
  *                         g = nesterov ? g + momentum * mom : mom }
- *    if (wd != 0 && wd_after_momentum) g += wd * w;   w = w + (-lr * g) */
+ *    if (wd != 0 && wd_after_momentum) g += wd * w;   w = w + W(-lr * g)
+ *  where W() rounds to fp16 for fp16 weights (TE's kernel) and is the identity otherwise. */
 NVTE_API NVTEStatus nvte_multi_tensor_sgd_cuda(int chunk_size, NVTETensor noop_flag,
                                                NVTETensor **tensor_lists,
                                                const size_t num_tensor_lists,
