@@ -13,7 +13,20 @@ from ..basic.bias import Bias
 from ..op import FusedOperation
 from .forward_linear_bias_activation import OpList, bias_fits
 
-__all__ = ["ForwardLinearBiasAdd", "fuse_forward_linear_bias_add"]
+__all__ = ["ForwardLinearBiasAdd", "can_accumulate_into", "fuse_forward_linear_bias_add"]
+
+
+def can_accumulate_into(extra: object, input_: torch.Tensor, linear: BasicLinear) -> bool:
+    """Whether the linear's GEMM can add its product into `extra` in place: a plain contiguous
+    tensor of the output's shape, device and compute dtype (else the fused ops run unfused)."""
+    return (
+        isinstance(extra, torch.Tensor)
+        and not isinstance(extra, QuantizedTensor)
+        and tuple(extra.shape) == (*input_.shape[:-1], linear.local_out_features)
+        and extra.is_contiguous()
+        and extra.dtype == compute_dtype("ForwardLinearBiasAdd", input_, linear.weight)
+        and extra.device == input_.device
+    )
 
 
 class ForwardLinearBiasAdd(FusedOperation):
@@ -33,16 +46,7 @@ class ForwardLinearBiasAdd(FusedOperation):
         linear, add = self.basic_ops[0], self.basic_ops[-1]
         bias = self.basic_ops[1].bias if len(self.basic_ops) == 3 else None  # type: ignore[attr-defined]
         (extra,) = extra_inputs
-        out_shape = (*input_.shape[:-1], linear.local_out_features)  # type: ignore[attr-defined]
-        fits = (
-            isinstance(extra, torch.Tensor)
-            and not isinstance(extra, QuantizedTensor)
-            and tuple(extra.shape) == out_shape
-            and extra.is_contiguous()
-            and extra.dtype == compute_dtype("ForwardLinearBiasAdd", input_, linear.weight)  # type: ignore[attr-defined]
-            and extra.device == input_.device
-        )
-        if not fits:
+        if not can_accumulate_into(extra, input_, linear):  # type: ignore[arg-type]
             y = linear.linear_forward(input_, bias=bias)  # type: ignore[attr-defined]
             return add.fuser_forward(y, extra_inputs)
         return linear.linear_forward(input_, bias=bias, acc=extra), ()  # type: ignore[attr-defined]

@@ -12,13 +12,12 @@ from typing import Any
 
 import torch
 
-from ...tensor import QuantizedTensor
-from .._common import compute_dtype
 from ..basic.add_extra_input import AddExtraInput
 from ..basic.basic_linear import BasicLinear
 from ..basic.constant_scale import ConstantScale
 from ..op import FusedOperation
 from .forward_linear_bias_activation import OpList
+from .forward_linear_bias_add import can_accumulate_into
 
 __all__ = [
     "BackwardLinearScale",
@@ -39,17 +38,9 @@ class ForwardLinearScaleAdd(FusedOperation):
     ) -> tuple[torch.Tensor, tuple[torch.Tensor, ...]]:
         linear, scale, add = self.basic_ops
         (extra,) = extra_inputs
-        out_shape = (*input_.shape[:-1], linear.local_out_features)  # type: ignore[attr-defined]
-        fits = (
-            isinstance(extra, torch.Tensor)
-            and not isinstance(extra, QuantizedTensor)
-            and tuple(extra.shape) == out_shape
-            and extra.is_contiguous()
-            and extra.dtype == compute_dtype("ForwardLinearScaleAdd", input_, linear.weight)
-            and extra.device == input_.device
-        )
         alpha = scale.scale  # type: ignore[attr-defined]
-        if not fits:  # a residual the GEMM cannot accumulate into: the ops one by one
+        if not can_accumulate_into(extra, input_, linear):  # type: ignore[arg-type]
+            # a residual the GEMM cannot accumulate into: the ops one by one
             y = scale.fuser_forward(linear.linear_forward(input_), ())[0]  # type: ignore[attr-defined]
             return add.fuser_forward(y, extra_inputs)
         return linear.linear_forward(input_, acc=extra, alpha=alpha), ()  # type: ignore[attr-defined]
