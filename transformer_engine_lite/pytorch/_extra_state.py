@@ -1,13 +1,101 @@
-"""TE's extra-state checkpoint constants. TE-lite checkpoints its FP8 state as plain tensors and
-values (module/base.py: get_extra_state), loadable with torch.load(weights_only=True); it never
+"""The modules' checkpointed FP8 state (_extra_state): its schema and the checks that run before
+anything is assigned (module/base.py: get_extra_state / set_extra_state). TE-lite checkpoints its
+FP8 state as plain tensors and values, loadable with torch.load(weights_only=True); it never
 unpickles, so TE's opt-in for unsafe unpickling of its own pickled extra state has no use here:
 such a state is refused with an error that says so, whatever the variable's value."""
 
-UNSAFE_PICKLE_EXTRA_STATE_ENV = "NVTE_ALLOW_UNSAFE_PICKLE_EXTRA_STATE"
-
 from typing import Any
 
-__all__ = ["UNSAFE_PICKLE_EXTRA_STATE_ENV", "check_fp8_param_scales", "fp8_param_scales"]
+import torch
+
+UNSAFE_PICKLE_EXTRA_STATE_ENV = "NVTE_ALLOW_UNSAFE_PICKLE_EXTRA_STATE"
+
+__all__ = [
+    "EXTRA_STATE_VERSION",
+    "UNSAFE_PICKLE_EXTRA_STATE_ENV",
+    "check_fp8_meta",
+    "check_fp8_param_scales",
+    "check_schema",
+    "fp8_param_scales",
+]
+
+EXTRA_STATE_VERSION = 2
+# Keys each schema version may hold (anything else is refused, naming the key).
+EXTRA_STATE_KEYS = {
+    1: {"version", "amax_history_fwd", "scale_fwd", "scale_inv_fwd", "amax_history_bwd",
+        "scale_bwd", "scale_inv_bwd"},
+    2: {"version", "num_gemms", "recipe", "amax_history_fwd", "scale_fwd", "amax_history_bwd",
+        "scale_bwd", "fp8_param_scales"},
+}
+
+
+def check_schema(owner: str, state: dict[str, Any], num_gemms: int) -> int:
+    """The state's schema version, after checking its keys (and version 2's num_gemms / recipe)."""
+    version = state.get("version")
+    if version not in (1, 2):
+        raise ValueError(
+            f"{owner}: _extra_state: expected schema version 1 or {EXTRA_STATE_VERSION}, got "
+            f"{version!r}"
+        )
+    allowed = EXTRA_STATE_KEYS[version]
+    unknown = sorted(str(k) for k in state if k not in allowed)
+    if unknown:
+        raise ValueError(
+            f"{owner}: _extra_state: unexpected keys {unknown} for schema version {version} "
+            f"(expected some of {sorted(allowed)})"
+        )
+    if version == 2:
+        got = state.get("num_gemms", num_gemms)
+        if type(got) is not int or got != num_gemms:
+            raise ValueError(
+                f"{owner}: _extra_state: expected num_gemms {num_gemms}, got {got!r}"
+            )
+        recipe = state.get("recipe")
+        if recipe is not None and not isinstance(recipe, dict):
+            raise ValueError(
+                f"{owner}: _extra_state: expected recipe to be a dict or None, got "
+                f"{type(recipe).__name__}"
+            )
+    return version
+
+
+def check_fp8_meta(owner: str, state: dict[str, Any], key: str, n: int, dev: Any) -> Any:
+    """(amax history [L, n], scale [n]) of direction `key` ("fwd" / "bwd") as float32 on `dev`,
+    checked; None when the state has neither."""
+    hist = state.get(f"amax_history_{key}")
+    scale = state.get(f"scale_{key}")
+    if hist is None and scale is None:
+        return None
+    for name, t in ((f"amax_history_{key}", hist), (f"scale_{key}", scale)):
+        if not isinstance(t, torch.Tensor) or not t.is_floating_point():
+            got = t.dtype if isinstance(t, torch.Tensor) else type(t).__name__
+            raise ValueError(
+                f"{owner}: _extra_state: expected {name} to be a floating-point tensor, "
+                f"got {got}"
+            )
+    if hist.dim() != 2 or hist.shape[0] < 1 or hist.shape[1] != n or scale.shape != (n,):
+        raise ValueError(
+            f"{owner}: _extra_state: expected amax_history_{key} [L, {n}] (L >= 1) and "
+            f"scale_{key} [{n}], got {tuple(hist.shape)} and {tuple(scale.shape)}"
+        )
+    hist32 = hist.detach().to(device=dev, dtype=torch.float32)
+    scale32 = scale.detach().to(device=dev, dtype=torch.float32)
+    # amaxes are >= 0 (Inf allowed: an overflowed step keeps its scale); scales are finite
+    # and > 0, as the recipes produce them.
+    if torch.isnan(hist32).any() or (hist32 < 0).any():
+        raise ValueError(
+            f"{owner}: _extra_state: expected amax_history_{key} values >= 0 (no NaN), "
+            f"got min {hist32.min().item()} (NaN: {bool(torch.isnan(hist32).any())})"
+        )
+    if not torch.isfinite(scale32).all() or (scale32 <= 0).any():
+        raise ValueError(
+            f"{owner}: _extra_state: expected scale_{key} finite and > 0, got "
+            f"{scale32.tolist()}"
+        )
+    return hist32, scale32
+
+
+
 
 
 def fp8_param_scales(module: Any) -> dict[str, Any]:
@@ -15,8 +103,6 @@ def fp8_param_scales(module: Any) -> dict[str, Any]:
     their next re-quantization uses and the amax it is derived from (Float8Quantizer with
     update_margin; see tensor/float8_tensor.py). A checkpoint without them would resume with the
     scale of the loading module's random init."""
-    import torch
-
     from .tensor import Float8Quantizer, QuantizedTensor
 
     out = {}
@@ -32,8 +118,6 @@ def fp8_param_scales(module: Any) -> dict[str, Any]:
 def check_fp8_param_scales(owner: str, module: Any, value: Any) -> list[tuple[Any, Any]]:
     """Validates a checkpoint's fp8_param_scales for `module`; returns (quantizer, [scale, amax])
     pairs to assign (nothing is assigned here)."""
-    import torch
-
     mine = fp8_param_scales(module)
     if not isinstance(value, dict):
         raise ValueError(

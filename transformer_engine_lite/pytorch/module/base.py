@@ -43,7 +43,13 @@ from ..tensor import (
     QuantizedTensor,
     Quantizer,
 )
-from .._extra_state import check_fp8_param_scales, fp8_param_scales
+from .._extra_state import (
+    EXTRA_STATE_VERSION,
+    check_fp8_meta,
+    check_fp8_param_scales,
+    check_schema,
+    fp8_param_scales,
+)
 from ..utils import get_default_init_method
 from ._autograd import GemmConfig, WeightCast, cast_weight, linear
 
@@ -54,14 +60,6 @@ __all__ = [
     "get_dummy_wgrad",
 ]
 
-EXTRA_STATE_VERSION = 2
-# Keys each schema version may hold (anything else is refused, naming the key).
-_EXTRA_STATE_KEYS = {
-    1: {"version", "amax_history_fwd", "scale_fwd", "scale_inv_fwd", "amax_history_bwd",
-        "scale_bwd", "scale_inv_bwd"},
-    2: {"version", "num_gemms", "recipe", "amax_history_fwd", "scale_fwd", "amax_history_bwd",
-        "scale_bwd", "fp8_param_scales"},
-}
 _DEFAULT_HISTORY_LEN = 1024  # DelayedScaling's default; resized at the first update if different
 _HP_DTYPES = (torch.float32, torch.float16, torch.bfloat16)
 
@@ -573,31 +571,7 @@ class TransformerEngineBaseModule(torch.nn.Module):
                 f" None or an empty tensor, got {type(state).__name__} (TE's pickled extra state is"
                 " not loadable: it needs unsafe unpickling)"
             )
-        version = state.get("version")
-        if version not in (1, 2):
-            raise ValueError(
-                f"{owner}: _extra_state: expected schema version 1 or {EXTRA_STATE_VERSION}, got "
-                f"{version!r}"
-            )
-        allowed = _EXTRA_STATE_KEYS[version]
-        unknown = sorted(str(k) for k in state if k not in allowed)
-        if unknown:
-            raise ValueError(
-                f"{owner}: _extra_state: unexpected keys {unknown} for schema version {version} "
-                f"(expected some of {sorted(allowed)})"
-            )
-        if version == 2:
-            num_gemms = state.get("num_gemms", self.num_gemms)
-            if type(num_gemms) is not int or num_gemms != self.num_gemms:
-                raise ValueError(
-                    f"{owner}: _extra_state: expected num_gemms {self.num_gemms}, got {num_gemms!r}"
-                )
-            recipe = state.get("recipe")
-            if recipe is not None and not isinstance(recipe, dict):
-                raise ValueError(
-                    f"{owner}: _extra_state: expected recipe to be a dict or None, got "
-                    f"{type(recipe).__name__}"
-                )
+        version = check_schema(owner, state, self.num_gemms)
         # Everything is checked before anything is assigned: a bad checkpoint changes nothing.
         param_scales = check_fp8_param_scales(owner, self, state.get("fp8_param_scales", {}))
         dev = self.fp8_meta_device()
@@ -606,36 +580,10 @@ class TransformerEngineBaseModule(torch.nn.Module):
             ("fwd", 3 * self.num_gemms, "fp8_fwd_amax_history", "fp8_fwd_scale"),
             ("bwd", 2 * self.num_gemms, "fp8_bwd_amax_history", "fp8_bwd_scale"),
         ):
-            hist = state.get(f"amax_history_{key}")
-            scale = state.get(f"scale_{key}")
-            if hist is None and scale is None:
+            meta = check_fp8_meta(owner, state, key, n, dev)
+            if meta is None:
                 continue  # missing FP8 state: keep defaults
-            for name, t in ((f"amax_history_{key}", hist), (f"scale_{key}", scale)):
-                if not isinstance(t, torch.Tensor) or not t.is_floating_point():
-                    got = t.dtype if isinstance(t, torch.Tensor) else type(t).__name__
-                    raise ValueError(
-                        f"{owner}: _extra_state: expected {name} to be a floating-point tensor, "
-                        f"got {got}"
-                    )
-            if hist.dim() != 2 or hist.shape[0] < 1 or hist.shape[1] != n or scale.shape != (n,):
-                raise ValueError(
-                    f"{owner}: _extra_state: expected amax_history_{key} [L, {n}] (L >= 1) and "
-                    f"scale_{key} [{n}], got {tuple(hist.shape)} and {tuple(scale.shape)}"
-                )
-            hist32 = hist.detach().to(device=dev, dtype=torch.float32)
-            scale32 = scale.detach().to(device=dev, dtype=torch.float32)
-            # amaxes are >= 0 (Inf allowed: an overflowed step keeps its scale); scales are finite
-            # and > 0, as the recipes produce them.
-            if torch.isnan(hist32).any() or (hist32 < 0).any():
-                raise ValueError(
-                    f"{owner}: _extra_state: expected amax_history_{key} values >= 0 (no NaN), "
-                    f"got min {hist32.min().item()} (NaN: {bool(torch.isnan(hist32).any())})"
-                )
-            if not torch.isfinite(scale32).all() or (scale32 <= 0).any():
-                raise ValueError(
-                    f"{owner}: _extra_state: expected scale_{key} finite and > 0, got "
-                    f"{scale32.tolist()}"
-                )
+            hist32, scale32 = meta
             updates.append((hist_name, hist32.clone(), scale_name, scale32))
         for hist_name, hist32, scale_name, scale32 in updates:
             setattr(self, hist_name, hist32)
