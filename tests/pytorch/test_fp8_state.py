@@ -227,3 +227,11 @@ def test_fnuz_recipe_runs():
         y = m(x)
     ref = x.double() @ m.weight.detach().double().t() + m.bias.detach().double()
     assert ((y.double() - ref).norm() / ref.norm()) < 0.125
+
+
+def test_manager_availability_pairs():
+    # TE 2.x's FP8GlobalStateManager.is_*_available(): always the (available, reason) pair.
+    m = FP8GlobalStateManager
+    assert m.is_fp8_available() == (True, "") and m.is_mxfp8_available() == (True, "")
+    for pair in (m.is_fp8_block_scaling_available(), m.is_nvfp4_available()):
+        assert pair[0] is False and "not implemented" in pair[1]

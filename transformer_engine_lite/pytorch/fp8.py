@@ -224,6 +224,25 @@ class FP8GlobalStateManager:
     _model_init_recipe: Recipe | None = None
     _model_init_preserve = False
 
+    # ------------------------------------------------------- availability (TE 2.x classmethods)
+    # TE 2.x tests and clients call these on the manager at import time; each returns TE's
+    # (available, reason) pair.
+    @staticmethod
+    def is_fp8_available() -> tuple[bool, str]:
+        return check_fp8_support()
+
+    @staticmethod
+    def is_mxfp8_available() -> tuple[bool, str]:
+        return check_mxfp8_support()
+
+    @staticmethod
+    def is_fp8_block_scaling_available() -> tuple[bool, str]:
+        return check_fp8_block_scaling_support()
+
+    @staticmethod
+    def is_nvfp4_available() -> tuple[bool, str]:
+        return check_nvfp4_support()
+
     # ---------------------------------------------------------------- queries (forward-time)
     @classmethod
     def is_fp8_enabled(cls) -> bool:
