@@ -5,6 +5,7 @@ chunk_size, noop_flag, tensor_lists, *scalars)."""
 from __future__ import annotations
 
 from enum import IntEnum
+from typing import Any
 
 import torch
 
@@ -22,7 +23,7 @@ _MULTI_TENSOR = (
     "multi_tensor_sgd",
     "multi_tensor_unscale_l2norm",
 )
-__all__ = ["DType", "dtype_to_torch", "torch_to_dtype", *_MULTI_TENSOR]
+__all__ = ["DType", "dtype_to_torch", "quantize", "torch_to_dtype", *_MULTI_TENSOR]
 
 
 class DType(IntEnum):
@@ -73,6 +74,23 @@ def torch_to_dtype(dtype: torch.dtype) -> DType:
         return _FROM_TORCH[dtype]
     except KeyError:
         raise ValueError(f"dtype: {dtype} has no transformer_engine DType") from None
+
+
+def quantize(tensor: torch.Tensor, quantizer: Any, output: Any = None, noop: Any = None) -> Any:
+    """TE's tex.quantize: tensor cast by quantizer, into output when given (in place; the same
+    kernel as quantizer(tensor)). noop: a one-element tensor; nonzero skips the cast (output is
+    returned as it is, TE's noop flag)."""
+    if noop is not None:
+        if not isinstance(noop, torch.Tensor) or noop.numel() != 1:
+            got = f"{noop.numel()} elements" if isinstance(noop, torch.Tensor) else type(noop)
+            raise ValueError(f"tex.quantize: noop: expected a one-element tensor, got {got}")
+        if bool(noop.reshape(-1)[0] != 0):
+            if output is None:
+                raise ValueError("tex.quantize: noop: a set noop flag needs an output to return")
+            return output
+    if output is None:
+        return quantizer(tensor)
+    return quantizer.update_quantized(tensor, output)
 
 
 def __getattr__(name: str):  # noqa: ANN202  (PEP 562)

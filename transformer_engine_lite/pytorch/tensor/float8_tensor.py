@@ -8,7 +8,10 @@ from typing import Any
 
 import torch
 
+from ..dynamo.quantizer_opaque import register_value_opaque_quantizer
 from ..quantization import ops
+from ..tex import DType
+from ._quantizer_value import flatten_context, unflatten_kwargs
 from .quantized_tensor import QuantizedTensor, Quantizer, fp8_torch_dtype, to_dtype_enum
 
 __all__ = ["Float8CurrentScalingQuantizer", "Float8Quantizer", "Float8Tensor"]
@@ -63,27 +66,37 @@ class Float8Tensor(QuantizedTensor):
         self._scale_inv.copy_(other._scale_inv)
         self._transpose_invalid = True
 
+    _INNER = ("_data", "_scale_inv")
+
     def _inner_names(self) -> list[str]:
-        return ["_data", "_scale_inv"]
+        return list(self._INNER)
 
     # torch.compile: a traceable wrapper subclass (AOTAutograd flattens it into these tensors).
-    def __tensor_flatten__(self) -> tuple[list[str], tuple[Any, ...]]:
-        return ["_data", "_scale_inv"], (self._fp8_dtype, self.dtype)
+    # The context is TE's dict; it carries the quantizer only when it is a value quantizer
+    # (current scaling): a delayed-scaling one holds buffers, and traced code never re-quantizes
+    # a parameter with it.
+    def __tensor_flatten__(self) -> tuple[list[str], dict[str, Any]]:
+        q = self._quantizer
+        kwargs = {
+            "fp8_dtype": self._fp8_dtype,
+            "fake_dtype": self.dtype,
+            "quantizer": None if q is None else q._context_quantizer(),
+        }
+        return ["_data", "_scale_inv"], flatten_context(self, kwargs)
 
     @staticmethod
     def __tensor_unflatten__(
-        inner: dict[str, torch.Tensor], ctx: tuple[Any, ...], outer_size: Any, outer_stride: Any
+        inner: dict[str, torch.Tensor], ctx: dict[str, Any], outer_size: Any, outer_stride: Any
     ) -> Float8Tensor:
-        # The quantizer stays out of the metadata (dynamo guards compare it by value); traced
-        # code never re-quantizes a parameter.
-        fp8_dtype, dtype = ctx
-        return Float8Tensor(
+        cls, kw, requires_grad = unflatten_kwargs("Float8Tensor", ctx)
+        return cls(
             shape=outer_size,
-            dtype=dtype,
+            dtype=kw["fake_dtype"],
             data=inner["_data"],
             fp8_scale_inv=inner["_scale_inv"],
-            fp8_dtype=fp8_dtype,
-            quantizer=None,
+            fp8_dtype=kw["fp8_dtype"],
+            quantizer=kw.get("quantizer"),
+            requires_grad=requires_grad,
         )
 
     def __reduce_ex__(self, protocol: int) -> Any:
@@ -172,7 +185,27 @@ def quantizer_from_state(state: dict[str, Any]) -> Quantizer:
     )
 
 
-class Float8Quantizer(Quantizer):
+class _PerTensorPrimitives:
+    """Data-free allocation of a Float8Tensor (one uint8 copy of the values, whatever the usages:
+    the transpose is made on demand; one fp32 scale_inv)."""
+
+    def inner_tensor_specs(
+        self, shape: tuple[int, ...]
+    ) -> dict[str, tuple[tuple[int, ...], torch.dtype]]:
+        return {"_data": (tuple(shape), torch.uint8), "_scale_inv": ((1,), torch.float32)}
+
+    def storage_metadata(self, fake_dtype: torch.dtype) -> dict[str, Any]:
+        return {
+            "cls": Float8Tensor,
+            "nontensor_kwargs": {
+                "fp8_dtype": self.dtype,
+                "fake_dtype": fake_dtype,
+                "quantizer": self._context_quantizer(),
+            },
+        }
+
+
+class Float8Quantizer(_PerTensorPrimitives, Quantizer):
     """Delayed scaling: quantize with the given `scale` ([1] or scalar fp32); the amax of each
     quantized tensor is folded into `amax` (running max, as TE's cast kernel does).
 
@@ -239,8 +272,16 @@ class Float8Quantizer(Quantizer):
         self.scale.copy_((scale / 2.0**self.update_margin).reshape(self.scale.shape))
 
 
-class Float8CurrentScalingQuantizer(Quantizer):
-    """Current scaling: scale = fp8_max / amax(tensor) (epsilon floor, optional power of two)."""
+class Float8CurrentScalingQuantizer(_PerTensorPrimitives, Quantizer):
+    """Current scaling: scale = fp8_max / amax(tensor) (epsilon floor, optional power of two).
+
+    A torch.compile value quantizer: its value is the annotated fields below (plus the usages);
+    device and amax_reduction_group are not part of it (a rebuilt one has neither)."""
+
+    dtype: DType
+    with_amax_reduction: bool
+    force_pow_2_scales: bool
+    amax_epsilon: float
 
     def __init__(
         self,
@@ -268,6 +309,21 @@ class Float8CurrentScalingQuantizer(Quantizer):
         self.force_pow_2_scales = bool(force_pow_2_scales)
         self.amax_epsilon = float(amax_epsilon)
 
+    def copy(self) -> Float8CurrentScalingQuantizer:
+        # Through the constructor: torch.compile traces that (TensorSpec copies inside graphs).
+        new = Float8CurrentScalingQuantizer(
+            self.dtype,
+            getattr(self, "device", None),
+            rowwise=self.rowwise_usage,
+            columnwise=self.columnwise_usage,
+            with_amax_reduction=self.with_amax_reduction,
+            amax_reduction_group=getattr(self, "amax_reduction_group", None),
+            force_pow_2_scales=self.force_pow_2_scales,
+            amax_epsilon=self.amax_epsilon,
+        )
+        new.internal, new.optimize_for_gemm = self.internal, self.optimize_for_gemm
+        return new
+
     def state(self) -> dict[str, Any]:
         return {
             **self._usage_state("current"),
@@ -286,8 +342,17 @@ class Float8CurrentScalingQuantizer(Quantizer):
             and torch.distributed.is_initialized()
         ):
             torch.distributed.all_reduce(
-                amax, op=torch.distributed.ReduceOp.MAX, group=self.amax_reduction_group
+                amax,
+                op=torch.distributed.ReduceOp.MAX,
+                group=getattr(self, "amax_reduction_group", None),
             )
         scale, _ = te.compute_scale_from_amax(amax, fp8, self.amax_epsilon, self.force_pow_2_scales)
         data, _, scale_inv = te.quantize(x, scale, fp8)
         return _wrap(tensor, data, scale_inv, fp8, self)
+
+    def _rebuild_derived_state(self) -> None:
+        # Rebuilt from a value key (__fx_repr__): the attributes outside the value.
+        self.device = None
+
+
+register_value_opaque_quantizer(Float8CurrentScalingQuantizer)

@@ -7,7 +7,10 @@ from typing import Any
 
 import torch
 
+from ..dynamo.quantizer_opaque import register_value_opaque_quantizer
 from ..quantization import ops
+from ..tex import DType
+from ._quantizer_value import flatten_context, unflatten_kwargs
 from .quantized_tensor import QuantizedTensor, Quantizer, fp8_torch_dtype, to_dtype_enum
 
 __all__ = ["MXFP8Quantizer", "MXFP8Tensor"]
@@ -77,24 +80,30 @@ class MXFP8Tensor(QuantizedTensor):
     def _inner_names(self) -> list[str]:
         return list(self._INNER)
 
-    # torch.compile: a traceable wrapper subclass (AOTAutograd flattens it into these tensors).
-    def __tensor_flatten__(self) -> tuple[list[str], tuple[Any, ...]]:
+    # torch.compile: a traceable wrapper subclass (AOTAutograd flattens it into these tensors);
+    # TE's context dict (the quantizer in it: a value quantizer, compared by value in guards).
+    def __tensor_flatten__(self) -> tuple[list[str], dict[str, Any]]:
         names = [n for n in self._INNER if getattr(self, n) is not None]
-        return names, (self._fp8_dtype, self.dtype)
+        q = self._quantizer
+        kwargs = {
+            "fp8_dtype": self._fp8_dtype,
+            "fake_dtype": self.dtype,
+            "quantizer": None if q is None else q._context_quantizer(),
+        }
+        return names, flatten_context(self, kwargs)
 
     @staticmethod
     def __tensor_unflatten__(
-        inner: dict[str, torch.Tensor], ctx: tuple[Any, ...], outer_size: Any, outer_stride: Any
+        inner: dict[str, torch.Tensor], ctx: dict[str, Any], outer_size: Any, outer_stride: Any
     ) -> MXFP8Tensor:
-        # The quantizer stays out of the metadata (dynamo guards compare it by value); traced
-        # code never re-quantizes a parameter.
-        fp8_dtype, dtype = ctx
-        return MXFP8Tensor(
+        cls, kw, requires_grad = unflatten_kwargs("MXFP8Tensor", ctx)
+        return cls(
             shape=outer_size,
-            dtype=dtype,
+            dtype=kw["fake_dtype"],
             **{n[1:]: inner.get(n) for n in MXFP8Tensor._INNER},
-            fp8_dtype=fp8_dtype,
-            quantizer=None,
+            fp8_dtype=kw["fp8_dtype"],
+            quantizer=kw.get("quantizer"),
+            requires_grad=requires_grad,
         )
 
     def __reduce_ex__(self, protocol: int) -> Any:
@@ -143,7 +152,10 @@ def rebuild_mxfp8_tensor(
 
 
 class MXFP8Quantizer(Quantizer):
-    """MXFP8: 32-element blocks, each with a power-of-two E8M0 scale."""
+    """MXFP8: 32-element blocks, each with a power-of-two E8M0 scale. A torch.compile value
+    quantizer (value: dtype and the usages)."""
+
+    dtype: DType
 
     def __init__(self, fp8_dtype: Any, *, rowwise: bool = True, columnwise: bool = True) -> None:
         super().__init__(rowwise=rowwise, columnwise=columnwise)
@@ -151,6 +163,14 @@ class MXFP8Quantizer(Quantizer):
 
     def state(self) -> dict[str, Any]:
         return self._usage_state("mxfp8")
+
+    def copy(self) -> MXFP8Quantizer:
+        # Through the constructor: torch.compile traces that (TensorSpec copies inside graphs).
+        new = MXFP8Quantizer(
+            self.dtype, rowwise=self.rowwise_usage, columnwise=self.columnwise_usage
+        )
+        new.internal, new.optimize_for_gemm = self.internal, self.optimize_for_gemm
+        return new
 
     def _quantize(self, tensor: torch.Tensor) -> MXFP8Tensor:
         if not (self.rowwise_usage or self.columnwise_usage):
@@ -171,3 +191,38 @@ class MXFP8Quantizer(Quantizer):
             fp8_dtype=fp8,
             quantizer=self,
         )
+
+    def inner_tensor_specs(
+        self, shape: tuple[int, ...]
+    ) -> dict[str, tuple[tuple[int, ...], torch.dtype]]:
+        """The buffers _quantize makes for a tensor of `shape` viewed as [rows, cols] (rows: the
+        leading dims flattened): FP8 bytes [rows, cols] per usage, row-wise scales
+        [rows, ceil(cols/32)], column-wise scales [ceil(rows/32), cols] (E8M0 bytes)."""
+        if len(shape) < 1:
+            raise ValueError("MXFP8Quantizer: shape: expected at least 1 dimension, got ()")
+        cols = int(shape[-1])
+        rows = 1
+        for d in shape[:-1]:
+            rows *= int(d)
+        blocks = lambda n: (n + 31) // 32
+        specs: dict[str, tuple[tuple[int, ...], torch.dtype]] = {}
+        if self.rowwise_usage:
+            specs["_rowwise_data"] = ((rows, cols), torch.uint8)
+            specs["_rowwise_scale_inv"] = ((rows, blocks(cols)), torch.uint8)
+        if self.columnwise_usage:
+            specs["_columnwise_data"] = ((rows, cols), torch.uint8)
+            specs["_columnwise_scale_inv"] = ((blocks(rows), cols), torch.uint8)
+        return specs
+
+    def storage_metadata(self, fake_dtype: torch.dtype) -> dict[str, Any]:
+        return {
+            "cls": MXFP8Tensor,
+            "nontensor_kwargs": {
+                "fp8_dtype": self.dtype,
+                "fake_dtype": fake_dtype,
+                "quantizer": self._context_quantizer(),
+            },
+        }
+
+
+register_value_opaque_quantizer(MXFP8Quantizer)

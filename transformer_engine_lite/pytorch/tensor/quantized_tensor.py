@@ -16,6 +16,7 @@ import torch
 from torch.utils._pytree import tree_map
 
 from ..tex import DType, dtype_to_torch
+from ._quantizer_value import QuantizerValueBase
 
 __all__ = ["QuantizedTensor", "Quantizer"]
 
@@ -47,14 +48,16 @@ def fp8_torch_dtype(owner: str, fp8_dtype: Any) -> torch.dtype:
     return dt
 
 
-class Quantizer:
+class Quantizer(QuantizerValueBase):
     """Builds quantized tensors of one recipe. rowwise / columnwise: which copies are produced
-    (TE's usages; per-tensor FP8 keeps one copy, its transpose is made on demand)."""
+    (TE's usages; per-tensor FP8 keeps one copy, its transpose is made on demand). Value
+    semantics and data-free allocation for torch.compile: see _quantizer_value.py."""
 
     def __init__(self, *, rowwise: bool = True, columnwise: bool = True) -> None:
         self.rowwise_usage = bool(rowwise)
         self.columnwise_usage = bool(columnwise)
         self.internal = False
+        self.optimize_for_gemm = False
 
     def set_usage(self, *, rowwise: bool | None = None, columnwise: bool | None = None) -> None:
         if rowwise is not None:
