@@ -29,6 +29,7 @@ import torch
 
 from ..common.recipe import (
     FP8_MAX,
+    CustomRecipe,
     DelayedScaling,
     Float8CurrentScaling,
     Format,
@@ -66,9 +67,14 @@ _TORCH_FP8 = {
 }
 
 
-def get_fp8_torch_dtype(fp8_format: Format, forward: bool) -> torch.dtype:
-    """torch dtype of forward (activations, weights) or backward (gradients) tensors of a format."""
-    return _TORCH_FP8[fp8_format.dtype_name(forward)]
+def get_fp8_torch_dtype(fp8_format: Format | Recipe, fprop_tensor: bool = True) -> torch.dtype:
+    """torch dtype of forward (activations, weights) or backward (gradients) tensors of a format,
+    or of a recipe's fp8_format (TE 2.x's signature: get_fp8_torch_dtype(recipe, fprop_tensor))."""
+    fmt = getattr(fp8_format, "fp8_format", fp8_format)
+    if not isinstance(fmt, Format):
+        raise TypeError(f"get_fp8_torch_dtype: fp8_format: expected a Format or a recipe with "
+                        f"one, got {fp8_format!r}")
+    return _TORCH_FP8[fmt.dtype_name(bool(fprop_tensor))]
 
 
 def get_fp8_max(fp8_format: Format, forward: bool) -> float:
@@ -188,9 +194,11 @@ def _check_recipe(recipe: Any) -> Recipe:
             "transformer_engine_lite yet; use DelayedScaling, Float8CurrentScaling or "
             "MXFP8BlockScaling"
         )
-    if not isinstance(recipe, (DelayedScaling, Float8CurrentScaling, MXFP8BlockScaling)):
+    if not isinstance(recipe, (DelayedScaling, Float8CurrentScaling, MXFP8BlockScaling,
+                               CustomRecipe)):
         raise TypeError(
-            "fp8 recipe: expected DelayedScaling, Float8CurrentScaling or MXFP8BlockScaling, "
+            "fp8 recipe: expected DelayedScaling, Float8CurrentScaling, MXFP8BlockScaling or "
+            "CustomRecipe, "
             f"got {type(recipe).__name__}"
         )
     return recipe
@@ -388,6 +396,9 @@ class FP8GlobalStateManager:
     @contextlib.contextmanager
     def _model_init(cls, enabled: bool, recipe: Recipe | None, preserve: bool) -> Iterator[None]:
         checked = _check_recipe(recipe) if enabled else None  # a bad recipe changes nothing
+        if checked is not None and checked.custom():
+            raise NotImplementedError("quantized_model_init: recipe: CustomRecipe FP8 weight "
+                                      "parameters are not implemented by transformer_engine_lite")
         saved = (cls._model_init_enabled, cls._model_init_recipe, cls._model_init_preserve)
         cls._model_init_enabled = enabled
         cls._model_init_recipe = checked

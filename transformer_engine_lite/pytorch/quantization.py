@@ -12,7 +12,7 @@ Everything here is tensor ops with static Python branching, so it traces under t
 
 from __future__ import annotations
 
-from typing import NamedTuple
+from typing import Any, NamedTuple
 
 import torch
 
@@ -32,13 +32,16 @@ from .fp8 import (  # noqa: F401  TE 2.x serves the autocast API from pytorch.qu
 )
 
 __all__ = [
+    "DelayedScalingRequest",
     "FP8GlobalStateManager",
     "Operand",
     "QuantSpec",
+    "QuantizerRole",
     "autocast",
     "fake_quantize",
     "fp8_autocast",
     "fp8_model_init",
+    "get_align_size_for_quantization",
     "ops",
     "quantize_operand",
     "quantized_model_init",
@@ -145,3 +148,59 @@ def fake_quantize(w: torch.Tensor, recipe: Recipe) -> torch.Tensor:
         data, _, scale_inv = te.quantize(w2, scale, dtype)
         out = te.dequantize(data, scale_inv, w.dtype)
     return out.reshape(w.shape)
+
+
+# --------------------------------------------------------------------------- custom recipes
+import dataclasses as _dc  # noqa: E402  (kept beside the custom-recipe names it serves)
+
+
+@_dc.dataclass(frozen=True)
+class QuantizerRole:
+    """TE's identity of a tensor slot asking CustomRecipe.qfactory for a quantizer. Modules fill
+    what they know: module_type ("linear", "grouped_linear"), tensor_type ("input", "weight",
+    "grad_output") and name (the module's `name`, LayerNormMLP: "<name>.fc1" / "<name>.fc2");
+    empty strings otherwise. Slots whose consumer is unknown (a GEMM's output, the gradient it
+    produces) get None instead of a role."""
+
+    module_type: str = ""
+    tensor_type: str = ""
+    name: str = ""
+
+    def __post_init__(self) -> None:
+        for f in ("module_type", "tensor_type", "name"):
+            v = getattr(self, f)
+            if not isinstance(v, str):
+                raise TypeError(f"QuantizerRole: {f}: expected a str, got {v!r}")
+
+    def __str__(self) -> str:
+        parts = [f"{f}={getattr(self, f)}" for f in ("module_type", "tensor_type", "name")
+                 if getattr(self, f)]
+        return "|".join(parts) if parts else "QuantizerRole()"
+
+
+@_dc.dataclass(frozen=True)
+class DelayedScalingRequest:
+    """What TE's delayed_scaling_factory returns: a request for TE-managed delayed-scaling state
+    (shared scale / amax-history buffers). transformer_engine_lite's modules raise
+    NotImplementedError when a CustomRecipe factory returns one (use DelayedScaling instead)."""
+
+    fp8_format: Any = None
+    amax_history_len: int = 1024
+    amax_compute_algo: str = "max"
+    margin: int = 0
+
+
+def get_align_size_for_quantization(recipe: Recipe) -> int:
+    """Row alignment of grouped quantized GEMM splits (Fp8Padding): a CustomRecipe's declared
+    quantization_alignment (qfactory is not called: it may be stateful or role-dependent),
+    32 for MXFP8 (one scale block), 16 for per-tensor FP8 (TE's GEMM leading-dim rule)."""
+    if not isinstance(recipe, Recipe):
+        raise TypeError(f"get_align_size_for_quantization: recipe: expected a Recipe, got "
+                        f"{type(recipe).__name__}")
+    if recipe.custom():
+        return int(recipe.quantization_alignment)
+    if recipe.mxfp8():
+        return 32
+    if recipe.nvfp4():
+        return 128
+    return 16
