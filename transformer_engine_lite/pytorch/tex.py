@@ -101,6 +101,13 @@ def torch_to_dtype(dtype: torch.dtype) -> DType:
         raise ValueError(f"dtype: {dtype} has no transformer_engine DType") from None
 
 
+def generic_gemm(*args, **kwargs):  # noqa: ANN002, ANN003, ANN201
+    """TE's tex.generic_gemm (see cpp_extensions.gemm.generic_gemm)."""
+    from .cpp_extensions.gemm import generic_gemm as _impl
+
+    return _impl(*args, **kwargs)
+
+
 def __getattr__(name: str):  # noqa: ANN202  (PEP 562)
     if name in _MULTI_TENSOR:
         from .optimizers import _ops
