@@ -276,11 +276,12 @@ def test_builtin_recipe_exposes_quantizers():
     [
         (lambda r: mxfp8_factory(r) if r is not None and r.tensor_type == "weight"
          else current_scaling_factory(r), "mixing scaling kinds"),
-        (delayed_scaling_factory, "DelayedScalingRequest"),
+        (lambda r: delayed_scaling_factory(r) if r is not None and r.tensor_type == "weight"
+         else current_scaling_factory(r), "mixing scaling kinds"),
         (lambda r: object(), "quantizer object is not supported"),
         (nvfp4_factory, "issue #24"),
     ],
-    ids=["mixed", "delayed_request", "foreign", "nvfp4"],
+    ids=["mixed", "mixed_delayed_request", "foreign", "nvfp4"],
 )
 def test_unsupported_factories_raise(factory, match):
     m = te.Linear(64, 48, params_dtype=BF16)
@@ -328,3 +329,39 @@ def test_ops_linear_get_quantizer_under_custom_recipe():
     assert basic.get_quantizer("forward", 0).dtype == te.DType.kFloat8E4M3
     assert basic.get_quantizer("forward", 1).dtype == te.DType.kFloat8E5M2
     assert basic.get_quantizer("backward", 0).dtype == te.DType.kFloat8E5M2
+
+
+@pytest.mark.parametrize("kind", ["Linear", "LayerNormMLP"])
+@pytest.mark.parametrize("settings", [{}, dict(amax_history_len=4, margin=1,
+                                                amax_compute_algo="most_recent")])
+def test_delayed_scaling_request_matches_delayed_scaling(kind, settings):
+    """Equal DelayedScalingRequests run as DelayedScaling(**settings) over several steps: the
+    module's amax history and scales update at each autocast exit and backward (step 2 and 3 use
+    updated scales, so a missing update would show)."""
+    x = torch.randn(32, 64, dtype=BF16)
+    ref_m, cus_m = _make(kind), _make(kind)
+    ref = _run(ref_m, x, DelayedScaling(**settings), steps=3)
+    req = DelayedScalingRequest(**settings)
+    got = _run(cus_m, x, CustomRecipe(qfactory=lambda role: req), steps=3)
+    _assert_same(ref, got)
+    assert torch.equal(ref_m.fp8_fwd_scale, cus_m.fp8_fwd_scale)
+    assert torch.equal(ref_m.fp8_bwd_amax_history, cus_m.fp8_bwd_amax_history)
+    assert not torch.all(cus_m.fp8_fwd_scale == 1)  # the scales did update
+    assert cus_m.fp8_fwd_amax_history.shape[0] == settings.get("amax_history_len", 1024)
+
+
+def test_delayed_scaling_requests_must_agree():
+    a, b = DelayedScalingRequest(margin=0), DelayedScalingRequest(margin=2)
+    m = te.Linear(64, 48, params_dtype=BF16)
+    with pytest.raises(NotImplementedError, match="different settings within one GEMM"):
+        with te.autocast(recipe=CustomRecipe(
+                qfactory=lambda r: a if r is not None and r.tensor_type == "input" else b)):
+            m(torch.randn(16, 64, dtype=BF16))
+    recipe = CustomRecipe(qfactory=lambda r: a if r is not None and r.name == "one" else b)
+    one = te.Linear(64, 48, params_dtype=BF16, name="one")
+    two = te.Linear(48, 8, params_dtype=BF16, name="two")
+    with pytest.raises(NotImplementedError, match="different settings under one recipe"):
+        with te.autocast(recipe=recipe):
+            two(one(torch.randn(16, 64, dtype=BF16)))
+    with pytest.raises(ValueError, match="amax_history_len"):
+        DelayedScalingRequest(amax_history_len=0).delayed_scaling()

@@ -224,6 +224,9 @@ class FP8GlobalStateManager:
     _recipe_entries: ClassVar[list[tuple[Recipe, Any]]] = []
     _fwd_codes: ClassVar[set[int]] = set()  # delayed codes entered since the last forward update
     _bwd_codes: ClassVar[set[int]] = set()  # delayed codes ever entered
+    # CustomRecipe codes whose GEMMs run delayed scaling (DelayedScalingRequest): code -> the
+    # DelayedScaling their update uses (module/_custom.py registers it at each such forward).
+    _custom_delayed: ClassVar[dict[int, DelayedScaling]] = {}
     _modules: ClassVar[weakref.WeakValueDictionary[int, Any]] = weakref.WeakValueDictionary()
     _module_ids = itertools.count()
     _bwd_callback_queued = False
@@ -386,10 +389,23 @@ class FP8GlobalStateManager:
         modules = [m for m in cls._registered() if m.fp8_meta_initialized()]
         for code in sorted(codes):
             recipe, group = cls._recipe_entries[code - 1]
+            recipe = cls._custom_delayed.get(code, recipe)
             if recipe.delayed() and modules:
                 _update_delayed(modules, recipe, group, code, forward)
         if forward:
             cls._fwd_codes = set()
+
+    @classmethod
+    def add_custom_delayed(cls, code: int, inner: DelayedScaling) -> None:
+        """A GEMM under the CustomRecipe of `code` runs delayed scaling with `inner`'s settings:
+        its amaxes join the updates of that code (one set of settings per code)."""
+        known = cls._custom_delayed.setdefault(code, inner)
+        if known != inner:
+            raise NotImplementedError(
+                "CustomRecipe: DelayedScalingRequest: requests with different settings under one "
+                f"recipe are not implemented by transformer_engine_lite ({known!r} vs {inner!r})")
+        cls._fwd_codes.add(code)
+        cls._bwd_codes.add(code)
 
     # ---------------------------------------------------------------- model init
     @classmethod

@@ -16,7 +16,7 @@ from typing import Any, NamedTuple
 
 import torch
 
-from ..common.recipe import MXFP8BlockScaling, QParams, Recipe
+from ..common.recipe import DelayedScaling, Format, MXFP8BlockScaling, QParams, Recipe
 from .fp8 import (  # noqa: F401  TE 2.x serves the autocast API from pytorch.quantization
     FP8GlobalStateManager,
     autocast,
@@ -180,14 +180,21 @@ class QuantizerRole:
 
 @_dc.dataclass(frozen=True)
 class DelayedScalingRequest:
-    """What TE's delayed_scaling_factory returns: a request for TE-managed delayed-scaling state
-    (shared scale / amax-history buffers). transformer_engine_lite's modules raise
-    NotImplementedError when a CustomRecipe factory returns one (use DelayedScaling instead)."""
+    """A CustomRecipe factory's request for module-managed delayed scaling (TE's name; what
+    delayed_scaling_factory returns). A GEMM whose input, weight and grad_output slots all get
+    equal requests runs exactly as under DelayedScaling(**fields): the module's scale / amax
+    history, updated by the autocast with these settings (module/_custom.py)."""
 
-    fp8_format: Any = None
-    amax_history_len: int = 1024
-    amax_compute_algo: str = "max"
+    fp8_format: Format = Format.HYBRID
     margin: int = 0
+    amax_history_len: int = 1024
+    amax_compute_algo: Any = "max"
+    scaling_factor_compute_algo: Any = None
+    reduce_amax: bool = True
+
+    def delayed_scaling(self) -> DelayedScaling:
+        """The equivalent DelayedScaling (its checks validate the fields)."""
+        return DelayedScaling(backward_override=None, **_dc.asdict(self))
 
 
 def get_align_size_for_quantization(recipe: Recipe) -> int:

@@ -13,8 +13,9 @@ MXFP8 recipes fill too.
 What a GEMM can run: every operand (input, weight, grad_output) per-tensor current scaling
 (Float8CurrentScalingQuantizer, any E4M3/E5M2 per operand), MXFP8 (MXFP8Quantizer, one FP8 dtype
 for input and weight) or high precision (IdentityQuantizer / None). The GEMM kernels take one
-scaling kind per GEMM, so mixing kinds within one GEMM, delayed-scaling requests and quantizers
-of other families raise NotImplementedError naming the slot.
+scaling kind per GEMM, so mixing kinds within one GEMM and quantizers of other families raise
+NotImplementedError naming the slot. DelayedScalingRequest (all three slots, equal settings): the
+GEMM runs as under DelayedScaling with those settings, on the module's scale / amax history.
 """
 
 from __future__ import annotations
@@ -22,7 +23,7 @@ from __future__ import annotations
 from typing import Any
 
 from ...common.recipe import Recipe, check_backward_override
-from ..fp8 import get_fp8_torch_dtype
+from ..fp8 import FP8GlobalStateManager, get_fp8_torch_dtype
 from ..quantization import DelayedScalingRequest, QuantizerRole, QuantSpec
 from ..tensor import Float8CurrentScalingQuantizer, MXFP8Quantizer
 from ..tensor.identity_tensor import IdentityQuantizer
@@ -95,9 +96,8 @@ def _spec(owner: str, slot: str, q: Any) -> tuple[str, QuantSpec]:
     if isinstance(q, MXFP8Quantizer):
         return "mxfp8", QuantSpec("mxfp8", dtype_to_torch(q.dtype, f"{owner}: {slot} dtype"))
     if isinstance(q, DelayedScalingRequest):
-        raise NotImplementedError(
-            f"{owner}: CustomRecipe {slot}: DelayedScalingRequest (module-managed delayed "
-            "scaling) is not implemented by transformer_engine_lite; use recipe.DelayedScaling")
+        fmt = q.fp8_format
+        return "delayed", QuantSpec("delayed", get_fp8_torch_dtype(fmt, slot != "grad_output"))
     raise NotImplementedError(
         f"{owner}: CustomRecipe {slot}: quantizer {type(q).__name__} is not supported in modules "
         "by transformer_engine_lite (expected Float8CurrentScalingQuantizer, MXFP8Quantizer, "
@@ -127,6 +127,8 @@ def custom_gemm_config(module: Any, gemm: int, recipe: Recipe, code: int, fuse_w
     mode = modes[0]
     if mode == "hp":
         return GemmConfig("hp", slot_fwd=3 * gemm, code=code, **opts)
+    if mode == "delayed":
+        return _delayed_config(module, gemm, recipe, code, (fwd[0], fwd[1], bwd[0]), kinds, opts)
     inp, weight, grad = (k[1] for k in kinds)
     if mode == "mxfp8" and inp.dtype != weight.dtype:
         raise NotImplementedError(
@@ -136,3 +138,30 @@ def custom_gemm_config(module: Any, gemm: int, recipe: Recipe, code: int, fuse_w
     check_backward_override("CustomRecipe", override)
     return GemmConfig(mode, inp, weight, grad, slot_fwd=3 * gemm, slot_bwd=2 * gemm, code=code,
                       bwd_override=override, **opts)
+
+
+def _delayed_config(module: Any, gemm: int, recipe: Recipe, code: int, reqs: tuple[Any, ...],
+                    kinds: list[tuple[str, QuantSpec]], opts: dict[str, Any]) -> GemmConfig:
+    """A GEMM whose slots all requested delayed scaling: the module's own scale / amax history,
+    updated by the autocast with the requests' settings (equal requests required, as TE)."""
+    owner = type(module).__name__
+    if any(r != reqs[0] for r in reqs):
+        raise NotImplementedError(
+            f"{owner}: CustomRecipe: DelayedScalingRequests with different settings within one "
+            f"GEMM are not implemented by transformer_engine_lite: {reqs}")
+    if recipe.backward_override is not None:
+        raise ValueError(f"{owner}: CustomRecipe: backward_override: expected None with "
+                         f"DelayedScalingRequest (delayed scaling keeps FP8 backward GEMMs), got "
+                         f"{recipe.backward_override!r}")
+    if opts["save_original_input"]:
+        raise NotImplementedError(f"{owner}: save_original_input=True is not supported with "
+                                  "delayed scaling (DelayedScalingRequest)")
+    inner = reqs[0].delayed_scaling()
+    FP8GlobalStateManager.add_custom_delayed(code, inner)
+    if gemm == 0 and module.fp8_fwd_amax_history.shape[0] != inner.amax_history_len:
+        # before this forward's first GEMM captures the buffers (as the autocast entry does for
+        # DelayedScaling)
+        module.resize_amax_history(inner.amax_history_len)
+    inp, weight, grad = (k[1] for k in kinds)
+    return GemmConfig("delayed", inp, weight, grad, slot_fwd=3 * gemm, slot_bwd=2 * gemm,
+                      code=code, **opts)

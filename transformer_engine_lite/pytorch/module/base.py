@@ -416,14 +416,14 @@ class TransformerEngineBaseModule(torch.nn.Module):
             b = b.to(dtype)
         cfg = self._gemm_config(gemm, mode, recipe, code, main_grad is not None)
         meta = self._meta_args()
-        if mode == "delayed":
+        if cfg.mode == "delayed":
             # activation recompute: the recompute quantizes with the forward's scales
             meta = (stash_scales(self, meta[0]), *meta[1:])
         w_cast = self._weight_cast(gemm, w, cfg, meta[0], is_first_microbatch)
         y, amax = linear(x, w, b, meta, main_grad, cfg, self._wgrad_store, w_cast, acc, alpha)
         if not recomputing():  # a recompute repeats a step that was already recorded
             self._record_forward(cfg, amax)
-            if mode == "delayed" and isinstance(getattr(weight, "_quantizer", None), Float8Quantizer):
+            if cfg.mode == "delayed" and isinstance(getattr(weight, "_quantizer", None), Float8Quantizer):
                 weight._quantizer.update_scale()  # an FP8 parameter's recipe update (see there)
         if row:
             y = (
