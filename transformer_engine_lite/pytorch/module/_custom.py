@@ -4,18 +4,20 @@ tensor slots and runs with what they describe.
 Slots (TE's layout, as the FP8 meta): forward 3*g + {0: input, 1: weight, 2: output}, backward
 2*g + {0: grad_output, 1: grad_input}. The roles are QuantizerRole(module_type, tensor_type, name)
 with module_type "linear" ("grouped_linear" for GroupedLinear) and the module's name
-(LayerNormMLP: "<name>.fc1" / "<name>.fc2"); output and grad_input get None (their consumer is
-outside the module). The factory is called when a GEMM first runs under a recipe object and again
-only when another recipe object becomes active; the quantizers are kept in `module.quantizers`
-({"scaling_fwd": [...], "scaling_bwd": [...]}, TE's attribute), which built-in current-scaling and
-MXFP8 recipes fill too.
+(LayerNormMLP: "<name>.fc1" / "<name>.fc2"); output and grad_input get the module's
+output_quantizer_role / grad_input_quantizer_role (TE's attributes; None by default: the consumer
+is outside the module). The factory is called when a GEMM first runs under a recipe object, and
+again only when another recipe object becomes active or a boundary role changes; the quantizers
+are kept in `module.quantizers` ({"scaling_fwd": [...], "scaling_bwd": [...]}, TE's attribute),
+which built-in current-scaling and MXFP8 recipes fill too.
 
 What a GEMM can run: every operand (input, weight, grad_output) per-tensor current scaling
 (Float8CurrentScalingQuantizer, any E4M3/E5M2 per operand), MXFP8 (MXFP8Quantizer, one FP8 dtype
-for input and weight) or high precision (IdentityQuantizer / None). The GEMM kernels take one
-scaling kind per GEMM, so mixing kinds within one GEMM and quantizers of other families raise
-NotImplementedError naming the slot. DelayedScalingRequest (all three slots, equal settings): the
-GEMM runs as under DelayedScaling with those settings, on the module's scale / amax history.
+for input and weight) or high precision (IdentityQuantizer; a factory answering None is an error,
+as in TE); or, all three slots with equal DelayedScalingRequests, delayed scaling as under
+DelayedScaling with those settings, on the module's scale / amax history. The GEMM kernels take
+one scaling kind per GEMM, so mixing kinds within one GEMM and quantizers of other families raise
+NotImplementedError naming the slot.
 """
 
 from __future__ import annotations
@@ -24,7 +26,7 @@ from typing import Any
 
 from ...common.recipe import Recipe, check_backward_override
 from ..fp8 import FP8GlobalStateManager, get_fp8_torch_dtype
-from ..quantization import DelayedScalingRequest, QuantizerRole, QuantSpec
+from ..quantization import DelayedScalingRequest, QuantizerRole, QuantSpec, check_factory_output
 from ..tensor import Float8CurrentScalingQuantizer, MXFP8Quantizer
 from ..tensor.identity_tensor import IdentityQuantizer
 from ..tex import dtype_to_torch
@@ -44,12 +46,26 @@ def gemm_roles(module: Any, gemm: int) -> tuple[list[Any], list[Any]]:
         name = f"{base}.{suffixes[gemm]}" if base else suffixes[gemm]
     kind = getattr(module, "_role_module_type", "linear")
     role = lambda t: QuantizerRole(module_type=kind, tensor_type=t, name=name)  # noqa: E731
-    return [role("input"), role("weight"), None], [role("grad_output"), None]
+    out, gi = _boundary_roles(module)
+    return [role("input"), role("weight"), out], [role("grad_output"), gi]
+
+
+def _boundary_roles(module: Any) -> tuple[QuantizerRole | None, QuantizerRole | None]:
+    """TE's output_quantizer_role / grad_input_quantizer_role module attributes: the consumer of
+    the module's output (its gradient's producer), when the caller knows it; None otherwise."""
+    got = []
+    for attr in ("output_quantizer_role", "grad_input_quantizer_role"):
+        r = getattr(module, attr, None)
+        if r is not None and not isinstance(r, QuantizerRole):
+            raise TypeError(f"{type(module).__name__}: {attr}: expected a QuantizerRole or None, "
+                            f"got {type(r).__name__}")
+        got.append(r)
+    return got[0], got[1]
 
 
 def _store(module: Any, gemm: int, recipe: Recipe, fwd: list[Any], bwd: list[Any]) -> None:
     cache = module.__dict__.setdefault("_custom_quantizers", {})
-    cache[gemm] = (recipe, fwd, bwd)
+    cache[gemm] = (recipe, fwd, bwd, _boundary_roles(module))
     n = getattr(module, "num_gemms", 1) or 1
     qs = module.__dict__.get("quantizers")
     if not isinstance(qs, dict) or len(qs.get("scaling_fwd", ())) != 3 * n:
@@ -61,7 +77,8 @@ def _store(module: Any, gemm: int, recipe: Recipe, fwd: list[Any], bwd: list[Any
 
 def _cached(module: Any, gemm: int, recipe: Recipe) -> tuple[list[Any], list[Any]] | None:
     hit = module.__dict__.get("_custom_quantizers", {}).get(gemm)
-    return (hit[1], hit[2]) if hit is not None and hit[0] is recipe else None
+    fresh = hit is not None and hit[0] is recipe and hit[3] == _boundary_roles(module)
+    return (hit[1], hit[2]) if fresh else None
 
 
 def builtin_quantizers(module: Any, gemm: int, recipe: Recipe) -> None:
@@ -84,7 +101,7 @@ def builtin_quantizers(module: Any, gemm: int, recipe: Recipe) -> None:
 
 def _spec(owner: str, slot: str, q: Any) -> tuple[str, QuantSpec]:
     """(mode, QuantSpec) of one operand's quantizer."""
-    if q is None or isinstance(q, IdentityQuantizer):
+    if isinstance(q, IdentityQuantizer):
         return "hp", QuantSpec()
     if isinstance(q, Float8CurrentScalingQuantizer):
         if q.with_amax_reduction:
@@ -101,7 +118,7 @@ def _spec(owner: str, slot: str, q: Any) -> tuple[str, QuantSpec]:
     raise NotImplementedError(
         f"{owner}: CustomRecipe {slot}: quantizer {type(q).__name__} is not supported in modules "
         "by transformer_engine_lite (expected Float8CurrentScalingQuantizer, MXFP8Quantizer, "
-        "IdentityQuantizer or None)")
+        "IdentityQuantizer or a DelayedScalingRequest)")
 
 
 def custom_gemm_config(module: Any, gemm: int, recipe: Recipe, code: int, fuse_wgrad: bool,
@@ -113,7 +130,9 @@ def custom_gemm_config(module: Any, gemm: int, recipe: Recipe, code: int, fuse_w
     got = _cached(module, gemm, recipe)
     if got is None:
         roles_f, roles_b = gemm_roles(module, gemm)
-        got = ([recipe.qfactory(r) for r in roles_f], [recipe.qfactory(r) for r in roles_b])
+        ask = lambda r, i: check_factory_output(recipe.qfactory(r), i, r)  # noqa: E731
+        got = ([ask(r, 3 * gemm + i) for i, r in enumerate(roles_f)],
+               [ask(r, 2 * gemm + i) for i, r in enumerate(roles_b)])
         _store(module, gemm, recipe, *got)
     fwd, bwd = got
     kinds = [_spec(owner, s, q) for s, q in zip(_SLOTS, (fwd[0], fwd[1], bwd[0]))]
