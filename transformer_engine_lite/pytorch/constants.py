@@ -9,6 +9,7 @@ from types import SimpleNamespace
 import torch
 import torch.distributed
 
+from . import tex as _tex
 from .tex import DType
 
 __all__ = [
@@ -69,24 +70,7 @@ dist_group_type = torch.distributed.ProcessGroup
 MXFP8_BLOCK_SCALING_SIZE = 32
 NVFP4_BLOCK_SCALING_SIZE = 16
 
-# TE's slot numbers of a module's forward / backward quantizers (and of the scale / amax entries of
-# its FP8 meta): the values of TE's FP8FwdTensors / FP8BwdTensors enums (csrc/common.h).
-FP8FwdTensorIdx = SimpleNamespace(
-    GEMM1_INPUT=0,
-    GEMM1_WEIGHT=1,
-    GEMM1_OUTPUT=2,
-    GEMM2_INPUT=3,
-    GEMM2_WEIGHT=4,
-    GEMM2_OUTPUT=5,
-    GEMM3_INPUT=6,
-    GEMM3_WEIGHT=7,
-    GEMM3_OUTPUT=8,
-)
-FP8BwdTensorIdx = SimpleNamespace(
-    GRAD_OUTPUT1=0,
-    GRAD_INPUT1=1,
-    GRAD_OUTPUT2=2,
-    GRAD_INPUT2=3,
-    GRAD_OUTPUT3=4,
-    GRAD_INPUT3=5,
-)
+# TE's int views of tex.FP8FwdTensors / FP8BwdTensors (index module.quantizers[...] and the FP8
+# meta columns with them).
+FP8FwdTensorIdx = SimpleNamespace(**{k: int(v) for k, v in _tex.FP8FwdTensors.__members__.items()})
+FP8BwdTensorIdx = SimpleNamespace(**{k: int(v) for k, v in _tex.FP8BwdTensors.__members__.items()})

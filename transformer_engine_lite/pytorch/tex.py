@@ -42,6 +42,32 @@ class DType(IntEnum):
     kFloat4E2M1 = 10
 
 
+class FP8FwdTensors(IntEnum):
+    """TE's forward FP8 meta / quantizer slots: GEMM g (1-based) owns 3*(g-1) + {input, weight,
+    output} (module.quantizers["scaling_fwd"], the forward amax history's columns)."""
+
+    GEMM1_INPUT = 0
+    GEMM1_WEIGHT = 1
+    GEMM1_OUTPUT = 2
+    GEMM2_INPUT = 3
+    GEMM2_WEIGHT = 4
+    GEMM2_OUTPUT = 5
+    GEMM3_INPUT = 6
+    GEMM3_WEIGHT = 7
+    GEMM3_OUTPUT = 8
+
+
+class FP8BwdTensors(IntEnum):
+    """TE's backward slots: GEMM g owns 2*(g-1) + {grad_output, grad_input}."""
+
+    GRAD_OUTPUT1 = 0
+    GRAD_INPUT1 = 1
+    GRAD_OUTPUT2 = 2
+    GRAD_INPUT2 = 3
+    GRAD_OUTPUT3 = 4
+    GRAD_INPUT3 = 5
+
+
 _TO_TORCH = {
     DType.kByte: torch.uint8,
     DType.kInt16: torch.int16,
@@ -91,6 +117,13 @@ def quantize(tensor: torch.Tensor, quantizer: Any, output: Any = None, noop: Any
     if output is None:
         return quantizer(tensor)
     return quantizer.update_quantized(tensor, output)
+
+
+def generic_gemm(*args, **kwargs):  # noqa: ANN002, ANN003, ANN201
+    """TE's tex.generic_gemm (see cpp_extensions.gemm.generic_gemm)."""
+    from .cpp_extensions.gemm import generic_gemm as _impl
+
+    return _impl(*args, **kwargs)
 
 
 def __getattr__(name: str):  # noqa: ANN202  (PEP 562)
