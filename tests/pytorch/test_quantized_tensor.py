@@ -153,13 +153,15 @@ def test_float8_chunks_stay_quantized(dim):
 
 
 def test_mxfp8_chunks_of_whole_blocks_stay_quantized():
-    x = _quantizer("mxfp8")(torch.randn(2, 64, 64))
+    raw = torch.randn(2, 64, 64)
+    x = _quantizer("mxfp8")(raw)
     ref = x.dequantize()
-    for piece, want in zip(x.chunk(2), ref.chunk(2)):
+    col_ref = MXFP8Quantizer(E4M3, rowwise=False)(raw).dequantize()
+    for piece, want, col in zip(x.chunk(2), ref.chunk(2), col_ref.chunk(2)):
         assert type(piece) is MXFP8Tensor and piece.shape == (1, 64, 64)
         assert torch.equal(piece.dequantize(), want)
         piece.update_usage(rowwise_usage=False)  # the column-wise scales were sliced too
-        assert torch.equal(piece.dequantize(), MXFP8Quantizer(E4M3)(want).dequantize())
+        assert torch.equal(piece.dequantize(), col)
     # 16-row pieces would cut the 32-row column-wise blocks: the pieces are dequantized values.
     y = _quantizer("mxfp8")(torch.randn(32, 64))
     pieces = y.chunk(2)
@@ -207,7 +209,8 @@ def test_mxfp8_storage_fsdp_buffers_drop_alignment_padding():
     assert st.fsdp_buffer_fields() == ("_columnwise_data", "_columnwise_scale_inv")
     st.fsdp_assign_gathered(bufs[2:], {"field_names": st.fsdp_buffer_fields()})
     assert st._columnwise_scale_inv.shape == (2, 128)
-    assert torch.equal(st.dequantize(dtype=torch.float32), ref.dequantize())
+    col_ref = MXFP8Quantizer(E4M3, rowwise=False)(x).dequantize()
+    assert torch.equal(st.dequantize(dtype=torch.float32), col_ref)
     with pytest.raises(ValueError, match="expected 2 buffers"):
         st.fsdp_assign_gathered(bufs, {"field_names": st.fsdp_buffer_fields()})
 
@@ -233,3 +236,20 @@ def test_block_scaled_classes_refuse_to_be_made(name):
     assert not isinstance(_quantizer("mxfp8"), cls)
     with pytest.raises(NotImplementedError, match=f"{name}: .* is not implemented"):
         cls(rowwise=True)
+
+
+@pytest.mark.parametrize("kind", KINDS)
+def test_to_device_keeps_the_quantized_form(kind):
+    x = _quantizer(kind)(torch.randn(64, 32))
+    y = x.to("meta")  # another device: every buffer moves, the type and quantizer stay
+    assert type(y) is type(x) and y.device.type == "meta" and y._quantizer is x._quantizer
+    assert all(getattr(y, n).device.type == "meta" for n in y._inner_names())
+    c = x.to("cpu", copy=True)  # _to_copy copies the bytes
+    assert type(c) is type(x) and torch.equal(c.dequantize(), x.dequantize())
+    assert all(
+        getattr(c, n).data_ptr() != getattr(x, n).data_ptr()
+        for n in x._inner_names()
+        if getattr(x, n) is not None
+    )
+    d = x.to(torch.float64)  # a dtype change leaves the quantized form
+    assert type(d) is torch.Tensor and torch.equal(d, x.dequantize().double())

@@ -142,6 +142,16 @@ class Float8Tensor(QuantizedTensor):
     def _inner_names(self) -> list[str]:
         return ["_data", "_scale_inv"]
 
+    def _with_inner(self, inner: dict[str, torch.Tensor | None]) -> Float8Tensor:
+        return type(self)(
+            shape=self.shape,
+            dtype=self.dtype,
+            data=inner["_data"],
+            fp8_scale_inv=inner["_scale_inv"],
+            fp8_dtype=self._fp8_dtype,
+            quantizer=self._quantizer,
+        )
+
     # torch.compile: a traceable wrapper subclass (AOTAutograd flattens it into these tensors).
     def __tensor_flatten__(self) -> tuple[list[str], tuple[Any, ...]]:
         return ["_data", "_scale_inv"], (self._fp8_dtype, self.dtype)

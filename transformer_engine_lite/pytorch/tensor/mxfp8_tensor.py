@@ -154,6 +154,9 @@ class MXFP8Tensor(QuantizedTensor, MXFP8TensorStorage):
     def _inner_names(self) -> list[str]:
         return list(self._INNER)
 
+    def _with_inner(self, inner: dict[str, torch.Tensor | None]) -> MXFP8Tensor:
+        return self._like(self.shape, *(inner[n] for n in self._INNER))
+
     # torch.compile: a traceable wrapper subclass (AOTAutograd flattens it into these tensors).
     def __tensor_flatten__(self) -> tuple[list[str], tuple[Any, ...]]:
         names = [n for n in self._INNER if getattr(self, n) is not None]

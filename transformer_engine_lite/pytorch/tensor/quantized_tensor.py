@@ -242,6 +242,13 @@ class QuantizedTensor(torch.Tensor):
     def _inner_names(self) -> list[str]:  # pragma: no cover - abstract
         raise NotImplementedError
 
+    def _with_inner(self, inner: dict[str, torch.Tensor | None]) -> QuantizedTensor:
+        """A tensor of this type, shape, dtype and quantizer over other inner buffers (named as
+        _inner_names()); its device is theirs."""
+        raise NotImplementedError(
+            f"{type(self).__name__} class does not implement _with_inner"
+        )  # pragma: no cover - abstract
+
     def __deepcopy__(self, memo: dict[int, Any]) -> QuantizedTensor:
         # A wrapper subclass has no storage for Tensor.__deepcopy__ to copy: copy the inner tensors,
         # the quantizer and every other attribute (the high-precision init value, _is_param).
@@ -314,6 +321,23 @@ class QuantizedTensor(torch.Tensor):
             # TE: a view shares the quantized bytes, so only a subclass that knows its layout
             # can make one (Float8Tensor, MXFP8Tensor); dequantizing would silently copy.
             raise NotImplementedError(f"{cls.__name__} class does not support tensor views")
+        if func is torch.ops.aten._to_copy.default and kwargs.get("dtype") in (
+            None,
+            args[0].dtype,
+        ):
+            # .to(device) / .cpu() (TE's): the same quantized tensor with its buffers moved; a
+            # change of dtype leaves the quantized form (the dequantized values are converted).
+            src = args[0]
+            device = torch.device(kwargs.get("device") or src.device)
+            moved = {}
+            for name in src._inner_names():
+                t = getattr(src, name)
+                if t is not None:
+                    t = t.to(device, non_blocking=bool(kwargs.get("non_blocking")), copy=True)
+                    if kwargs.get("pin_memory") and device.type == "cpu":
+                        t = t.pin_memory()
+                moved[name] = t
+            return src._with_inner(moved)
         if func is torch.ops.aten.clone.default:
             new = args[0]._shallow_copy()
             for name in new._inner_names():
