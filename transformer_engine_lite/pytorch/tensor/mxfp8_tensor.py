@@ -3,23 +3,33 @@ over torch.ops.te_lite.quantize_mxfp8 / dequantize_mxfp8."""
 
 from __future__ import annotations
 
+import math
 from typing import Any
 
 import torch
 
+from ..constants import MXFP8_BLOCK_SCALING_SIZE
 from ..dynamo.quantizer_opaque import register_value_opaque_quantizer
 from ..quantization import ops
 from ..tex import DType
 from ._quantizer_value import flatten_context, unflatten_kwargs
-from .quantized_tensor import QuantizedTensor, Quantizer, fp8_torch_dtype, to_dtype_enum
+from .quantized_tensor import (
+    QuantizedTensor,
+    Quantizer,
+    fp8_torch_dtype,
+    infer_view_shape,
+    to_dtype_enum,
+)
+from .storage.mxfp8_tensor_storage import MXFP8TensorStorage
 
-__all__ = ["MXFP8Quantizer", "MXFP8Tensor"]
+__all__ = ["MXFP8Quantizer", "MXFP8Tensor", "MXFP8TensorStorage"]
 
 
-class MXFP8Tensor(QuantizedTensor):
+class MXFP8Tensor(QuantizedTensor, MXFP8TensorStorage):
     """_rowwise_data [rows, cols] + _rowwise_scale_inv [rows, ceil(cols/32)] (blocks along the last
     dim) and/or _columnwise_data + _columnwise_scale_inv [ceil(rows/32), cols] (blocks along the
-    flattened leading dims); data are uint8 FP8 bytes, scales E8M0 bytes."""
+    flattened leading dims); data are uint8 FP8 bytes, scales E8M0 bytes. Usages, data tensors and
+    FSDP2 hooks come from MXFP8TensorStorage; the shape is the wrapper's."""
 
     @staticmethod
     def __new__(
@@ -34,32 +44,40 @@ class MXFP8Tensor(QuantizedTensor):
         fp8_dtype: Any,
         quantizer: Quantizer | None = None,
         requires_grad: bool = False,
+        with_gemm_swizzled_scales: bool = False,
         **_: Any,
     ) -> MXFP8Tensor:
         ref = rowwise_data if rowwise_data is not None else columnwise_data
         if ref is None:
             raise ValueError("MXFP8Tensor: expected rowwise_data or columnwise_data, got neither")
         self = super().__new__(cls, shape, dtype, device=ref.device, requires_grad=requires_grad)
-        u8 = lambda t: None if t is None else (t if t.dtype == torch.uint8 else t.view(torch.uint8))
-        self._rowwise_data, self._rowwise_scale_inv = u8(rowwise_data), rowwise_scale_inv
-        self._columnwise_data, self._columnwise_scale_inv = (
-            u8(columnwise_data),
+        self._set_mxfp8_fields(
+            "MXFP8Tensor",
+            rowwise_data,
+            rowwise_scale_inv,
+            columnwise_data,
             columnwise_scale_inv,
+            fp8_dtype,
+            quantizer,
+            with_gemm_swizzled_scales,
         )
-        self._fp8_dtype = to_dtype_enum(fp8_torch_dtype("MXFP8Tensor", fp8_dtype))
-        self._quantizer = quantizer
         return self
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        # __new__ set everything (MXFP8TensorStorage.__init__ would run again on these kwargs).
+        pass
+
+    size = torch.Tensor.size  # the wrapper's shape, not the 2-D buffers' (storage's size)
 
     def fp8_data_dtype(self) -> torch.dtype:
         return fp8_torch_dtype("MXFP8Tensor", self._fp8_dtype)
 
-    def dequantize(self, *, dtype: torch.dtype | None = None) -> torch.Tensor:
-        fp8 = self.fp8_data_dtype()
-        col = self._rowwise_data is None
-        data = self._columnwise_data if col else self._rowwise_data
-        s = self._columnwise_scale_inv if col else self._rowwise_scale_inv
-        out = ops().dequantize_mxfp8(data.view(fp8), s, col, dtype or self.dtype)
-        return out.reshape(self.shape)
+    def _dequantize(self, dtype: torch.dtype | None) -> torch.Tensor:
+        return self._dequantize_2d(dtype or self.dtype).reshape(self.shape)
+
+    def _data_2d_shape(self) -> torch.Size:
+        shape = tuple(self.shape)
+        return torch.Size((math.prod(shape[:-1]), shape[-1]))
 
     def _assign_from(self, other: QuantizedTensor) -> None:
         assert isinstance(other, MXFP8Tensor)
@@ -75,10 +93,72 @@ class MXFP8Tensor(QuantizedTensor):
             else:
                 setattr(self, name, theirs)
 
+    # ----------------------------------------------------- ops that keep the quantized form
+    def _quantized_op(self, func: Any, args: Any, kwargs: Any) -> Any:
+        aten = torch.ops.aten
+        if func is aten.view.default:
+            # The buffers are the flattened [rows, cols]: any view keeping the last dim keeps
+            # them (TE refuses the others: the blocks run along the last dim).
+            shape = infer_view_shape("MXFP8Tensor.view", args[1], self.numel())
+            if not shape or shape[-1] != self.shape[-1]:
+                raise ValueError(
+                    f"MXFP8Tensor.view: size: expected a shape keeping the last dim "
+                    f"{self.shape[-1]}, got {shape}"
+                )
+            return self._like(shape, *(getattr(self, n) for n in self._INNER))
+        if func is aten.split.Tensor:
+            return self._split(args[1], kwargs.get("dim", args[2] if len(args) > 2 else 0))
+        return NotImplemented
+
+    def _split(self, split_size: Any, dim: int) -> Any:
+        """Split along dim 0 into whole 32-row blocks: slices of the buffers (TE's). Anything
+        else: NotImplemented (the pieces are then the dequantized values')."""
+        if self.dim() < 2 or dim not in (0, -self.dim()) or not isinstance(split_size, int):
+            return NotImplemented
+        if split_size <= 0 or self.shape[0] % split_size:
+            return NotImplemented
+        inner = math.prod(self.shape[1:-1])
+        rows = split_size * inner
+        block = MXFP8_BLOCK_SCALING_SIZE
+        if self._columnwise_data is not None and rows % block:
+            return NotImplemented
+        out = []
+        for k in range(self.shape[0] // split_size):
+            r0 = k * rows
+
+            def cut(t: torch.Tensor | None, a: int, n: int) -> torch.Tensor | None:
+                return None if t is None else t[a : a + n]
+
+            out.append(
+                self._like(
+                    (split_size, *self.shape[1:]),
+                    cut(self._rowwise_data, r0, rows),
+                    cut(self._rowwise_scale_inv, r0, rows),
+                    cut(self._columnwise_data, r0, rows),
+                    cut(self._columnwise_scale_inv, r0 // block, rows // block),
+                )
+            )
+        return out
+
+    def _like(self, shape: Any, rd: Any, rs: Any, cd: Any, cs: Any) -> MXFP8Tensor:
+        return type(self)(
+            shape=shape,
+            dtype=self.dtype,
+            rowwise_data=rd,
+            rowwise_scale_inv=rs,
+            columnwise_data=cd,
+            columnwise_scale_inv=cs,
+            fp8_dtype=self._fp8_dtype,
+            quantizer=self._quantizer,
+        )
+
     _INNER = ("_rowwise_data", "_rowwise_scale_inv", "_columnwise_data", "_columnwise_scale_inv")
 
     def _inner_names(self) -> list[str]:
         return list(self._INNER)
+
+    def _with_inner(self, inner: dict[str, torch.Tensor | None]) -> MXFP8Tensor:
+        return self._like(self.shape, *(inner[n] for n in self._INNER))
 
     # torch.compile: a traceable wrapper subclass (AOTAutograd flattens it into these tensors);
     # TE's context dict (the quantizer in it: a value quantizer, compared by value in guards).
@@ -120,7 +200,7 @@ class MXFP8Tensor(QuantizedTensor):
         )
 
     def _shallow_copy(self) -> MXFP8Tensor:
-        return MXFP8Tensor(
+        return type(self)(
             shape=self.shape,
             dtype=self.dtype,
             rowwise_data=self._rowwise_data,
