@@ -87,6 +87,10 @@ ENV_VARS: tuple[EnvVar, ...] = (
            "JAX front end: 'false' runs every primitive as its pure-JAX reference instead of the "
            "XLA FFI handler; 'Name=false,Name2=true,...' per primitive (TE-JAX class names, e.g. "
            "GemmPrimitive, NormFwdPrimitive, QuantizePrimitive, ActLuPrimitive); unset = all FFI"),
+    EnvVar("NVTE_TORCH_COMPILE", "1", "runtime",
+           "PyTorch front end (TE's switch, read at import): 1 compiles the pytorch.jit functions "
+           "(L2 normalization of QK norm, GeLU, bias-dropout-add) with torch.compile on their first "
+           "call; 0 runs them eagerly"),
     # Attention backend selection (common/fused_attn/backend_select.cpp). Switches: only the exact
     # string 0 disables; logging: only the exact string 1 enables.
     EnvVar("NVTE_FUSED_ATTN", "1", "runtime",
