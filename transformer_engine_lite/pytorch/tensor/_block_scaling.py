@@ -9,6 +9,7 @@ from __future__ import annotations
 
 from typing import Any, NoReturn
 
+from ..dynamo.quantizer_opaque import register_value_opaque_quantizer
 from .quantized_tensor import QuantizedTensor, Quantizer
 
 __all__ = ["Float8BlockQuantizer", "Float8BlockwiseQTensor", "NVFP4Quantizer", "NVFP4Tensor"]
@@ -48,3 +49,9 @@ class Float8BlockwiseQTensor(QuantizedTensor):
     @staticmethod
     def __new__(cls, *args: Any, **kwargs: Any) -> Float8BlockwiseQTensor:
         _refuse("Float8BlockwiseQTensor", "Float8BlockScaling")
+
+
+# Registered as torch.compile value types like the implemented quantizers, so that TE code naming
+# them in a custom op's schema (get_opaque_type_name) still defines its ops; making one still raises.
+register_value_opaque_quantizer(NVFP4Quantizer)
+register_value_opaque_quantizer(Float8BlockQuantizer)
