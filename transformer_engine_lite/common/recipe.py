@@ -17,6 +17,7 @@ from typing import Any, NamedTuple
 
 __all__ = [
     "FP8_MAX",
+    "CustomRecipe",
     "DelayedScaling",
     "Float8BlockScaling",
     "Float8CurrentScaling",
@@ -165,6 +166,9 @@ class Recipe:
 
     def nvfp4(self) -> bool:
         return False
+
+    def custom(self) -> bool:
+        return isinstance(self, CustomRecipe)
 
     def to_dict(self) -> dict[str, Any]:
         """Plain-value description (for checkpoints and logs); callables are recorded by name."""
@@ -565,3 +569,47 @@ class Float8BlockScaling(Recipe):
             f"w_block_scaling_dim={self.w_block_scaling_dim}, "
             f"grad_block_scaling_dim={self.grad_block_scaling_dim}"
         )
+
+
+@dataclass()
+class CustomRecipe(Recipe):
+    """TE's CustomRecipe: every quantizer comes from `qfactory(role)`, called by each module for
+    each of its tensor slots with a `pytorch.quantization.QuantizerRole` (None for slots whose
+    consumer the module does not know: a GEMM's output, the gradient it produces). The factory
+    returns a quantizer (Float8CurrentScalingQuantizer, MXFP8Quantizer, IdentityQuantizer for
+    high precision); `pytorch.custom_recipes.quantizer_factories` mirrors the built-in recipes.
+
+    fp8_format only names the HYBRID default that format-reading code sees; the factory decides
+    every dtype. quantization_alignment (default 128, enough for every TE format): the row
+    alignment automatic padding of grouped GEMMs uses (Fp8Padding), read without calling qfactory
+    (a factory may be stateful or role-dependent); must be positive."""
+
+    qfactory: Callable[..., Any] = None  # type: ignore[assignment]
+    fp8_format: Format = Format.HYBRID
+    fp8_dpa: bool = False
+    fp8_mha: bool = False
+    backward_override: str | None = field(default_factory=_default_backward_override)
+    quantization_alignment: int = 128
+
+    def __post_init__(self) -> None:
+        name = "CustomRecipe"
+        if not callable(self.qfactory):
+            raise TypeError(f"{name}: qfactory: expected a callable role -> quantizer, got "
+                            f"{self.qfactory!r}")
+        check_backward_override(name, self.backward_override)
+        _check_format(name, self.fp8_format)
+        a = self.quantization_alignment
+        if isinstance(a, bool) or not isinstance(a, int):
+            raise TypeError(f"{name}: quantization_alignment: expected an int, got {a!r}")
+        if a <= 0:
+            raise ValueError(f"{name}: quantization_alignment must be positive, got {a}")
+        for flag in ("fp8_dpa", "fp8_mha"):
+            _check_bool(name, flag, getattr(self, flag))
+        if self.fp8_dpa or self.fp8_mha:
+            raise NotImplementedError(f"{name}: fp8_dpa / fp8_mha: FP8 attention under a custom "
+                                      "recipe is not implemented by transformer_engine_lite")
+
+    def __repr__(self) -> str:
+        return (f"recipe_type={type(self).__name__}, qfactory={self.qfactory}, "
+                f"backward_override={self.backward_override}, "
+                f"quantization_alignment={self.quantization_alignment}")

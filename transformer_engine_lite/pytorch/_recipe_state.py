@@ -60,9 +60,14 @@ class RecipeState:
                     MXFP8BlockScalingRecipeState):
             if cls.accepts(recipe):
                 return cls(recipe, mode=mode, num_quantizers=num_quantizers, **kwargs)
+        if recipe.custom():
+            from .quantization import CustomRecipeState
+
+            return CustomRecipeState(recipe, mode=mode, num_quantizers=num_quantizers, **kwargs)
         raise NotImplementedError(
             f"RecipeState.create: {type(recipe).__name__} has no recipe state in "
-            "transformer_engine_lite (DelayedScaling, Float8CurrentScaling, MXFP8BlockScaling)"
+            "transformer_engine_lite (DelayedScaling, Float8CurrentScaling, MXFP8BlockScaling, "
+            "CustomRecipe)"
         )
 
     def make_quantizers(self) -> list[Any]:
@@ -207,6 +212,12 @@ def build_fp8_meta(module: Any) -> dict[str, Any]:
         if recipe.delayed():
             hist, scale, _ = module.fp8_meta_tensors(fwd)
             state = DelayedScalingRecipeState(recipe, mode, slots, scale=scale, amax_history=hist)
+        elif recipe.custom():  # the roles the module's GEMMs ask the factory with
+            from .module._custom import gemm_roles
+
+            roles = [r for g in range(n) for r in gemm_roles(module, g)[0 if fwd else 1]]
+            state = RecipeState.create(recipe, mode=mode, num_quantizers=slots,
+                                       device=module.fp8_meta_device(), roles=roles)
         else:
             state = RecipeState.create(recipe, mode=mode, num_quantizers=slots,
                                        device=module.fp8_meta_device())

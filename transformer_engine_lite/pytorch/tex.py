@@ -5,6 +5,7 @@ chunk_size, noop_flag, tensor_lists, *scalars)."""
 from __future__ import annotations
 
 from enum import IntEnum
+from typing import Any
 
 import torch
 
@@ -27,6 +28,7 @@ __all__ = [
     "FP8TensorMeta",
     "dtype_to_torch",
     "fused_amax_and_scale_update_after_reduction",
+    "quantize",
     "torch_to_dtype",
     *_MULTI_TENSOR,
 ]
@@ -46,6 +48,32 @@ class DType(IntEnum):
     # NVFP4's element type (TE's value). Named so that TE code comparing against it runs; no op of
     # ours takes it yet (the NVFP4 recipe is not implemented): dtype_to_torch refuses it.
     kFloat4E2M1 = 10
+
+
+class FP8FwdTensors(IntEnum):
+    """TE's forward FP8 meta / quantizer slots: GEMM g (1-based) owns 3*(g-1) + {input, weight,
+    output} (module.quantizers["scaling_fwd"], the forward amax history's columns)."""
+
+    GEMM1_INPUT = 0
+    GEMM1_WEIGHT = 1
+    GEMM1_OUTPUT = 2
+    GEMM2_INPUT = 3
+    GEMM2_WEIGHT = 4
+    GEMM2_OUTPUT = 5
+    GEMM3_INPUT = 6
+    GEMM3_WEIGHT = 7
+    GEMM3_OUTPUT = 8
+
+
+class FP8BwdTensors(IntEnum):
+    """TE's backward slots: GEMM g owns 2*(g-1) + {grad_output, grad_input}."""
+
+    GRAD_OUTPUT1 = 0
+    GRAD_INPUT1 = 1
+    GRAD_OUTPUT2 = 2
+    GRAD_INPUT2 = 3
+    GRAD_OUTPUT3 = 4
+    GRAD_INPUT3 = 5
 
 
 _TO_TORCH = {
@@ -135,6 +163,30 @@ def fused_amax_and_scale_update_after_reduction(
             hist.copy_(torch.where(seen, new_hist, hist))
             scale.copy_(torch.where(seen, new_scale, scale))
             off += n
+
+
+def quantize(tensor: torch.Tensor, quantizer: Any, output: Any = None, noop: Any = None) -> Any:
+    """TE's tex.quantize: tensor cast by quantizer, into output when given (in place; the same
+    kernel as quantizer(tensor)). noop: a one-element tensor; nonzero skips the cast (output is
+    returned as it is, TE's noop flag)."""
+    if noop is not None:
+        if not isinstance(noop, torch.Tensor) or noop.numel() != 1:
+            got = f"{noop.numel()} elements" if isinstance(noop, torch.Tensor) else type(noop)
+            raise ValueError(f"tex.quantize: noop: expected a one-element tensor, got {got}")
+        if bool(noop.reshape(-1)[0] != 0):
+            if output is None:
+                raise ValueError("tex.quantize: noop: a set noop flag needs an output to return")
+            return output
+    if output is None:
+        return quantizer(tensor)
+    return quantizer.update_quantized(tensor, output)
+
+
+def generic_gemm(*args, **kwargs):  # noqa: ANN002, ANN003, ANN201
+    """TE's tex.generic_gemm (see cpp_extensions.gemm.generic_gemm)."""
+    from .cpp_extensions.gemm import generic_gemm as _impl
+
+    return _impl(*args, **kwargs)
 
 
 def __getattr__(name: str):  # noqa: ANN202  (PEP 562)

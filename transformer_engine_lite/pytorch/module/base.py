@@ -49,6 +49,7 @@ from .._extra_state import (
 from ..utils import get_default_init_method
 from .._recipe_state import build_fp8_meta
 from ._autograd import GemmConfig, WeightCast, cast_weight, linear
+from ._custom import builtin_quantizers, custom_gemm_config
 from ._params import _moved, materialize_params, weight_param_quantizer  # noqa: F401
 from ._recipe_checks import check_recipe_change
 
@@ -226,9 +227,8 @@ class TransformerEngineBaseModule(torch.nn.Module):
         m = FP8GlobalStateManager
         if m.is_fp8_enabled():
             r = m.get_fp8_recipe()
-            mode = (
-                "delayed" if r.delayed() else "current" if r.float8_current_scaling() else "mxfp8"
-            )
+            mode = ("delayed" if r.delayed() else "current" if r.float8_current_scaling()
+                    else "custom" if r.custom() else "mxfp8")
             return mode, r, m.get_recipe_code()
         if m.is_fp8_calibration() and m.get_fp8_recipe().delayed():
             return "calibrate", m.get_fp8_recipe(), m.get_recipe_code()
@@ -243,6 +243,10 @@ class TransformerEngineBaseModule(torch.nn.Module):
             return GemmConfig(mode, slot_fwd=3 * gemm, code=code, fuse_wgrad=fuse_wgrad,
                               delay_wgrad=delay, save_original_input=save_orig)
         assert recipe is not None
+        if mode == "custom":  # module/_custom.py: the recipe's qfactory decides per slot
+            return custom_gemm_config(self, gemm, recipe, code, fuse_wgrad, delay, save_orig)
+        if mode != "delayed":  # TE's module.quantizers, for inspection
+            builtin_quantizers(self, gemm, recipe)
         override = getattr(recipe, "backward_override", None)
         check_backward_override(type(recipe).__name__, override, delayed=recipe.delayed())
         if save_orig and mode == "delayed":
@@ -298,7 +302,13 @@ class TransformerEngineBaseModule(torch.nn.Module):
     @property
     def quantizers(self) -> dict[str, list[Any]]:
         """TE's module.quantizers: {"scaling_fwd": [...], "scaling_bwd": [...]} of the recipe
-        this module last ran under (empty lists before any FP8 forward)."""
+        this module last ran under (empty lists before any FP8 forward): delayed scaling's over
+        this module's scale / amax-history slots (views); otherwise those its GEMMs ran with
+        (kept by module/_custom.py in the instance dict), else built from the recipe."""
+        recipe = getattr(self, "_last_recipe_obj", None)
+        kept = self.__dict__.get("quantizers")
+        if recipe is not None and not recipe.delayed() and isinstance(kept, dict):
+            return kept
         meta = build_fp8_meta(self)
         return {k: meta[k].make_quantizers() if k in meta else []
                 for k in ("scaling_fwd", "scaling_bwd")}
@@ -382,14 +392,14 @@ class TransformerEngineBaseModule(torch.nn.Module):
             b = b.to(dtype)
         cfg = self._gemm_config(gemm, mode, recipe, code, main_grad is not None)
         meta = self._meta_args()
-        if mode == "delayed":
+        if cfg.mode == "delayed":
             # activation recompute: the recompute quantizes with the forward's scales
             meta = (stash_scales(self, meta[0]), *meta[1:])
         w_cast = self._weight_cast(gemm, w, cfg, meta[0], is_first_microbatch)
         y, amax = linear(x, w, b, meta, main_grad, cfg, self._wgrad_store, w_cast, acc, alpha)
         if not recomputing():  # a recompute repeats a step that was already recorded
             self._record_forward(cfg, amax)
-            if mode == "delayed" and isinstance(getattr(weight, "_quantizer", None), Float8Quantizer):
+            if cfg.mode == "delayed" and isinstance(getattr(weight, "_quantizer", None), Float8Quantizer):
                 weight._quantizer.update_scale()  # an FP8 parameter's recipe update (see there)
         if row:
             y = (

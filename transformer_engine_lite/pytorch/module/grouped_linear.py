@@ -28,6 +28,8 @@ class GroupedLinear(TransformerEngineBaseModule):
     return_bias: returns (out, [bias_i]) without adding the biases.
     """
 
+    _role_module_type = "grouped_linear"  # CustomRecipe roles (module/_custom.py)
+
     def __init__(
         self,
         num_gemms: int,

@@ -104,6 +104,8 @@ class LayerNormMLP(TransformerEngineBaseModule):
     Returns out, then fc2's bias if return_bias, then the norm output if return_layernorm_output.
     """
 
+    _role_gemm_names = ("fc1", "fc2")  # CustomRecipe role names "<name>.fc1" (module/_custom.py)
+
     def __init__(
         self,
         hidden_size: int,

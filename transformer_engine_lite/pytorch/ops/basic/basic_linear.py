@@ -174,6 +174,8 @@ class BasicLinear(TransformerEngineBaseModule, BasicOperation):
         fwd = mode == "forward"
         if fwd and index == 1 and isinstance(getattr(self.weight, "_quantizer", None), Quantizer):
             return self.weight._quantizer  # an FP8 weight parameter quantizes itself
+        if recipe.custom():  # what the recipe's qfactory gave this slot (module/_custom.py)
+            return self.quantizers["scaling_fwd" if fwd else "scaling_bwd"][index]
         dtype = get_fp8_torch_dtype(recipe.fp8_format, fwd)
         if recipe.delayed():
             scale = self.fp8_fwd_scale if fwd else self.fp8_bwd_scale
