@@ -254,3 +254,24 @@ def test_fp4_settings_refused_by_fp8_recipes():
         DelayedScaling(fp8_format=Format.E2M1)
     with pytest.raises(ValueError, match="fp8_quant_fwd_inp.stochastic_rounding: an NVFP4 option"):
         Float8CurrentScaling(fp8_quant_fwd_inp=QParams(stochastic_rounding=True))
+
+
+def test_fp8_meta_and_quantizers_under_custom_recipe():
+    from transformer_engine_lite.common.recipe import CustomRecipe
+    from transformer_engine_lite.pytorch.custom_recipes.quantizer_factories import (
+        current_scaling_factory,
+    )
+    from transformer_engine_lite.pytorch.quantization import CustomRecipeState
+
+    m = te.Linear(32, 32, name="proj")
+    _step(m, CustomRecipe(qfactory=current_scaling_factory), torch.randn(16, 32))
+    st = m.fp8_meta["scaling_fwd"]
+    assert isinstance(st, CustomRecipeState)
+    assert [r.tensor_type if r is not None else None for r in st.roles] == [
+        "input", "weight", None]
+    assert st.roles[0].name == "proj"
+    # the quantizers the GEMMs ran with (module/_custom.py), not rebuilt ones
+    assert m.quantizers is m.__dict__["quantizers"]
+    with pytest.warns(UserWarning, match="Recipe type changed from CustomRecipe to DelayedScaling"):
+        _step(m, DelayedScaling(), torch.randn(16, 32))  # back to delayed: buffer views again
+    assert m.quantizers["scaling_fwd"][0].scale.data_ptr() == m.fp8_fwd_scale.data_ptr()
