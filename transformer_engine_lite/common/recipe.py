@@ -24,6 +24,7 @@ __all__ = [
     "Format",
     "MMParams",
     "MXFP8BlockScaling",
+    "NVFP4BlockScaling",
     "QParams",
     "Recipe",
 ]
@@ -59,6 +60,8 @@ class Format(Enum):
     E4M3FNUZ = _FormatHelper(FP8_MAX["e4m3fnuz"], FP8_MAX["e4m3fnuz"], "e4m3fnuz", "e4m3fnuz")
     E5M2FNUZ = _FormatHelper(FP8_MAX["e5m2fnuz"], FP8_MAX["e5m2fnuz"], "e5m2fnuz", "e5m2fnuz")
     HYBRID_FNUZ = _FormatHelper(FP8_MAX["e4m3fnuz"], FP8_MAX["e5m2fnuz"], "e4m3fnuz", "e5m2fnuz")
+    # FP4 (NVFP4BlockScaling's data format; not an FP8 recipe's fp8_format)
+    E2M1 = _FormatHelper(6.0, 6.0, "e2m1", "e2m1")
 
     @property
     def fwd(self) -> str:
@@ -91,6 +94,11 @@ def _check_format(recipe: str, value: Any) -> None:
         raise TypeError(
             f"{recipe}: fp8_format: expected a Format member "
             f"({', '.join('Format.' + f.name for f in Format)}), got {value!r}"
+        )
+    if value is Format.E2M1:
+        raise ValueError(
+            f"{recipe}: fp8_format: Format.E2M1 is an FP4 format (NVFP4BlockScaling's fp4_format), "
+            "not an FP8 one; use Format.HYBRID or an E4M3 format"
         )
     if value in _PURE_E5M2:
         # TE asserts the same: E5M2 has 2 mantissa bits, too coarse for forward tensors.
@@ -286,10 +294,15 @@ def _check_legacy_keywords(
 
 
 class QParams(NamedTuple):
-    """Quantization parameters of one tensor role under current scaling."""
+    """Quantization parameters of one tensor role. power_2_scale / amax_epsilon: FP8 current and
+    block scaling; random_hadamard_transform / stochastic_rounding / fp4_2d_quantization: NVFP4
+    only (TE's QParams carries all five; an FP8 recipe refuses the NVFP4 ones set)."""
 
     power_2_scale: bool = False
     amax_epsilon: float = 0.0
+    random_hadamard_transform: bool = False
+    stochastic_rounding: bool = False
+    fp4_2d_quantization: bool = False
 
 
 class MMParams(NamedTuple):
@@ -308,6 +321,15 @@ def _check_qparams(recipe: str, name: str, q: Any) -> None:
         raise ValueError(
             f"{recipe}: {name}.amax_epsilon: expected a finite number >= 0, got {eps!r}"
         )
+    for flag in _FP4_QPARAMS:
+        if getattr(q, flag) is not False:
+            raise ValueError(
+                f"{recipe}: {name}.{flag}: an NVFP4 option (NVFP4BlockScaling); an FP8 recipe "
+                f"expects False, got {getattr(q, flag)!r}"
+            )
+
+
+_FP4_QPARAMS = ("random_hadamard_transform", "stochastic_rounding", "fp4_2d_quantization")
 
 
 def _check_quant_fields(recipe: str, r: Any) -> None:
@@ -405,6 +427,84 @@ class MXFP8BlockScaling(Recipe):
         return (
             f"recipe_type={type(self).__name__}, margin={self.margin}, "
             f"format={self.fp8_format.name}"
+        )
+
+
+_NVFP4_4OVER6_SCOPES = ("none", "weights", "activations", "all")
+_NVFP4_4OVER6_ERR_MODES = ("MAE", "MSE")
+
+
+def _nvfp4_env(name: str, default: str) -> str:
+    from . import config
+
+    return config.get(name) or default
+
+
+@dataclass()
+class NVFP4BlockScaling(Recipe):
+    """NVFP4 (TE 2.8+): E2M1 data, an E4M3 scale per 16 values and an FP32 per-tensor scale.
+    TE's fields, env defaults (NVTE_NVFP4_*, see common/config.py) and checks, so that clients can
+    build, compare and checkpoint it; its kernels are not implemented yet (issue #24): autocast /
+    quantized_model_init with it raise NotImplementedError, is_nvfp4_available() says so.
+    fp4_quant_fwd_inp / _fwd_weight / _bwd_grad are derived QParams, as TE's."""
+
+    disable_rht: bool = field(default_factory=lambda: _env_flag("NVTE_NVFP4_DISABLE_RHT"))
+    disable_stochastic_rounding: bool = field(
+        default_factory=lambda: _env_flag("NVTE_NVFP4_DISABLE_STOCHASTIC_ROUNDING"))
+    disable_2d_quantization: bool = field(
+        default_factory=lambda: _env_flag("NVTE_NVFP4_DISABLE_2D_QUANTIZATION"))
+    row_scaled_activation: bool = field(
+        default_factory=lambda: _env_flag("NVTE_NVFP4_ROW_SCALED_ACTIVATION"))
+    nvfp4_4over6: str = field(default_factory=lambda: _nvfp4_env("NVTE_NVFP4_4OVER6", "none"))
+    nvfp4_4over6_e4m3_use_256: str = field(
+        default_factory=lambda: _nvfp4_env("NVTE_NVFP4_4OVER6_E4M3_USE_256", "all"))
+    nvfp4_4over6_err_mode: str = field(
+        default_factory=lambda: _nvfp4_env("NVTE_NVFP4_4OVER6_ERR_MODE", "MAE").upper())
+    fp4_format: Format = Format.E2M1
+    fp8_format: Format = Format.E4M3
+    fp8_dpa: bool = False
+    fp8_mha: bool = False
+    backward_override: str | None = field(default_factory=_default_backward_override)
+
+    def nvfp4(self) -> bool:
+        return True
+
+    def __post_init__(self) -> None:
+        name = "NVFP4BlockScaling"
+        for f, only in (("fp4_format", Format.E2M1), ("fp8_format", Format.E4M3)):
+            if getattr(self, f) is not only:  # fp8_format: of the block scales
+                raise ValueError(f"{name}: {f}: expected {only}, got {getattr(self, f)!r}")
+        check_backward_override(name, self.backward_override)
+        for flag in ("disable_rht", "disable_stochastic_rounding", "disable_2d_quantization",
+                     "row_scaled_activation", "fp8_dpa", "fp8_mha"):
+            _check_bool(name, flag, getattr(self, flag))
+        for f, allowed in (("nvfp4_4over6", _NVFP4_4OVER6_SCOPES),
+                           ("nvfp4_4over6_e4m3_use_256", _NVFP4_4OVER6_SCOPES),
+                           ("nvfp4_4over6_err_mode", _NVFP4_4OVER6_ERR_MODES)):
+            if getattr(self, f) not in allowed:
+                raise ValueError(f"{name}: {f}: expected one of {allowed}, got "
+                                 f"{getattr(self, f)!r}")
+        # TE's derivation: RHT on inputs and gradients (their column-wise use, the wgrad GEMM),
+        # 2D blocks on weights, stochastic rounding on gradients.
+        self.fp4_quant_fwd_inp = QParams(random_hadamard_transform=not self.disable_rht)
+        self.fp4_quant_fwd_weight = QParams(fp4_2d_quantization=not self.disable_2d_quantization)
+        self.fp4_quant_bwd_grad = QParams(
+            random_hadamard_transform=not self.disable_rht,
+            stochastic_rounding=not self.disable_stochastic_rounding,
+        )
+
+    def __repr__(self) -> str:
+        return (
+            f"recipe_type={type(self).__name__}, fp4_format={self.fp4_format.name}, "
+            f"fp8_format={self.fp8_format.name}, fp8_dpa={self.fp8_dpa}, fp8_mha={self.fp8_mha}, "
+            f"backward_override={self.backward_override}, "
+            f"row_scaled_activation={self.row_scaled_activation}, "
+            f"nvfp4_4over6={self.nvfp4_4over6}, "
+            f"nvfp4_4over6_e4m3_use_256={self.nvfp4_4over6_e4m3_use_256}, "
+            f"nvfp4_4over6_err_mode={self.nvfp4_4over6_err_mode}, "
+            f"fp4_quant_fwd_inp={self.fp4_quant_fwd_inp}, "
+            f"fp4_quant_fwd_weight={self.fp4_quant_fwd_weight}, "
+            f"fp4_quant_bwd_grad={self.fp4_quant_bwd_grad}"
         )
 
 

@@ -254,6 +254,11 @@ class FP8GlobalStateManager:
     def is_nvfp4_available() -> tuple[bool, str]:
         return check_nvfp4_support()
 
+    @staticmethod
+    def get_meta_tensor_key(forward: bool = True) -> str:
+        """Key of a module's fp8_meta recipe state: "scaling_fwd" / "scaling_bwd" (TE's)."""
+        return "scaling_fwd" if forward else "scaling_bwd"
+
     # ---------------------------------------------------------------- queries (forward-time)
     @classmethod
     def is_fp8_enabled(cls) -> bool:
@@ -504,13 +509,16 @@ def _update_delayed(
             _reduce_amax(row0, group)
             hist[0] = row0
         new_hist, new_scale = _default_update(hist, scale, recipe, fp8_dtype, fp8_max)
+        # TE's rule: a slot whose newest amax is 0 (it did not quantize this step: a GEMM output,
+        # a cached weight) keeps its history and scale as they are (no roll).
+        seen = hist[0] != 0
         col = 0
         for h, s, ran in metas:
             n = s.numel()
-            sel = ran == code  # [1] bool, broadcast: no host sync
+            sel = (ran == code) & seen[col : col + n]  # [n] bool: no host sync
             h.copy_(torch.where(sel, new_hist[:, col : col + n], h))
             s.copy_(torch.where(sel, new_scale[col : col + n], s))
-            ran.masked_fill_(sel, 0)
+            ran.masked_fill_(ran == code, 0)
             col += n
 
 
@@ -564,10 +572,12 @@ def quantized_model_init(
     replaced by an `nn.Parameter` holding only FP8 data + scale: a `Float8Tensor` (DelayedScaling:
     scale 1.0, TE's initial delayed scale; Float8CurrentScaling: per-tensor current scaling with
     the recipe's fp8_quant_fwd_weight) or an `MXFP8Tensor` (MXFP8BlockScaling: row- and column-wise
-    1x32 blocks). Under a matching fp8_autocast the GEMMs use these bytes directly; otherwise the
-    weight is dequantized. Gradients are plain tensors of the parameter's nominal dtype; in-place
-    updates (optimizer steps, copy_, load_state_dict) re-quantize in place with the parameter's
-    quantizer. The module attribute `primary_weights_in_fp8` (and `param.fp8_primary`) flag it.
+    1x32 blocks). Under a matching fp8_autocast the GEMMs use these bytes directly; outside one the
+    weight is dequantized; under a recipe of another type the forward raises RuntimeError (TE's
+    "Recipe mismatch", module/_recipe_checks.py). Gradients are plain tensors of the
+    parameter's nominal dtype; in-place updates (optimizer steps, copy_, load_state_dict)
+    re-quantize in place with the parameter's quantizer. The module attribute
+    `primary_weights_in_fp8` (and `param.fp8_primary`) flag it.
     With preserve_high_precision_init_val, `param.get_high_precision_init_val()` returns the
     pre-quantization values (a CPU copy) until `param.clear_high_precision_init_val()`.
     """

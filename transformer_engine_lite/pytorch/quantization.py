@@ -30,6 +30,14 @@ from .fp8 import (  # noqa: F401  TE 2.x serves the autocast API from pytorch.qu
     is_nvfp4_available,
     quantized_model_init,
 )
+from ._recipe_state import (  # noqa: F401  TE's recipe states and unfused delayed-scaling update
+    DelayedScalingRecipeState,
+    Float8CurrentScalingRecipeState,
+    MXFP8BlockScalingRecipeState,
+    RecipeState,
+    _amax_and_scale_update,
+    _default_sf_compute,
+)
 
 __all__ = [
     "CustomRecipeState",

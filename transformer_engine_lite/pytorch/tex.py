@@ -23,7 +23,15 @@ _MULTI_TENSOR = (
     "multi_tensor_sgd",
     "multi_tensor_unscale_l2norm",
 )
-__all__ = ["DType", "dtype_to_torch", "quantize", "torch_to_dtype", *_MULTI_TENSOR]
+__all__ = [
+    "DType",
+    "FP8TensorMeta",
+    "dtype_to_torch",
+    "fused_amax_and_scale_update_after_reduction",
+    "quantize",
+    "torch_to_dtype",
+    *_MULTI_TENSOR,
+]
 
 
 class DType(IntEnum):
@@ -100,6 +108,61 @@ def torch_to_dtype(dtype: torch.dtype) -> DType:
         return _FROM_TORCH[dtype]
     except KeyError:
         raise ValueError(f"dtype: {dtype} has no transformer_engine DType") from None
+
+
+class FP8TensorMeta:
+    """TE's FP8TensorMeta: a holder of scale [n], scale_inv [n] and amax_history [L, n]
+    (attributes, assigned by the caller; TE 2.x keeps it for code that builds its own meta)."""
+
+    def __init__(self) -> None:
+        self.scale: torch.Tensor | None = None
+        self.scale_inv: torch.Tensor | None = None
+        self.amax_history: torch.Tensor | None = None
+
+
+def fused_amax_and_scale_update_after_reduction(
+    amax_reduction_buffer: torch.Tensor,
+    amax_histories: list[torch.Tensor],
+    scales: list[torch.Tensor],
+    amax_compute_algo: str,
+    fp8_dtype: DType | torch.dtype,
+    margin: float,
+) -> None:
+    """TE's batched delayed-scaling step after the amax all-reduce, in place: history i
+    ([L, n_i]) takes its slice of the reduced buffer (the n_i amaxes, concatenated in order) as
+    its newest amax where that value is non-zero (TE's rule: 0 means "not reduced", keep the
+    history's own row 0), then the modules' fused update (roll, amax by algorithm, scale rule)
+    on every slot whose newest amax is non-zero; the others stay as they are (TE's kernel)."""
+    if amax_compute_algo not in ("max", "most_recent"):
+        raise ValueError(
+            f"fused_amax_and_scale_update_after_reduction: amax_compute_algo: expected 'max' or "
+            f"'most_recent', got {amax_compute_algo!r}"
+        )
+    if len(amax_histories) != len(scales):
+        raise ValueError(
+            f"fused_amax_and_scale_update_after_reduction: expected as many scales as amax "
+            f"histories, got {len(scales)} and {len(amax_histories)}"
+        )
+    dtype = dtype_to_torch(fp8_dtype)
+    total = sum(s.numel() for s in scales)
+    buf = amax_reduction_buffer.reshape(-1)
+    if buf.numel() != total:
+        raise ValueError(
+            f"fused_amax_and_scale_update_after_reduction: amax_reduction_buffer: expected "
+            f"{total} amaxes (sum of the scales' sizes), got {buf.numel()}"
+        )
+    off = 0
+    with torch.no_grad():
+        for hist, scale in zip(amax_histories, scales):
+            n = scale.numel()
+            reduced = buf[off : off + n].to(hist.device, torch.float32)
+            hist[0].copy_(torch.where(reduced != 0, reduced, hist[0]))
+            new_hist, new_scale = torch.ops.te_lite.delayed_scaling_update(
+                hist, scale, amax_compute_algo, dtype, float(margin))
+            seen = hist[0] != 0  # TE: a slot whose newest amax is 0 is left as it is (no roll)
+            hist.copy_(torch.where(seen, new_hist, hist))
+            scale.copy_(torch.where(seen, new_scale, scale))
+            off += n
 
 
 def quantize(tensor: torch.Tensor, quantizer: Any, output: Any = None, noop: Any = None) -> Any:

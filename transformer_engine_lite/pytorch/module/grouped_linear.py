@@ -8,6 +8,7 @@ from typing import Any
 import torch
 
 from ..distributed import TPConfig, set_tensor_model_parallel_attributes, split_size
+from ._params import materialize_params
 from .base import TransformerEngineBaseModule, default_device, reject_unsupported
 from ..utils import get_default_init_method
 
@@ -115,7 +116,7 @@ class GroupedLinear(TransformerEngineBaseModule):
                 if b is not None:
                     b.sequence_parallel = row_sp
                 self.register_parameter(f"bias{g}", b)
-        self.reset_parameters()
+        self.reset_parameters(defer_init=device.type == "meta")  # TE: "meta" defers init
 
     def _weights(self) -> list[torch.Tensor]:
         if self.single_grouped_weight:
@@ -132,6 +133,7 @@ class GroupedLinear(TransformerEngineBaseModule):
     def reset_parameters(self, defer_init: bool = False) -> None:
         if defer_init:
             return
+        materialize_params(self)  # TE's deferred init: "meta" parameters are allocated here
         tracker = self.get_rng_state_tracker if self.tp.size > 1 else None
         if self.single_grouped_weight:
             if self.weight.device.type != "meta":

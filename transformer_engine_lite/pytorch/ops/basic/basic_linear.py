@@ -142,6 +142,18 @@ class BasicLinear(TransformerEngineBaseModule, BasicOperation):
     ) -> tuple[torch.Tensor, tuple[torch.Tensor, ...]]:
         return self.linear_forward(input_), ()
 
+    @property
+    def _fp8_metas(self) -> dict[str, dict[str, Any]]:
+        """TE's BasicOperation._fp8_metas: {"forward": fp8_meta, "backward": fp8_meta} (each with
+        its direction's recipe state; views of this op's buffers, see module.fp8_meta)."""
+        meta = self.fp8_meta
+        out = {}
+        for mode, key in (("forward", "scaling_fwd"), ("backward", "scaling_bwd")):
+            out[mode] = {k: v for k, v in meta.items() if k not in ("scaling_fwd", "scaling_bwd")}
+            if key in meta:
+                out[mode][key] = meta[key]
+        return out
+
     def num_quantizers(self, mode: str) -> int:
         """TE's count: forward (input, weight), backward (grad output)."""
         if mode not in ("forward", "backward"):
