@@ -83,6 +83,9 @@ fi
 # packaging) are installed above, so it goes in without resolving dependencies.
 pip_quiet install --disable-pip-version-check --no-deps --ignore-requires-python megatron-core==0.19.2
 pip_quiet install --disable-pip-version-check accelerate==1.15.0 packaging
+# HF transformers (tests/integration/test_hf_transformers.py: save_pretrained / from_pretrained of a
+# model holding TE layers); it does not depend on torch, so pip resolves no CUDA wheels.
+pip_quiet install --disable-pip-version-check transformers==5.24.0
 pip_quiet install --disable-pip-version-check --no-build-isolation -e "$REPO_ROOT"
 python -c "import transformer_engine_lite as te; i = te.build_info(); print('transformer_engine_lite', te.__version__, i['device_backends'], 'gpu_gemm', i['gpu_gemm'], 'cpu_isa', i['cpu_isa']['level'], 'onednn_isa', i['onednn_isa'], 'python', __import__('sys').prefix)"
 python -c "import transformer_engine_lite.jax as te; print('transformer_engine_lite.jax:', len(te.cpp_extensions.registrations()), 'XLA FFI handlers')"

@@ -8,8 +8,9 @@
 set -u
 source "$(dirname "${BASH_SOURCE[0]}")/_utils.sh"
 # The tests skip without the clients; CI must not: their absence fails this tag.
-run_tagged integration.clients_installed python -c "import megatron.core, accelerate; \
-print('megatron-core', megatron.core.__version__, 'accelerate', accelerate.__version__)"
+run_tagged integration.clients_installed python -c "import megatron.core, accelerate, transformers; \
+print('megatron-core', megatron.core.__version__, 'accelerate', accelerate.__version__, \
+'transformers', transformers.__version__)"
 for f in "$REPO_ROOT"/tests/integration/test_*.py; do
   [ -e "$f" ] || continue
   run_tagged "integration.$(basename "$f" .py)" run_pytest "$f"

@@ -11,6 +11,7 @@ import torch
 
 import transformer_engine_lite.pytorch as te
 from transformer_engine_lite.common.recipe import DelayedScaling
+from transformer_engine_lite.pytorch._extra_state import decode_extra_state
 from transformer_engine_lite.pytorch.module.base import EXTRA_STATE_VERSION
 
 RECIPE = DelayedScaling(amax_history_len=8, margin=1)
@@ -29,6 +30,11 @@ def _roundtrip(state):
     torch.save(state, buf)
     buf.seek(0)
     return torch.load(buf, weights_only=True)
+
+
+def _state(m) -> dict:
+    """The module's extra state, decoded from its uint8 encoding."""
+    return decode_extra_state("test", m.get_extra_state())
 
 
 def _meta(m):
@@ -51,8 +57,9 @@ def test_roundtrip_restores_state_and_next_step(make):
     for step in range(3):
         _train_step(m, x * (step + 1), step)
     state = _roundtrip(m.state_dict())
-    assert state["_extra_state"]["version"] == EXTRA_STATE_VERSION
-    assert state["_extra_state"]["recipe"]["margin"] == 1
+    extra = decode_extra_state("test", state["_extra_state"])
+    assert extra["version"] == EXTRA_STATE_VERSION
+    assert extra["recipe"]["margin"] == 1
     fresh = make()
     fresh.load_state_dict(state)
     for a, b in zip(_meta(m), _meta(fresh)):
@@ -68,7 +75,11 @@ def test_roundtrip_restores_state_and_next_step(make):
 
 
 def test_extra_state_is_plain_data():
-    state = te.Linear(4, 4).get_extra_state()
+    encoded = te.Linear(4, 4).get_extra_state()
+    # a 1-D uint8 tensor (TE's form: safetensors takes it) of torch.save's bytes, not a pickle
+    assert encoded.dtype == torch.uint8 and encoded.dim() == 1
+    assert bytes(encoded[:4].tolist()) == b"PK\x03\x04"
+    state = decode_extra_state("test", encoded)
     assert isinstance(state, dict)
     for v in state.values():
         assert v is None or isinstance(v, (int, str, dict, torch.Tensor))
@@ -137,7 +148,7 @@ def test_bad_extra_state(bad, match):
 
 def _good_state() -> dict:
     m = te.Linear(8, 8)
-    return m.get_extra_state()
+    return _state(m)
 
 
 def _with(**changes) -> dict:
@@ -179,14 +190,14 @@ def test_hostile_extra_state_names_the_field_and_changes_nothing(changes, match)
     m = te.Linear(8, 8)
     with te.fp8_autocast():
         m(torch.randn(4, 8)).sum().backward()
-    before = {k: v.clone() for k, v in m.get_extra_state().items() if isinstance(v, torch.Tensor)}
+    before = {k: v.clone() for k, v in _state(m).items() if isinstance(v, torch.Tensor)}
     # A state whose forward half is valid and changed: it must not be applied either.
     state = _with(**changes)
     if "amax_history_fwd" not in changes:
         state["amax_history_fwd"] = torch.full((4, 3), 7.0)
     with pytest.raises(ValueError, match=match):
         m.set_extra_state(state)
-    after = m.get_extra_state()
+    after = _state(m)
     for k, v in before.items():
         assert torch.equal(after[k], v), f"{k} changed by a rejected checkpoint"
 
@@ -256,6 +267,68 @@ def test_te_pickled_extra_state_in_load_state_dict(monkeypatch):
     with pytest.raises(RuntimeError, match="refusing to load pickled"):
         m.load_state_dict(sd)
     monkeypatch.setenv(UNSAFE_PICKLE_EXTRA_STATE_ENV, "1")
-    with pytest.raises(NotImplementedError, match="never unpickles"):
+    with pytest.raises(ValueError, match="amax_history_fwd"):  # incomplete: refused whole
         m.load_state_dict(sd)
     assert all(torch.equal(a, b) for a, b in zip(before, _meta(m)))  # nothing was assigned
+
+
+def _te_delayed_payload(hist_fwd, scale_fwd, hist_bwd, scale_bwd) -> bytes:
+    """TE 2.x's pickled delayed-scaling extra state, with TE's class paths: pickled at protocol 0
+    (text: class paths are plain lines, so ours can be renamed to TE's)."""
+    state = {"recipe": DelayedScaling(amax_history_len=hist_fwd.shape[0]),
+             "scale_fwd": scale_fwd, "amax_history_fwd": hist_fwd,
+             "scale_bwd": scale_bwd, "amax_history_bwd": hist_bwd,
+             "extra_fp8_variables": {"num_gemms": 1, "fp8_checkpoint": True}}
+    data = pickle.dumps(state, protocol=0)
+    te_data = data.replace(b"transformer_engine_lite.", b"transformer_engine.")
+    assert b"ctransformer_engine.common.recipe\nDelayedScaling" in te_data
+    return te_data
+
+
+def test_te_delayed_pickled_state_loads_under_te_opt_in(monkeypatch):
+    """A checkpoint converted from TE: with TE's opt-in its amax histories and scales load and
+    the next step equals a module holding them."""
+    hist_f = torch.rand(8, 3) * 4
+    hist_b = torch.rand(8, 2) * 4
+    scale_f = torch.tensor([2.0, 0.5, 1.0])
+    scale_b = torch.tensor([4.0, 1.0])
+    payload = _as_te_tensor(_te_delayed_payload(hist_f, scale_f, hist_b, scale_b))
+    m = te.Linear(8, 8)
+    with pytest.raises(RuntimeError, match=UNSAFE_PICKLE_EXTRA_STATE_ENV):
+        m.set_extra_state(payload)
+    monkeypatch.setenv(UNSAFE_PICKLE_EXTRA_STATE_ENV, "1")
+    m.set_extra_state(payload)
+    hf, sf, hb, sb = m.fp8_meta_tensors(True)[:2] + m.fp8_meta_tensors(False)[:2]
+    assert torch.equal(hf, hist_f) and torch.equal(sf, scale_f)
+    assert torch.equal(hb, hist_b) and torch.equal(sb, scale_b)
+    # and it travels on in our encoding
+    again = te.Linear(8, 8)
+    again.set_extra_state(m.get_extra_state())
+    assert all(torch.equal(a, b) for a, b in zip(_meta(m), _meta(again)))
+
+
+def test_te_pickle_naming_a_missing_class_is_refused_clearly(monkeypatch):
+    monkeypatch.setenv(UNSAFE_PICKLE_EXTRA_STATE_ENV, "1")
+    data = pickle.dumps({"recipe": DelayedScaling(), "scale_fwd": torch.ones(3)}, protocol=0)
+    data = data.replace(b"transformer_engine_lite.common.recipe\nDelayedScaling",
+                        b"transformer_engine.common.recipe\nNoSuchRecipe")
+    with pytest.raises(NotImplementedError, match="NoSuchRecipe"):
+        te.Linear(8, 8).set_extra_state(_as_te_tensor(data))
+
+
+def test_encoded_extra_state_survives_safetensors(tmp_path):
+    """HF save_pretrained writes state dicts with safetensors, which takes tensors only."""
+    safetensors = pytest.importorskip("safetensors.torch")
+    m = te.Linear(8, 8)
+    with te.fp8_autocast(fp8_recipe=RECIPE):
+        m(torch.randn(4, 8)).sum().backward()
+    safetensors.save_file(m.state_dict(), tmp_path / "m.safetensors")
+    fresh = te.Linear(8, 8)
+    fresh.load_state_dict(safetensors.load_file(tmp_path / "m.safetensors"))
+    assert all(torch.equal(a, b) for a, b in zip(_meta(m), _meta(fresh)))
+
+
+def test_damaged_encoded_state_is_a_value_error():
+    enc = te.Linear(8, 8).get_extra_state()
+    with pytest.raises(ValueError, match="weights_only"):
+        te.Linear(8, 8).set_extra_state(enc[: enc.numel() // 2])

@@ -12,6 +12,7 @@ import torch
 from torch.utils._python_dispatch import TorchDispatchMode
 
 import transformer_engine_lite.pytorch as te
+from transformer_engine_lite.pytorch._extra_state import decode_extra_state
 from transformer_engine_lite.common.recipe import (
     DelayedScaling,
     Float8CurrentScaling,
@@ -392,7 +393,7 @@ def test_checkpoint_resumes_training_exactly(kind, recipe):
 def test_bad_fp8_param_scales_are_refused_whole():
     with te.quantized_model_init(enabled=True, recipe=DelayedScaling()):
         m = te.Linear(16, 16)
-    state = m.get_extra_state()
+    state = decode_extra_state("test", m.get_extra_state())
     assert set(state["fp8_param_scales"]) == {"weight"}
     before = m.weight._quantizer.scale.clone()
     for bad, match in (

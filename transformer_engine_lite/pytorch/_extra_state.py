@@ -1,11 +1,20 @@
-"""The modules' checkpointed FP8 state (_extra_state): its schema and the checks that run before
-anything is assigned (module/base.py: get_extra_state / set_extra_state). TE-lite checkpoints its
-FP8 state as plain tensors and values, loadable with torch.load(weights_only=True), and never
-unpickles. TE stores its extra state as a pickle (a uint8 tensor); pytorch/_pickled_state.py
-classifies such a payload without running it (TE's policy API), so that a stateless one loads as
-"no FP8 state" and a stateful one is refused."""
+"""The modules' checkpointed FP8 state (_extra_state): its schema, its encoding and the checks
+that run before anything is assigned (module/base.py: get_extra_state / set_extra_state).
+
+Encoding: the state is a dict of plain tensors and values, stored as a 1-D uint8 tensor holding
+torch.save's zip bytes. A tensor, as TE's own extra state is, so that safetensors (HF
+save_pretrained), DCP and every tool that expects tensors in a state dict take it; and read back
+with torch.load(weights_only=True), which cannot run code. The plain dict (earlier lite
+checkpoints) is still accepted.
+
+TE stores its extra state as a pickle in a uint8 tensor. pytorch/_pickled_state.py classifies such
+a payload without running it (TE's policy API): a stateless one loads as "no FP8 state"; a stateful
+one (delayed scaling) is refused unless NVTE_ALLOW_UNSAFE_PICKLE_EXTRA_STATE=1, TE's own opt-in,
+with which it is unpickled (TE's class paths mapped to ours) and its amax histories and scales
+load as schema version 1."""
 
 import io
+import pickle
 from typing import Any
 
 import torch
@@ -27,6 +36,9 @@ __all__ = [
     "recipe_extra_state_policy",
     "should_load_extra_state_pickle",
     "check_fp8_meta",
+    "decode_extra_state",
+    "encode_extra_state",
+    "te_pickled_state_as_v1",
     "check_fp8_param_scales",
     "check_schema",
     "fp8_param_scales",
@@ -164,3 +176,58 @@ def check_fp8_param_scales(owner: str, module: Any, value: Any) -> list[tuple[An
         if name in mine:  # a high-precision (or other recipe's) parameter has no such state
             updates.append((module._parameters[name]._quantizer, v))
     return updates
+
+
+_ZIP_MAGIC = b"PK\x03\x04"  # torch.save's (zip) format; a pickle starts with its PROTO opcode
+
+
+def encode_extra_state(state: dict[str, Any]) -> torch.Tensor:
+    """state as a 1-D uint8 tensor of torch.save's bytes (see the module docstring)."""
+    buf = io.BytesIO()
+    torch.save(state, buf)
+    return torch.frombuffer(bytearray(buf.getvalue()), dtype=torch.uint8)
+
+
+def decode_extra_state(owner: str, state: Any) -> dict[str, Any] | None:
+    """The dict inside our encoded form; None when state is not in that form."""
+    data = pickled_bytes(state)
+    if data is None or not data.startswith(_ZIP_MAGIC):
+        return None
+    try:
+        decoded = torch.load(io.BytesIO(data), map_location="cpu", weights_only=True)
+    except Exception as e:  # noqa: BLE001  (a damaged file: say which argument and why)
+        raise ValueError(f"{owner}: _extra_state: a torch.save payload that does not load "
+                         f"with weights_only=True ({type(e).__name__}: {e})") from None
+    if not isinstance(decoded, dict):
+        raise ValueError(f"{owner}: _extra_state: expected the encoded payload to hold a dict, "
+                         f"got {type(decoded).__name__}")
+    return decoded
+
+
+class _TEUnpickler(pickle.Unpickler):
+    """TE's class paths (its recipe objects) resolved to ours; used only under TE's opt-in."""
+
+    def find_class(self, module: str, name: str) -> Any:
+        if module == "transformer_engine" or module.startswith("transformer_engine."):
+            module = "transformer_engine_lite" + module[len("transformer_engine"):]
+        return super().find_class(module, name)
+
+
+def te_pickled_state_as_v1(owner: str, data: bytes) -> dict[str, Any] | None:
+    """TE's pickled extra state (delayed scaling: scale_* / amax_history_*; TE 1.x also
+    scale_inv_*) as our schema version 1; None when it holds no FP8 tensors. Runs the pickle:
+    call it only after should_load_extra_state_pickle allowed it (TE's opt-in)."""
+    try:
+        obj = _TEUnpickler(io.BytesIO(data)).load()
+    except Exception as e:  # noqa: BLE001
+        raise NotImplementedError(
+            f"{owner}: _extra_state: TE's pickled extra state could not be read by "
+            f"transformer_engine_lite ({type(e).__name__}: {e})") from None
+    if not isinstance(obj, dict):
+        raise ValueError(f"{owner}: _extra_state: expected TE's pickled dict, got "
+                         f"{type(obj).__name__}")
+    v1 = {k: v for k, v in obj.items() if k in EXTRA_STATE_KEYS[1]}
+    if not v1:
+        return None
+    v1["version"] = 1
+    return v1

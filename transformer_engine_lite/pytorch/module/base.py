@@ -7,8 +7,9 @@ FP8 meta layout (TE's FP8FwdTensors / FP8BwdTensors): forward slot 3*g + {0: inp
 slots exist for layout compatibility; outputs stay in high precision here, so their amaxes stay 0
 and their scales 1.
 
-Checkpoint (`get_extra_state`): a dict of tensors and plain values, loadable with
-`torch.load(weights_only=True)`. Schema version 2 (current):
+Checkpoint (`get_extra_state`): a dict of tensors and plain values, encoded as a uint8 tensor of
+torch.save's bytes (pytorch/_extra_state.py: safetensors takes it; it loads with
+weights_only=True). Schema version 2 (current):
     {"version": 2, "num_gemms": int, "recipe": dict | None,
      "amax_history_fwd": [L, 3n], "scale_fwd": [3n], "amax_history_bwd": [L, 2n], "scale_bwd": [2n]}
 Version 1 is TE's own field names without its pickled globals:
@@ -42,9 +43,12 @@ from .._extra_state import (
     check_fp8_meta,
     check_fp8_param_scales,
     check_schema,
+    decode_extra_state,
+    encode_extra_state,
     fp8_param_scales,
     pickled_bytes,
     should_load_extra_state_pickle,
+    te_pickled_state_as_v1,
 )
 from ..utils import get_default_init_method
 from .._recipe_state import build_fp8_meta
@@ -124,13 +128,17 @@ class TransformerEngineBaseModule(torch.nn.Module):
         elif FP8GlobalStateManager.with_fp8_parameters():
             r = FP8GlobalStateManager.get_model_init_recipe()
             L = getattr(r, "amax_history_len", L)
-        self.register_buffer("fp8_fwd_amax_history", torch.zeros(L, 3 * num_gemms, **f32), False)
-        self.register_buffer("fp8_fwd_scale", torch.ones(3 * num_gemms, **f32), False)
-        self.register_buffer("fp8_bwd_amax_history", torch.zeros(L, 2 * num_gemms, **f32), False)
-        self.register_buffer("fp8_bwd_scale", torch.ones(2 * num_gemms, **f32), False)
+        # The FP8 meta is module state but not a registered buffer (TE keeps it in fp8_meta the
+        # same way): loaders that rebuild buffers (HF from_pretrained re-creates non-persistent
+        # buffers empty after loading) or broadcast them (DDP) must not touch it. It travels in
+        # _extra_state and follows device moves in _apply.
+        self.fp8_fwd_amax_history = torch.zeros(L, 3 * num_gemms, **f32)
+        self.fp8_fwd_scale = torch.ones(3 * num_gemms, **f32)
+        self.fp8_bwd_amax_history = torch.zeros(L, 2 * num_gemms, **f32)
+        self.fp8_bwd_scale = torch.ones(2 * num_gemms, **f32)
         # 0: did not run since the last update; else the recipe code it ran under.
-        self.register_buffer("fp8_fwd_ran", torch.zeros(1, dtype=torch.int32, device=mdev), False)
-        self.register_buffer("fp8_bwd_ran", torch.zeros(1, dtype=torch.int32, device=mdev), False)
+        self.fp8_fwd_ran = torch.zeros(1, dtype=torch.int32, device=mdev)
+        self.fp8_bwd_ran = torch.zeros(1, dtype=torch.int32, device=mdev)
         self._last_recipe: dict[str, Any] | None = None
         self.primary_weights_in_fp8 = FP8GlobalStateManager.with_fp8_parameters()
         self._fp8_init_recipe = (
@@ -157,7 +165,7 @@ class TransformerEngineBaseModule(torch.nn.Module):
         # flags) and only follows device moves.
         # FP8 weight parameters keep their FP8 storage (a dtype cast would dequantize them into
         # plain tensors): a device move copies it, a dtype cast changes the nominal dtype (TE's).
-        saved = {n: self._buffers.pop(n) for n in self._FP8_META_BUFFERS if n in self._buffers}
+        saved = {n: self.__dict__[n] for n in self._FP8_META_BUFFERS if n in self.__dict__}
         fp8_params = {
             n: self._parameters.pop(n)
             for n, p in list(self._parameters.items())
@@ -168,7 +176,7 @@ class TransformerEngineBaseModule(torch.nn.Module):
         finally:
             for n, t in saved.items():
                 probe = fn(torch.empty(0, device=t.device))
-                self._buffers[n] = t if probe.device == t.device else t.to(probe.device)
+                self.__dict__[n] = t if probe.device == t.device else t.to(probe.device)
             for n, p in fp8_params.items():
                 probe = fn(torch.empty(0, dtype=p.dtype, device=p.device))
                 self._parameters[n] = p if probe.device == p.device else _moved(p, probe.device)
@@ -523,7 +531,7 @@ class TransformerEngineBaseModule(torch.nn.Module):
         param.fp8_primary = True  # type: ignore[attr-defined]
 
     # ------------------------------------------------------------------ checkpoint
-    def get_extra_state(self) -> dict[str, Any]:
+    def get_extra_state(self) -> torch.Tensor:
         state = {
             "version": EXTRA_STATE_VERSION,
             "num_gemms": self.num_gemms,
@@ -536,7 +544,7 @@ class TransformerEngineBaseModule(torch.nn.Module):
         param_scales = fp8_param_scales(self)
         if param_scales:
             state["fp8_param_scales"] = param_scales
-        return state
+        return encode_extra_state(state)
 
     @torch.no_grad()
     def set_extra_state(self, state: Any) -> None:
@@ -545,14 +553,16 @@ class TransformerEngineBaseModule(torch.nn.Module):
             return
         if isinstance(state, dict) and not state:
             return
-        if pickled_bytes(state) is not None:  # TE's form: a pickle in a uint8 tensor / BytesIO
-            if should_load_extra_state_pickle(pickled_bytes(state), owner):
-                raise NotImplementedError(
-                    f"{owner}: _extra_state: TE's pickled FP8 state (delayed scaling, or an "
-                    "unknown payload) is not loadable by transformer_engine_lite, which never "
-                    "unpickles; load it with TE and save it again without FP8 state, or start "
-                    "delayed scaling afresh by removing _extra_state from the state dict")
-            return  # stateless: nothing to load
+        decoded = decode_extra_state(owner, state)  # ours: torch.save bytes in a uint8 tensor
+        if decoded is not None:
+            state = decoded
+        elif pickled_bytes(state) is not None:  # TE's: a pickle in a uint8 tensor / BytesIO
+            data = pickled_bytes(state)
+            if not should_load_extra_state_pickle(data, owner):
+                return  # stateless: nothing to load
+            state = te_pickled_state_as_v1(owner, data)  # TE's opt-in is set
+            if state is None:
+                return
         if not isinstance(state, dict):
             raise TypeError(
                 f"{owner}: _extra_state: expected a dict (schema version <= {EXTRA_STATE_VERSION}),"
