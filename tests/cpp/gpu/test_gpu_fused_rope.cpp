@@ -188,18 +188,20 @@ TEST_P(GpuFusedRopePositions, MatchCpu) {
   }
 }
 
+std::string pos_param_name(const ::testing::TestParamInfo<PosParam> &info) {
+  const auto &[f, interleaved, t, vi] = info.param;
+  const PosVariant &v = kPosVariants[vi];
+  return std::string(format_name(f)) + (interleaved ? "_interleaved_" : "_") + test::dtype_tag(t) +
+         (v.start ? "_start" : "") + "_cp" + std::to_string(v.cp_size) + "r" +
+         std::to_string(v.cp_rank);
+}
+
 INSTANTIATE_TEST_SUITE_P(
     All, GpuFusedRopePositions,
     ::testing::Combine(::testing::Values(NVTE_SBHD, NVTE_BSHD, NVTE_THD), ::testing::Bool(),
                        ::testing::Values(kNVTEFloat32, kNVTEBFloat16),
                        ::testing::Range(0, static_cast<int>(std::size(kPosVariants)))),
-    [](const ::testing::TestParamInfo<PosParam> &info) {
-      const auto &[f, interleaved, t, vi] = info.param;
-      const PosVariant &v = kPosVariants[vi];
-      return std::string(format_name(f)) + (interleaved ? "_interleaved_" : "_") +
-             test::dtype_tag(t) + (v.start ? "_start" : "") + "_cp" + std::to_string(v.cp_size) +
-             "r" + std::to_string(v.cp_rank);
-    });
+    pos_param_name);
 
 // start_positions are not read on the host either: a row past freqs gives NaN, not garbage.
 TEST(GpuFusedRopeEdge, StartPositionPastFreqsIsNaN) {
