@@ -256,10 +256,16 @@ void rope(Ctx &ctx, bool bwd) {
   NVTETensor y = ctx.tensor(NVTE_DELAYED_TENSOR_SCALING, {Buf{kNVTERowwiseData, t, xs}});
   if (bwd) {
     ctx.call("nvte_fused_rope_backward",
-             [&] { return nvte_fused_rope_backward(x, cus, freqs, y, fmt, interleaved, nullptr); });
+             [&] {
+               return nvte_fused_rope_backward(x, cus, freqs, nullptr, y, fmt, interleaved, 1, 0,
+                                           nullptr);
+             });
   } else {
     ctx.call("nvte_fused_rope_forward",
-             [&] { return nvte_fused_rope_forward(x, cus, freqs, y, fmt, interleaved, nullptr); });
+             [&] {
+               return nvte_fused_rope_forward(x, cus, freqs, nullptr, y, fmt, interleaved, 1, 0,
+                                           nullptr);
+             });
   }
 }
 

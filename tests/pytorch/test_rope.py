@@ -84,8 +84,12 @@ DIMS = [(16, 16), (24, 8), (10, 6)]  # (d, d2): full and partial rotation
 def test_fused_and_unfused_match_fp64(tensor_format, interleaved, d, d2, dtype):
     t, freqs, cu = make_case(tensor_format, d, d2, dtype)
     ref = reference(t, freqs, tensor_format, interleaved)
-    fused = apply_rotary_pos_emb(t, freqs, tensor_format, interleaved, fused=True, cu_seqlens=cu)
-    unfused = apply_rotary_pos_emb(t, freqs, tensor_format, interleaved, cu_seqlens=cu)
+    fused = apply_rotary_pos_emb(
+        t, freqs, tensor_format, interleaved=interleaved, fused=True, cu_seqlens=cu
+    )
+    unfused = apply_rotary_pos_emb(
+        t, freqs, tensor_format, interleaved=interleaved, cu_seqlens=cu
+    )
     assert fused.dtype == dtype and fused.shape == t.shape
     assert_close(fused, ref, dtype, "fused")
     assert_close(unfused, ref, dtype, "unfused")
@@ -117,7 +121,7 @@ def test_module_angles_and_application_match_te_definition():
         torch.testing.assert_close(freqs[:, 0, 0].double(), want, atol=1e-5, rtol=1e-6)
         t = randn(s, 2, 4, 64)
         for fused in (False, True):
-            out = apply_rotary_pos_emb(t, freqs, "sbhd", interleaved, fused=fused)
+            out = apply_rotary_pos_emb(t, freqs, "sbhd", interleaved=interleaved, fused=fused)
             assert_close(out, reference(t, freqs, "sbhd", interleaved), torch.float32, "module")
 
 
@@ -155,7 +159,9 @@ def test_gradients_match_fp64_autograd(tensor_format, interleaved, dtype):
     (want,) = torch.autograd.grad(reference(t64, freqs, tensor_format, interleaved), t64, grad)
     for fused in (True, False):
         x = t.clone().requires_grad_()
-        out = apply_rotary_pos_emb(x, freqs, tensor_format, interleaved, fused, cu)
+        out = apply_rotary_pos_emb(
+            x, freqs, tensor_format, interleaved=interleaved, fused=fused, cu_seqlens=cu
+        )
         (got,) = torch.autograd.grad(out, x, grad)
         assert got.dtype == dtype
         assert_close(got, want, dtype, f"grad fused={fused}")
@@ -192,7 +198,7 @@ def test_torch_compile_fullgraph():
     t, freqs, _ = make_case("bshd", 24, 8, torch.bfloat16)
 
     def f(x):
-        return apply_rotary_pos_emb(x, freqs, "bshd", True, fused=True) * 2
+        return apply_rotary_pos_emb(x, freqs, "bshd", interleaved=True, fused=True) * 2
 
     compiled = torch.compile(f, fullgraph=True, backend="aot_eager")
     assert torch.equal(compiled(t), f(t))
@@ -231,7 +237,16 @@ PY_ERRORS = [
         ValueError,
         "int32",
     ),
-    ("cu with sbhd", lambda f: _call(f, cu=_cu(0, 5)), ValueError, "only used with"),
+    ("cp_rank", lambda f: apply_rotary_pos_emb(randn(4, 2, 3, 16), randn(8, 1, 1, 8),
+                                               cp_size=2, cp_rank=2, fused=f), ValueError,
+     "cp_rank < cp_size"),
+    ("odd cp s", lambda f: apply_rotary_pos_emb(randn(3, 2, 3, 16), randn(8, 1, 1, 8),
+                                                cp_size=2, fused=f), ValueError, "even"),
+    ("short cp", lambda f: apply_rotary_pos_emb(randn(4, 2, 3, 16), randn(7, 1, 1, 8),
+                                                cp_size=2, fused=f), ValueError, "x cp_size 2"),
+    ("starts shape", lambda f: apply_rotary_pos_emb(randn(4, 2, 3, 16), randn(8, 1, 1, 8),
+                                                    start_positions=_cu(0, 1, 2), fused=f),
+     ValueError, r"start_positions must be an integer tensor \[2\]"),
 ]
 
 
@@ -249,8 +264,8 @@ def test_bad_arguments_raise(call, exc, pattern, fused):
     [
         ((1, 4, 9), "start at 0"),
         ((0, 5, 4, 9), "never decrease"),
-        ((0, 4, 10), "end at most"),
-        ((0, 1, 9), "8 tokens but freqs only has 5"),
+        ((0, 4, 10), "exceeds t's 9 tokens"),
+        ((0, 1, 9), r"sequences of \[1, 8\] tokens need rows outside freqs' 5"),
     ],
     ids=["start", "decreasing", "past end", "too long"],
 )
@@ -323,3 +338,150 @@ def test_empty_inputs():
         t = randn(0, 3, 8)
         out = apply_rotary_pos_emb(t, freqs, "thd", fused=fused, cu_seqlens=_cu(0))
         assert out.shape == (0, 3, 8)
+
+
+# ============================================================= start_positions, context parallel
+def dual_chunk_rows(length: int, start: int, cp_size: int, cp_rank: int) -> list[int]:
+    """Rows of freqs for the `length` local tokens of one sequence, built the way context
+    parallelism lays them out (not from the kernel's formula): the full sequence of
+    cp_size * length positions, offset by start, cut into 2 * cp_size equal chunks; this rank
+    holds chunk cp_rank followed by chunk 2 * cp_size - 1 - cp_rank."""
+    full = list(range(start, start + cp_size * length))
+    if cp_size == 1:
+        return full
+    n = length // 2
+    chunks = [full[i * n : (i + 1) * n] for i in range(2 * cp_size)]
+    return chunks[cp_rank] + chunks[2 * cp_size - 1 - cp_rank]
+
+
+def reference_rows(t, freqs, tensor_format, interleaved, rows):
+    """fp64 RoPE with the angles of freqs[rows] per token (rows shaped like t[..., 0, 0] for
+    sbhd / bshd, [t] for thd; -1 = pass through); the pair formula of `reference`."""
+    x = t.double()
+    angles = freqs.double()[:, 0, 0, :]
+    d2 = angles.shape[-1]
+    r = rows[..., None]  # broadcast over heads
+    f = torch.where(r[..., None] >= 0, angles[r.clamp(min=0)], 0.0)
+    a = torch.arange(0, d2, 2) if interleaved else torch.arange(d2 // 2)
+    b = a + 1 if interleaved else a + d2 // 2
+    out = x.clone()
+    out[..., a] = x[..., a] * torch.cos(f[..., a]) - x[..., b] * torch.sin(f[..., a])
+    out[..., b] = x[..., b] * torch.cos(f[..., b]) + x[..., a] * torch.sin(f[..., b])
+    return out
+
+
+# Full thd sequences of 8, 0, 4 and 4 tokens (multiples of 2 * cp_size for cp_size 2), 3 padding.
+CP_CU = (0, 8, 8, 12, 16)
+
+
+def cp_case(tensor_format, start, cp_size, cp_rank, dtype, seed=0, s=6, b=3, h=2, d=12, d2=8):
+    """(t, freqs, cu, start_positions, rows) of one rank's shard."""
+    s_max = 40
+    if tensor_format == "thd":
+        seqs = len(CP_CU) - 1
+        local = [c // cp_size for c in CP_CU]
+        tokens = local[-1] + 3
+        t = randn(tokens, h, d, dtype=dtype, seed=seed)
+        cu = torch.tensor(CP_CU, dtype=torch.int32)
+        starts = torch.tensor([3, 0, 7, 11][:seqs], dtype=torch.int32) if start else None
+        rows = torch.full((tokens,), -1)
+        for i in range(seqs):
+            first = int(starts[i]) if start else 0
+            rows[local[i] : local[i + 1]] = torch.tensor(
+                dual_chunk_rows(local[i + 1] - local[i], first, cp_size, cp_rank), dtype=torch.long
+            )
+    else:
+        shape = (s, b, h, d) if tensor_format == "sbhd" else (b, s, h, d)
+        t = randn(*shape, dtype=dtype, seed=seed)
+        cu = None
+        starts = torch.tensor([5, 0, 9][:b], dtype=torch.int32) if start else None
+        per_seq = [dual_chunk_rows(s, int(starts[i]) if start else 0, cp_size, cp_rank)
+                   for i in range(b)]
+        rows = torch.tensor(per_seq).T if tensor_format == "sbhd" else torch.tensor(per_seq)
+    freqs = randn(s_max, 1, 1, d2, seed=seed + 1, scale=4.0)
+    return t, freqs, cu, starts, rows
+
+
+CP_CASES = [(True, 1, 0), (False, 2, 0), (False, 2, 1), (True, 2, 1), (True, 3, 2)]
+CP_IDS = [f"{'start_' if st else ''}cp{c}r{r}" for st, c, r in CP_CASES]
+
+
+@pytest.mark.parametrize("dtype", DTYPES, ids=DTYPE_IDS)
+@pytest.mark.parametrize("start,cp_size,cp_rank", CP_CASES, ids=CP_IDS)
+@pytest.mark.parametrize("interleaved", [False, True], ids=["halves", "interleaved"])
+@pytest.mark.parametrize("tensor_format", FORMATS)
+def test_start_positions_and_cp_match_fp64(tensor_format, interleaved, start, cp_size, cp_rank,
+                                           dtype):
+    """Forward and gradient of both paths against fp64, with per-sequence start offsets and
+    dual-chunk context-parallel rows (thd: cu_seqlens of the whole sequences, divided by cp_size
+    on the rank; cp_size 3 leaves thd lengths odd, which thd rejects: that case is sbhd/bshd)."""
+    if tensor_format == "thd" and cp_size == 3:
+        pytest.skip("CP_CU's lengths are not multiples of 2 * 3")
+    t, freqs, cu, starts, rows = cp_case(tensor_format, start, cp_size, cp_rank, dtype)
+    grad = randn(*t.shape, dtype=dtype, seed=7)
+    t64 = t.double().requires_grad_()
+    ref = reference_rows(t64, freqs, tensor_format, interleaved, rows)
+    (want,) = torch.autograd.grad(ref, t64, grad.double())
+    for fused in (True, False):
+        x = t.clone().requires_grad_()
+        out = apply_rotary_pos_emb(x, freqs, tensor_format, start_positions=starts,
+                                   interleaved=interleaved, fused=fused, cu_seqlens=cu,
+                                   cp_size=cp_size, cp_rank=cp_rank)
+        assert_close(out, ref.detach(), dtype, f"fused={fused}")
+        (got,) = torch.autograd.grad(out, x, grad)
+        assert_close(got, want, dtype, f"grad fused={fused}")
+
+
+def test_start_positions_zero_equals_none_and_cu_is_ignored_for_sbhd():
+    t, freqs, _ = make_case("sbhd", 16, 8, torch.float32)
+    zeros = torch.zeros(t.shape[1], dtype=torch.int32)
+    for fused in (False, True):
+        plain = apply_rotary_pos_emb(t, freqs, "sbhd", fused=fused)
+        # TE ignores cu_seqlens for sbhd / bshd (its tests pass them).
+        same = apply_rotary_pos_emb(t, freqs, "sbhd", zeros, fused=fused, cu_seqlens=_cu(0, 3))
+        assert torch.equal(plain, same)
+
+
+def test_fused_qkv_with_start_positions_and_cp():
+    """apply_fused_qkv_rotary_pos_emb == apply_rotary_pos_emb on the split q and k, with offsets
+    and context parallelism (TE rejects the two together; here both work), gradients included."""
+    from transformer_engine_lite.pytorch.attention.rope import apply_fused_qkv_rotary_pos_emb
+
+    hd, g, s, b = 8, 2, 4, 3
+    qkv = randn(b, s, g, 4 * hd, dtype=torch.bfloat16, seed=2)
+    qf, kf = randn(20, 1, 1, hd, seed=3), randn(20, 1, 1, hd, seed=4)
+    starts = torch.tensor([1, 0, 6], dtype=torch.int32)
+    x = qkv.clone().requires_grad_()
+    q, k, v = apply_fused_qkv_rotary_pos_emb(x, qf, kf, [2 * hd, hd, hd], "bshd", starts,
+                                             True, cp_size=2, cp_rank=1)
+    (q0, k0, v0) = torch.split(qkv, [2 * hd, hd, hd], dim=-1)
+    kw = dict(start_positions=starts, interleaved=True, cp_size=2, cp_rank=1)
+    rows = torch.tensor([dual_chunk_rows(s, int(st), 2, 1) for st in starts])
+    q_ref = reference_rows(q0.reshape(b, s, 2 * g, hd), qf, "bshd", True, rows)
+    assert_close(q, q_ref, torch.bfloat16, "q")
+    assert_close(k, reference_rows(k0, kf, "bshd", True, rows), torch.bfloat16, "k")
+    assert torch.equal(v, v0)
+    assert torch.equal(k, apply_rotary_pos_emb(k0, kf, "bshd", fused=True, **kw))
+    grads = [randn(*o.shape, dtype=o.dtype, seed=i) for i, o in enumerate((q, k, v))]
+    (got,) = torch.autograd.grad((q, k, v), x, grads)
+    x64 = qkv.double().requires_grad_()
+    q6, k6, v6 = torch.split(x64, [2 * hd, hd, hd], dim=-1)
+    outs = (reference_rows(q6.reshape(b, s, 2 * g, hd), qf, "bshd", True, rows),
+            reference_rows(k6, kf, "bshd", True, rows), v6)
+    (want,) = torch.autograd.grad(outs, x64, [gr.double() for gr in grads])
+    assert_close(got, want, torch.bfloat16, "qkv grad")
+
+
+@pytest.mark.parametrize("tensor_format", FORMATS)
+@pytest.mark.parametrize("bad", [-1, 40 - 6 + 1], ids=["negative", "past_end"])
+def test_start_positions_outside_freqs_raise(tensor_format, bad):
+    t, freqs, cu, starts, _ = cp_case(tensor_format, True, 1, 0, torch.float32)
+    starts = starts.clone()
+    # past_end: sequence 0 (6 tokens in sbhd/bshd, 8 in thd) would need row 40 or beyond.
+    starts[0] = bad if bad < 0 else 40 - (8 if tensor_format == "thd" else 6) + 1
+    with pytest.raises(ValueError, match="rows outside freqs"):
+        apply_rotary_pos_emb(t, freqs, tensor_format, starts, cu_seqlens=cu)
+    with pytest.raises(RuntimeError, match="argument 'start_positions'"):
+        apply_rotary_pos_emb(t, freqs, tensor_format, starts, fused=True, cu_seqlens=cu)
+    with pytest.raises(RuntimeError, match=r"'start_positions'.*int32"):
+        apply_rotary_pos_emb(t, freqs, tensor_format, starts.long(), fused=True, cu_seqlens=cu)

@@ -376,5 +376,6 @@ def test_apply_fused_qkv_rotary_pos_emb(fmt):
     torch.testing.assert_close(g_fused, qkv.grad, rtol=1e-6, atol=1e-6)
     with pytest.raises(ValueError, match="qkv_split_arg_list"):
         apply_fused_qkv_rotary_pos_emb(qkv, qf, kf, [3 * hd, hd, hd + 1])
-    with pytest.raises(NotImplementedError, match="start_positions"):
+    # start_positions are integer offsets (tests/pytorch/test_rope.py covers them): floats are not.
+    with pytest.raises(ValueError, match="start_positions must be an integer"):
         apply_fused_qkv_rotary_pos_emb(qkv, qf, kf, [3 * hd, hd, hd], start_positions=torch.zeros(b))

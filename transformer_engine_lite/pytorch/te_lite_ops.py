@@ -71,14 +71,16 @@ apply are float32 [0].
   scaled_aligned_causal_masked_softmax_fwd(Tensor x, float scale) -> Tensor
   <variant>_bwd(Tensor dy, Tensor y, float scale) -> Tensor               for each variant
   fused_rope_fwd(Tensor t, Tensor freqs, str tensor_format, bool interleaved,
-      Tensor? cu_seqlens=None) -> Tensor
+      Tensor? cu_seqlens=None, Tensor? start_positions=None, int cp_size=1, int cp_rank=0)
+      -> Tensor
       rotary position embedding: t [s, b, h, d] ("sbhd"), [b, s, h, d] ("bshd") or [t, h, d]
       ("thd", cu_seqlens int32 [b + 1] required, positions restart per sequence, tokens past
-      cu_seqlens[-1] copied); freqs float32 [s_max, 1, 1, d2], d2 even <= d. The first d2 features
+      cu_seqlens[-1] / cp_size copied); freqs float32 [s_max, 1, 1, d2], d2 even <= d;
+      start_positions int32 [b]: sequence i starts at row start_positions[i] of freqs; cp_size /
+      cp_rank: TE's dual-chunk context-parallel rows (fused_rope.h). The first d2 features
       of each head become x * cos(f) + rotate_half(x) * sin(f) (interleaved: adjacent pairs), in
       fp32; the rest is copied. Differentiable w.r.t. t (not freqs).
-  fused_rope_bwd(Tensor grad, Tensor freqs, str tensor_format, bool interleaved,
-      Tensor? cu_seqlens=None) -> Tensor                          the transpose of fused_rope_fwd
+  fused_rope_bwd(<the same arguments, grad for t>) -> Tensor      the transpose of fused_rope_fwd
   fused_attn_fwd / fused_attn_bwd / fused_attn_dropout_mask: the flash attention backend and its
       dropout keep mask (schemas, fake kernels and autograd documented in attention_ops.py)
   fused_topk_with_score_function_fwd/bwd, fused_score_for_moe_aux_loss_fwd/bwd,
@@ -532,20 +534,23 @@ for _variant in SOFTMAX_VARIANTS:
 # ------------------------------------------------------------------------------------ RoPE
 # The rotation is linear in t, so each op's backward is the other op with the same angles.
 def _register_rope(op: str, adjoint: str) -> None:
-    def fake(t, freqs, tensor_format, interleaved, cu_seqlens=None):
+    def fake(t, freqs, tensor_format, interleaved, cu_seqlens=None, start_positions=None,
+             cp_size=1, cp_rank=0):
         return t.new_empty(t.shape)
 
     def setup(ctx, inputs, output):
         _t, freqs, tensor_format, interleaved = inputs[:4]
-        cu_seqlens = inputs[4] if len(inputs) > 4 else None
-        ctx.save_for_backward(freqs, cu_seqlens)
-        ctx.rope = (tensor_format, interleaved)
+        rest = list(inputs[4:]) + [None, None, 1, 0][len(inputs) - 4:]
+        cu_seqlens, start_positions, cp_size, cp_rank = rest
+        ctx.save_for_backward(freqs, cu_seqlens, start_positions)
+        ctx.rope = (tensor_format, interleaved, cp_size, cp_rank)
 
     def backward(ctx, grad):
-        freqs, cu_seqlens = ctx.saved_tensors
-        tensor_format, interleaved = ctx.rope
-        dt = getattr(_ops, adjoint)(grad, freqs, tensor_format, interleaved, cu_seqlens)
-        return dt, None, None, None, None
+        freqs, cu_seqlens, start_positions = ctx.saved_tensors
+        tensor_format, interleaved, cp_size, cp_rank = ctx.rope
+        dt = getattr(_ops, adjoint)(grad, freqs, tensor_format, interleaved, cu_seqlens,
+                                    start_positions, cp_size, cp_rank)
+        return dt, None, None, None, None, None, None, None
 
     torch.library.register_fake(f"te_lite::{op}", fake)
     torch.library.register_autograd(f"te_lite::{op}", backward, setup_context=setup)

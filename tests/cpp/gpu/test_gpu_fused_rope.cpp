@@ -1,5 +1,6 @@
 // Fused RoPE on the GPU against the CPU op: forward and backward, sbhd / bshd / thd (with empty
-// sequences and padding tokens), interleaved or not, partial rotary dims, every dtype, in place.
+// sequences and padding tokens), interleaved or not, partial rotary dims, every dtype, in place,
+// with start_positions and context-parallel shards.
 // The devices share the pair math and differ only in cos/sin (sincosf vs std::cos/std::sin, an ulp
 // or two), so values agree to the dtype's tolerance and copied features bit for bit. Also: a thd
 // sequence longer than freqs gets NaN in its rotated features (the GPU does not read the offsets
@@ -29,6 +30,17 @@ struct Dims {
 const Dims kDims[] = {{1, 1, 1, 2, 2, 1},    {7, 3, 2, 16, 16, 7},   {5, 2, 3, 10, 6, 9},
                       {33, 1, 4, 64, 32, 40}, {13, 4, 16, 128, 128, 13}, {257, 2, 1, 96, 64, 300}};
 
+// The C API without start_positions, on a single rank (cp_size 1), default stream: the calls of
+// most tests.
+NVTEStatus rope_fwd(NVTETensor in, NVTETensor cu, NVTETensor freqs, NVTETensor out,
+                    NVTE_QKV_Format f, bool interleaved) {
+  return nvte_fused_rope_forward(in, cu, freqs, nullptr, out, f, interleaved, 1, 0, nullptr);
+}
+NVTEStatus rope_bwd(NVTETensor in, NVTETensor cu, NVTETensor freqs, NVTETensor out,
+                    NVTE_QKV_Format f, bool interleaved) {
+  return nvte_fused_rope_backward(in, cu, freqs, nullptr, out, f, interleaved, 1, 0, nullptr);
+}
+
 const char *format_name(NVTE_QKV_Format f) {
   return f == NVTE_SBHD ? "sbhd" : (f == NVTE_BSHD ? "bshd" : "thd");
 }
@@ -49,8 +61,8 @@ Shape input_shape(NVTE_QKV_Format f, const Dims &d, const std::vector<int32_t> &
 
 NVTEStatus run(bool backward, NVTETensor in, NVTETensor cu, NVTETensor freqs, NVTETensor out,
                NVTE_QKV_Format f, bool interleaved) {
-  return backward ? nvte_fused_rope_backward(in, cu, freqs, out, f, interleaved, nullptr)
-                  : nvte_fused_rope_forward(in, cu, freqs, out, f, interleaved, nullptr);
+  return backward ? rope_bwd(in, cu, freqs, out, f, interleaved)
+                  : rope_fwd(in, cu, freqs, out, f, interleaved);
 }
 
 // Within the dtype's tolerance, and the input's bytes wherever the op copies: features past d2 and
@@ -120,6 +132,98 @@ INSTANTIATE_TEST_SUITE_P(
                        ::testing::Range(0, static_cast<int>(std::size(kDims))), ::testing::Bool()),
     param_name);
 
+// start_positions and context parallelism (cp_size, cp_rank): the GPU computes each token's row of
+// freqs itself (thd: a binary search over cu_seqlens / cp_size) and must pick the CPU's rows.
+struct PosVariant {
+  bool start;
+  int cp_size, cp_rank;
+};
+const PosVariant kPosVariants[] = {{true, 1, 0}, {false, 2, 1}, {true, 2, 0}, {true, 3, 2}};
+
+// (format, interleaved, dtype, variant index)
+using PosParam = std::tuple<NVTE_QKV_Format, bool, NVTEDType, int>;
+class GpuFusedRopePositions : public ::testing::TestWithParam<PosParam> {};
+
+TEST_P(GpuFusedRopePositions, MatchCpu) {
+  SKIP_WITHOUT_GPU();
+  const auto [f, interleaved, t, vi] = GetParam();
+  const PosVariant v = kPosVariants[vi];
+  // 4 sequences of 6, 0, 4 and 2 local tokens (thd: cu_seqlens of the whole sequences, then 3
+  // padding tokens); sbhd / bshd: s = 6. h = 3 heads of 20 features, 12 rotated.
+  const size_t b = 4, s = 6, h = 3, d = 20, d2 = 12;
+  const int32_t local[] = {6, 0, 4, 2};
+  std::vector<int32_t> offsets = {0};
+  for (int32_t n : local) offsets.push_back(offsets.back() + n * v.cp_size);
+  const size_t tokens = static_cast<size_t>(offsets.back() / v.cp_size) + 3;
+  const Shape shape = f == NVTE_THD ? Shape{tokens, h, d}
+                                    : (f == NVTE_SBHD ? Shape{s, b, h, d} : Shape{b, s, h, d});
+  std::mt19937 rng(7u + static_cast<unsigned>(vi));
+  const size_t rows = s * static_cast<size_t>(v.cp_size) + 9;  // starts are at most 9
+  TestTensor freqs({rows, 1, 1, d2}, kNVTEFloat32), cu({b + 1}, kNVTEInt32), sp({b}, kNVTEInt32);
+  freqs.fill_uniform(rng, -50.0, 50.0);
+  for (size_t i = 0; i <= b; ++i) cu.put(i, offsets[i]);
+  const int32_t starts[] = {9, 2, 0, 5};
+  for (size_t i = 0; i < b; ++i) sp.put(i, starts[i]);
+  GpuTensor d_freqs(freqs), d_cu(cu), d_sp(sp);
+  const bool thd = f == NVTE_THD;
+  for (bool backward : {false, true}) {
+    TestTensor x(shape, t), y(shape, t), gy(shape, t);
+    x.fill_uniform(rng, -2.0, 2.0);
+    const auto call = [&](NVTETensor in, NVTETensor c, NVTETensor fr, NVTETensor st,
+                          NVTETensor out) {
+      return backward ? nvte_fused_rope_backward(in, c, fr, st, out, f, interleaved, v.cp_size,
+                                                 v.cp_rank, nullptr)
+                      : nvte_fused_rope_forward(in, c, fr, st, out, f, interleaved, v.cp_size,
+                                                v.cp_rank, nullptr);
+    };
+    ASSERT_NVTE_OK(call(x, thd ? cu.handle() : nullptr, freqs, v.start ? sp.handle() : nullptr,
+                        y));
+    GpuTensor d_x(x), d_y(gy);
+    ASSERT_NVTE_OK(call(d_x, thd ? static_cast<NVTETensor>(d_cu) : nullptr, d_freqs,
+                        v.start ? static_cast<NVTETensor>(d_sp) : nullptr, d_y));
+    d_y.download(gy, kNVTERowwiseData);
+    const size_t first_padding = thd ? tokens - 3 : x.numel();
+    EXPECT_TRUE(matches_cpu(gy, y, x, Dims{s, b, h, d, d2, rows}, first_padding))
+        << (backward ? "backward" : "forward");
+  }
+}
+
+std::string pos_param_name(const ::testing::TestParamInfo<PosParam> &info) {
+  const auto &[f, interleaved, t, vi] = info.param;
+  const PosVariant &v = kPosVariants[vi];
+  return std::string(format_name(f)) + (interleaved ? "_interleaved_" : "_") + test::dtype_tag(t) +
+         (v.start ? "_start" : "") + "_cp" + std::to_string(v.cp_size) + "r" +
+         std::to_string(v.cp_rank);
+}
+
+INSTANTIATE_TEST_SUITE_P(
+    All, GpuFusedRopePositions,
+    ::testing::Combine(::testing::Values(NVTE_SBHD, NVTE_BSHD, NVTE_THD), ::testing::Bool(),
+                       ::testing::Values(kNVTEFloat32, kNVTEBFloat16),
+                       ::testing::Range(0, static_cast<int>(std::size(kPosVariants)))),
+    pos_param_name);
+
+// start_positions are not read on the host either: a row past freqs gives NaN, not garbage.
+TEST(GpuFusedRopeEdge, StartPositionPastFreqsIsNaN) {
+  SKIP_WITHOUT_GPU();
+  const size_t s = 3, b = 2, h = 1, d = 4;
+  TestTensor freqs({5, 1, 1, d}, kNVTEFloat32), sp({b}, kNVTEInt32), x({s, b, h, d}, kNVTEFloat32),
+      y({s, b, h, d}, kNVTEFloat32);
+  sp.put(0, 1);  // rows 1 .. 3: inside
+  sp.put(1, 3);  // rows 3 .. 5: row 5 is past freqs' 5
+  std::mt19937 rng(4);
+  freqs.fill_uniform(rng, -3.0, 3.0);
+  x.fill_uniform(rng, -1.0, 1.0);
+  GpuTensor d_freqs(freqs), d_sp(sp), d_x(x), d_y(y);
+  ASSERT_NVTE_OK(nvte_fused_rope_forward(d_x, nullptr, d_freqs, d_sp, d_y, NVTE_SBHD, false, 1, 0,
+                                         nullptr));
+  d_y.download(y, kNVTERowwiseData);
+  for (size_t i = 0; i < s * b * d; ++i) {
+    const bool past = i / d == 2 * b - 1;  // position 2 of batch entry 1
+    EXPECT_EQ(std::isnan(y.get(i)), past) << "element " << i;
+  }
+}
+
 // thd offsets are not read on the host: a sequence longer than freqs is not an error on the GPU;
 // its tokens past freqs' positions get NaN in the rotated features, the rest is exact.
 TEST(GpuFusedRopeEdge, ThdSequenceLongerThanFreqsIsNaN) {
@@ -133,7 +237,7 @@ TEST(GpuFusedRopeEdge, ThdSequenceLongerThanFreqsIsNaN) {
   freqs.fill_uniform(rng, -3.0, 3.0);
   x.fill_uniform(rng, -1.0, 1.0);
   GpuTensor d_freqs(freqs), d_cu(cu), d_x(x), d_y(y);
-  ASSERT_NVTE_OK(nvte_fused_rope_forward(d_x, d_cu, d_freqs, d_y, NVTE_THD, false, nullptr));
+  ASSERT_NVTE_OK(rope_fwd(d_x, d_cu, d_freqs, d_y, NVTE_THD, false));
   d_y.download(y, kNVTERowwiseData);
   for (size_t tok = 0; tok < 7; ++tok) {
     const bool beyond = tok >= 5;  // positions 3 and 4 of the second sequence

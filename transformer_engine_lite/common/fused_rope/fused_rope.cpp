@@ -27,34 +27,72 @@ struct RopeArgs {
   const char *dst;
 };
 
-// Checks the thd offsets' values (host memory): cu[0] = 0, non-decreasing, cu[b] <= t, and every
-// sequence within freqs' positions. Returns the longest sequence.
-size_t check_cu_seqlens_values(const int32_t *cu, size_t b, size_t tokens, size_t freq_positions) {
+// Checks the thd offsets' values (host memory): cu[0] = 0, non-decreasing, cu[b] / cp_size <= t
+// (the local tokens), with context parallelism an even local length per sequence (the two
+// chunks). Returns the longest local sequence.
+size_t check_cu_seqlens_values(const RopeParams &p) {
+  const int32_t *cu = p.cu_seqlens;
+  const size_t b = p.b;
   NVTE_CHECK(cu[0] == 0, "argument 'cu_seqlens': expected cu_seqlens[0] == 0, got ", cu[0]);
   size_t longest = 0;
   for (size_t i = 0; i < b; ++i) {
     NVTE_CHECK(cu[i + 1] >= cu[i], "argument 'cu_seqlens': expected non-decreasing offsets, got "
                "cu_seqlens[", i, "] = ", cu[i], " > cu_seqlens[", i + 1, "] = ", cu[i + 1]);
-    const size_t len = static_cast<size_t>(cu[i + 1] - cu[i]);
-    NVTE_CHECK(len <= freq_positions, "argument 'freqs': sequence ", i, " has ", len,
-               " tokens (cu_seqlens[", i, "] = ", cu[i], ", cu_seqlens[", i + 1, "] = ",
-               cu[i + 1], "), expected at most the ", freq_positions, " positions of freqs");
+    const size_t len = static_cast<size_t>(cu[i + 1] / p.cp_size - cu[i] / p.cp_size);
+    NVTE_CHECK(p.cp_size == 1 || len % 2 == 0, "argument 'cu_seqlens': with cp_size = ",
+               p.cp_size, " every sequence must hold an even number of local tokens (two chunks), "
+               "got ", len, " for sequence ", i, " (cu_seqlens[", i, "] = ", cu[i],
+               ", cu_seqlens[", i + 1, "] = ", cu[i + 1], ")");
     longest = len > longest ? len : longest;
   }
-  NVTE_CHECK(static_cast<size_t>(cu[b]) <= tokens, "argument 'cu_seqlens': expected cu_seqlens[",
-             b, "] <= the ", tokens, " tokens of the input, got ", cu[b]);
+  NVTE_CHECK(static_cast<size_t>(cu[b] / p.cp_size) <= p.tokens,
+             "argument 'cu_seqlens': expected cu_seqlens[", b, "] / cp_size (", p.cp_size,
+             ") <= the ", p.tokens, " tokens of the input, got ", cu[b]);
   return longest;
 }
 
+// Every sequence's rows of freqs (host memory): start_positions[i] >= 0 and
+// start_positions[i] + cp_size * len <= s_max (len: its local length), TE's bound for the
+// framework path, so every rank's chunks lie inside freqs.
+void check_freq_rows(const RopeParams &p, const char *src) {
+  for (size_t i = 0; i < p.b; ++i) {
+    const int64_t start = p.start_positions != nullptr ? p.start_positions[i] : 0;
+    const int64_t len = p.format == RopeFormat::kTHD
+                            ? p.cu_seqlens[i + 1] / p.cp_size - p.cu_seqlens[i] / p.cp_size
+                            : static_cast<int64_t>(p.s);
+    const int64_t end = start + len * p.cp_size;
+    NVTE_CHECK(start >= 0, "argument 'start_positions': expected offsets >= 0, got "
+               "start_positions[", i, "] = ", start);
+    if (p.start_positions != nullptr) {
+      NVTE_CHECK(end <= static_cast<int64_t>(p.freq_positions), "argument 'start_positions': "
+                 "sequence ", i, " needs rows ", start, " .. ", end - 1,
+                 " of freqs (start_positions[", i, "] = ", start, ", ", len * p.cp_size,
+                 " tokens), expected at most the ",
+                 p.freq_positions, " positions of freqs");
+    } else {
+      NVTE_CHECK(end <= static_cast<int64_t>(p.freq_positions), "argument 'freqs': sequence ", i,
+                 " has ", len * p.cp_size, " tokens ('", src, "' with cp_size = ", p.cp_size,
+                 "), expected at most the ", p.freq_positions, " positions of freqs");
+    }
+  }
+}
+
 NVTEStatus fused_rope(const char *op, bool backward, RopeArgs names, const NVTETensor src_h,
-                      const NVTETensor cu_seqlens, const NVTETensor freqs_h, NVTETensor dst_h,
-                      NVTE_QKV_Format qkv_format, bool interleaved, NVTEStream stream) {
+                      const NVTETensor cu_seqlens, const NVTETensor freqs_h,
+                      const NVTETensor start_positions, NVTETensor dst_h,
+                      NVTE_QKV_Format qkv_format, bool interleaved, int cp_size, int cp_rank,
+                      NVTEStream stream) {
   return guarded(op, [&] {
     const Tensor &src = as_tensor(src_h, names.src);
     const Tensor &dst = as_tensor(dst_h, names.dst);
     const Tensor &freqs = as_tensor(freqs_h, "freqs");
     const Tensor *cu = as_tensor_opt(cu_seqlens);
     if (cu != nullptr && !cu->data.has_data()) cu = nullptr;  // a handle without data is absent
+    const Tensor *starts = as_tensor_opt(start_positions);
+    if (starts != nullptr && !starts->data.has_data()) starts = nullptr;  // as cu_seqlens
+    NVTE_CHECK(cp_size >= 1, "argument 'cp_size': expected >= 1, got ", cp_size);
+    NVTE_CHECK(cp_rank >= 0 && cp_rank < cp_size, "argument 'cp_rank': expected 0 <= cp_rank < "
+               "cp_size (", cp_size, "), got ", cp_rank);
 
     NVTE_CHECK(qkv_format == NVTE_SBHD || qkv_format == NVTE_BSHD || qkv_format == NVTE_THD,
                "argument 'qkv_format': expected NVTE_SBHD (0), NVTE_BSHD (1) or NVTE_THD (2), "
@@ -83,6 +121,8 @@ NVTEStatus fused_rope(const char *op, bool backward, RopeArgs names, const NVTET
     p.d = d;
     p.d2 = d2;
     p.freq_positions = f.shape[0];
+    p.cp_size = cp_size;
+    p.cp_rank = cp_rank;
     if (thd) {
       NVTE_CHECK(cu != nullptr, "argument 'cu_seqlens': expected int32 [b + 1] offsets for "
                  "qkv_format thd, got none");
@@ -99,22 +139,39 @@ NVTEStatus fused_rope(const char *op, bool backward, RopeArgs names, const NVTET
       const bool sbhd = qkv_format == NVTE_SBHD;
       p.s = x.shape[sbhd ? 0 : 1];
       p.b = x.shape[sbhd ? 1 : 0];
-      NVTE_CHECK(p.s <= p.freq_positions, "argument 'freqs': expected at least the ", p.s,
+      // TE's bound: the full sequence (cp_size * s tokens) fits in freqs.
+      NVTE_CHECK(p.s * static_cast<size_t>(cp_size) <= p.freq_positions,
+                 "argument 'freqs': expected at least the ", p.s * static_cast<size_t>(cp_size),
                  " positions of '", names.src, "' ", shape_str(x.shape), " (",
-                 format_name(qkv_format), "), got ", p.freq_positions, " (", shape_str(f.shape),
-                 ")");
+                 format_name(qkv_format), ", cp_size = ", cp_size, "), got ", p.freq_positions,
+                 " (", shape_str(f.shape), ")");
+      NVTE_CHECK(cp_size == 1 || p.s % 2 == 0, "argument '", names.src, "': with cp_size = ",
+                 cp_size, " the local sequence length must be even (two chunks), got ", p.s);
     }
-    const NVTEDevice device = check_same_device(
-        {{&src, names.src}, {&freqs, "freqs"}, {cu, "cu_seqlens"}, {&dst, names.dst}});
+    if (starts != nullptr) {
+      check_dtype(starts->data, "start_positions", {kNVTEInt32});
+      NVTE_CHECK(starts->data.shape.size() == 1 && starts->data.shape[0] == p.b,
+                 "argument 'start_positions': expected int32 [", p.b, "] (one offset per ",
+                 thd ? "sequence of cu_seqlens" : "batch entry", "), got ",
+                 shape_str(starts->data.shape));
+    }
+    const NVTEDevice device =
+        check_same_device({{&src, names.src}, {&freqs, "freqs"}, {cu, "cu_seqlens"},
+                           {starts, "start_positions"}, {&dst, names.dst}});
     const bool gpu = use_gpu(device, op);
     // Each head is read whole before it is written: in place is fine, a partial overlap is not.
     if (x.dptr != y.dptr) check_no_overlap(x, names.src, y, names.dst);
     check_no_overlap(f, "freqs", y, names.dst);
     if (cu != nullptr) check_no_overlap(cu->data, "cu_seqlens", y, names.dst);
+    if (starts != nullptr) {
+      check_no_overlap(starts->data, "start_positions", y, names.dst);
+      p.start_positions = starts->data.ptr<const int32_t>();
+    }
     // On the CPU the offsets are host memory and checked here; on the GPU reading them would
     // synchronize the stream, so the kernel guards itself instead (fused_rope.h).
-    if (thd && !gpu) {
-      p.max_seqlen = check_cu_seqlens_values(p.cu_seqlens, p.b, p.tokens, p.freq_positions);
+    if (!gpu) {
+      if (thd) p.max_seqlen = check_cu_seqlens_values(p);
+      check_freq_rows(p, names.src);
     }
     if (x.numel() == 0) return;  // nothing to rotate (torch gives empty tensors null pointers)
     check_has_data(src, names.src);
@@ -145,18 +202,20 @@ NVTEStatus fused_rope(const char *op, bool backward, RopeArgs names, const NVTET
 }  // namespace nvte
 
 NVTEStatus nvte_fused_rope_forward(const NVTETensor input, const NVTETensor cu_seqlens,
-                                   const NVTETensor freqs, NVTETensor output,
-                                   NVTE_QKV_Format qkv_format, bool interleaved,
-                                   NVTEStream stream) {
+                                   const NVTETensor freqs, const NVTETensor start_positions,
+                                   NVTETensor output, NVTE_QKV_Format qkv_format, bool interleaved,
+                                   int cp_size, int cp_rank, NVTEStream stream) {
   return nvte::fused_rope("nvte_fused_rope_forward", false, {"input", "output"}, input, cu_seqlens,
-                          freqs, output, qkv_format, interleaved, stream);
+                          freqs, start_positions, output, qkv_format, interleaved, cp_size,
+                          cp_rank, stream);
 }
 
 NVTEStatus nvte_fused_rope_backward(const NVTETensor output_grads, const NVTETensor cu_seqlens,
-                                    const NVTETensor freqs, NVTETensor input_grads,
-                                    NVTE_QKV_Format qkv_format, bool interleaved,
+                                    const NVTETensor freqs, const NVTETensor start_positions,
+                                    NVTETensor input_grads, NVTE_QKV_Format qkv_format,
+                                    bool interleaved, int cp_size, int cp_rank,
                                     NVTEStream stream) {
   return nvte::fused_rope("nvte_fused_rope_backward", true, {"output_grads", "input_grads"},
-                          output_grads, cu_seqlens, freqs, input_grads, qkv_format, interleaved,
-                          stream);
+                          output_grads, cu_seqlens, freqs, start_positions, input_grads,
+                          qkv_format, interleaved, cp_size, cp_rank, stream);
 }

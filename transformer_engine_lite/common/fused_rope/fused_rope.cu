@@ -24,36 +24,43 @@ constexpr size_t kMaxRotaryDim = 4096;
 // What a token's block does.
 enum class TokenMode { kRotate, kCopy, kInvalid };
 
-// Position of `token` and what to do with it. sbhd/bshd positions were checked against freqs on
-// the host. thd offsets were not (they stay on the device): tokens at or past cu[b] are copied, and
-// a position outside [0, freq_positions) (a sequence longer than freqs, or malformed offsets)
-// marks the token invalid. Every thread of the block computes the same answer.
-__device__ __forceinline__ TokenMode token_position(const RopeParams &p, size_t token,
-                                                    size_t *pos) {
+// Row of freqs for `token` and what to do with it. sbhd/bshd shapes were checked against freqs on
+// the host, but start_positions and the thd offsets were not (they stay on the device): thd tokens
+// at or past cu[b] / cp_size are copied, and a row outside [0, freq_positions) (an offset or a
+// sequence longer than freqs, or malformed offsets) marks the token invalid. Every thread of the
+// block computes the same answer.
+__device__ __forceinline__ TokenMode token_row(const RopeParams &p, size_t token, size_t *row) {
+  size_t seq = 0;
+  int64_t pos = 0, len = static_cast<int64_t>(p.s);
   if (p.format == RopeFormat::kSBHD) {
-    *pos = token / p.b;
-    return TokenMode::kRotate;
-  }
-  if (p.format == RopeFormat::kBSHD) {
-    *pos = token % p.s;
-    return TokenMode::kRotate;
-  }
-  const int32_t *cu = p.cu_seqlens;
-  const int64_t t = static_cast<int64_t>(token);
-  if (p.b == 0 || t >= cu[p.b]) return TokenMode::kCopy;
-  // Largest i < b with cu[i] <= token (binary search; in bounds whatever the offsets hold).
-  size_t lo = 0, hi = p.b;
-  while (hi - lo > 1) {
-    const size_t mid = lo + (hi - lo) / 2;
-    if (cu[mid] <= t) {
-      lo = mid;
-    } else {
-      hi = mid;
+    seq = token % p.b;
+    pos = static_cast<int64_t>(token / p.b);
+  } else if (p.format == RopeFormat::kBSHD) {
+    seq = token / p.s;
+    pos = static_cast<int64_t>(token % p.s);
+  } else {
+    const int32_t *cu = p.cu_seqlens;
+    const int64_t t = static_cast<int64_t>(token), cp = p.cp_size;
+    if (p.b == 0 || t >= cu[p.b] / cp) return TokenMode::kCopy;
+    // Largest i < b with cu[i] / cp_size <= token (binary search; in bounds whatever the offsets
+    // hold).
+    size_t lo = 0, hi = p.b;
+    while (hi - lo > 1) {
+      const size_t mid = lo + (hi - lo) / 2;
+      if (cu[mid] / cp <= t) {
+        lo = mid;
+      } else {
+        hi = mid;
+      }
     }
+    seq = lo;
+    pos = t - cu[lo] / cp;
+    len = cu[lo + 1] / cp - cu[lo] / cp;
+    if (pos < 0) return TokenMode::kInvalid;
   }
-  const int64_t rel = t - cu[lo];
-  if (rel < 0 || rel >= static_cast<int64_t>(p.freq_positions)) return TokenMode::kInvalid;
-  *pos = static_cast<size_t>(rel);
+  const int64_t r = rope_freq_row(p, pos, len, seq);
+  if (r < 0 || r >= static_cast<int64_t>(p.freq_positions)) return TokenMode::kInvalid;
+  *row = static_cast<size_t>(r);
   return TokenMode::kRotate;
 }
 
@@ -64,10 +71,10 @@ __global__ void __launch_bounds__(kMaxThreads)
   float *c = trig, *s = trig + p.d2;
   const size_t token_elems = p.h * p.d, half = p.d2 / 2, rest = p.d - p.d2;
   for (size_t token = blockIdx.x; token < p.tokens; token += gridDim.x) {
-    size_t pos = 0;
-    const TokenMode mode = token_position(p, token, &pos);
+    size_t row = 0;
+    const TokenMode mode = token_row(p, token, &row);
     if (mode == TokenMode::kRotate) {
-      const float *f = p.freqs + pos * p.d2;
+      const float *f = p.freqs + row * p.d2;
       for (size_t j = threadIdx.x; j < p.d2; j += blockDim.x) sincosf(f[j], &s[j], &c[j]);
     }
     __syncthreads();

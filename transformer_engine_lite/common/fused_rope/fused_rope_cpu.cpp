@@ -1,6 +1,7 @@
-// CPU kernels of fused RoPE: parallel over positions; each position's cos/sin are computed once and
-// reused by every token at that position (b tokens in sbhd/bshd, one per long-enough sequence in
-// thd) and every head, so the trig costs d2 calls per position instead of per element.
+// CPU kernels of fused RoPE: parallel over positions; a row of freqs' cos/sin is computed once and
+// reused by every head of a token and by the following tokens at that position that use the same
+// row (all b of them without start_positions), so the trig costs d2 calls per position (per token
+// with start_positions) instead of per element.
 #include <algorithm>
 #include <cmath>
 #include <cstring>
@@ -62,20 +63,24 @@ void rotate_token(const RopeParams &p, const T *in, T *out, Scratch &w) {
   }
 }
 
-// The token at `pos` of sequence `seq`, or false when that sequence is shorter (thd).
-bool token_at(const RopeParams &p, size_t pos, size_t seq, size_t *token) {
+// The token at local index `pos` of sequence `seq` and that sequence's local length, or false
+// when the sequence is shorter (thd; its local tokens are cu[i] / cp_size .. cu[i + 1] / cp_size).
+bool token_at(const RopeParams &p, size_t pos, size_t seq, size_t *token, size_t *len) {
   switch (p.format) {
     case RopeFormat::kSBHD:
       *token = pos * p.b + seq;
+      *len = p.s;
       return true;
     case RopeFormat::kBSHD:
       *token = seq * p.s + pos;
+      *len = p.s;
       return true;
     case RopeFormat::kTHD:
     default: {
-      const size_t begin = static_cast<size_t>(p.cu_seqlens[seq]);
-      const size_t end = static_cast<size_t>(p.cu_seqlens[seq + 1]);
+      const size_t begin = static_cast<size_t>(p.cu_seqlens[seq] / p.cp_size);
+      const size_t end = static_cast<size_t>(p.cu_seqlens[seq + 1] / p.cp_size);
       *token = begin + pos;
+      *len = end - begin;
       return pos < end - begin;
     }
   }
@@ -90,14 +95,23 @@ void fused_rope_kernel(const RopeParams &p, const T *in, T *out) {
   parallel_for(positions, grain, [&](size_t p0, size_t p1) {
     Scratch w(p.d2);
     for (size_t pos = p0; pos < p1; ++pos) {
-      const float *f = p.freqs + pos * p.d2;
-      for (size_t j = 0; j < p.d2; ++j) {
-        w.c[j] = std::cos(f[j]);
-        w.s[j] = std::sin(f[j]);
-      }
+      // cos/sin of the last row used: without start_positions (and with equal thd lengths under
+      // context parallelism) every sequence at this position shares one row, computed once.
+      int64_t cached = -1;
       for (size_t seq = 0; seq < p.b; ++seq) {
-        size_t token;
-        if (!token_at(p, pos, seq, &token)) continue;
+        size_t token, len;
+        if (!token_at(p, pos, seq, &token, &len)) continue;
+        // In [0, freq_positions): the entry checked every sequence's rows.
+        const int64_t row = rope_freq_row(p, static_cast<int64_t>(pos),
+                                          static_cast<int64_t>(len), seq);
+        if (row != cached) {
+          const float *f = p.freqs + static_cast<size_t>(row) * p.d2;
+          for (size_t j = 0; j < p.d2; ++j) {
+            w.c[j] = std::cos(f[j]);
+            w.s[j] = std::sin(f[j]);
+          }
+          cached = row;
+        }
         rotate_token<kBackward>(p, in + token * token_elems, out + token * token_elems, w);
       }
     }
@@ -105,7 +119,7 @@ void fused_rope_kernel(const RopeParams &p, const T *in, T *out) {
   // thd tokens past the last sequence belong to none: copied unchanged (the identity is its own
   // transpose, so forward and backward agree).
   if (p.format == RopeFormat::kTHD && in != out) {
-    const size_t used = static_cast<size_t>(p.cu_seqlens[p.b]);
+    const size_t used = static_cast<size_t>(p.cu_seqlens[p.b] / p.cp_size);
     std::memcpy(out + used * token_elems, in + used * token_elems,
                 (p.tokens - used) * token_elems * sizeof(T));
   }

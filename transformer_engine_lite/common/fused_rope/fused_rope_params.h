@@ -23,10 +23,31 @@ struct RopeParams {
   size_t d2 = 0;              // rotated features per head, even, <= d
   size_t freq_positions = 0;  // s_max: positions freqs holds
   const float *freqs = nullptr;         // [freq_positions, d2] angles
-  const int32_t *cu_seqlens = nullptr;  // thd: [b + 1] token offsets
-  // thd, CPU only (the entry computes it from the validated offsets): the longest sequence.
+  const int32_t *cu_seqlens = nullptr;  // thd: [b + 1] token offsets (of the whole sequences)
+  // [b] per-sequence offsets into freqs (KV-cache decoding: a sequence's first token sits at
+  // start_positions[i]), or null for none.
+  const int32_t *start_positions = nullptr;
+  // Context parallelism (TE's dual-chunk split): this rank holds chunks cp_rank and
+  // 2 * cp_size - 1 - cp_rank of each sequence cut into 2 * cp_size; thd offsets are divided by
+  // cp_size to give the local ones. cp_size = 1: the whole sequence.
+  int cp_size = 1;
+  int cp_rank = 0;
+  // thd, CPU only (the entry computes it from the validated offsets): the longest local sequence.
   size_t max_seqlen = 0;
 };
+
+// Row of freqs for the token at local index `pos` of sequence `seq`, whose local length is `len`
+// (s for sbhd/bshd): pos + start_positions[seq], and with context parallelism the first half of
+// the local tokens continue chunk cp_rank of the full sequence (cp_size * len tokens), the second
+// half chunk 2 * cp_size - 1 - cp_rank. May lie outside freqs: callers check the range.
+NVTE_HOST_DEVICE int64_t rope_freq_row(const RopeParams &p, int64_t pos, int64_t len, size_t seq) {
+  int64_t row = pos + (p.start_positions != nullptr ? p.start_positions[seq] : 0);
+  if (p.cp_size > 1) {
+    const int64_t half = len / 2, cp = p.cp_size, rank = p.cp_rank;
+    row += pos < half ? rank * half : cp * len - (rank + 1) * half - half;
+  }
+  return row;
+}
 
 // The two features of pair q (0 <= q < d2/2): (q, q + d2/2) when not interleaved (TE's halves),
 // (2q, 2q + 1) when interleaved.

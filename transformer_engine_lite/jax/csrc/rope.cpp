@@ -41,10 +41,12 @@ ffi::Error fused_rope(const char *op, bool backward, const Device &dev, const Bu
   TensorWrapper tcu = optional_tensor(dev, cu_seqlens);
   const NVTETensor cu = present(cu_seqlens) ? tcu.get() : nullptr;
   const NVTEStatus status =
-      backward ? nvte_fused_rope_backward(tt.get(), cu, tf.get(), tout.get(), format, interleaved,
-                                          dev.stream)
-               : nvte_fused_rope_forward(tt.get(), cu, tf.get(), tout.get(), format, interleaved,
-                                         dev.stream);
+      backward ? nvte_fused_rope_backward(tt.get(), cu, tf.get(), /*start_positions=*/nullptr,
+                                          tout.get(), format, interleaved, /*cp_size=*/1,
+                                          /*cp_rank=*/0, dev.stream)
+               : nvte_fused_rope_forward(tt.get(), cu, tf.get(), /*start_positions=*/nullptr,
+                                         tout.get(), format, interleaved, /*cp_size=*/1,
+                                         /*cp_rank=*/0, dev.stream);
   return check_nvte(op, status);
 }
 

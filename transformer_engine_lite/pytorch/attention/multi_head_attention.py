@@ -339,7 +339,7 @@ class MultiheadAttention(torch.nn.Module):
                 q,
                 q_freqs,
                 self.qkv_format,
-                self.rotary_pos_interleaved,
+                interleaved=self.rotary_pos_interleaved,
                 fused=True,
                 cu_seqlens=cu_seqlens_q if thd else None,
             )
@@ -347,7 +347,7 @@ class MultiheadAttention(torch.nn.Module):
                 k,
                 k_freqs,
                 self.qkv_format,
-                self.rotary_pos_interleaved,
+                interleaved=self.rotary_pos_interleaved,
                 fused=True,
                 cu_seqlens=cu_seqlens_kv if thd else None,
             )

@@ -10,13 +10,19 @@ d - d2 features through. Per feature j with angle f[j] and partner feature k:
 where rot is TE's rotate_half: non-interleaved, the halves (x1, x2) of the d2 features become
 (-x2, x1); interleaved, each adjacent pair (x[2i], x[2i+1]) becomes (-x[2i+1], x[2i]).
 
+The token at local index p of a sequence of local length L uses the angles of row
+p + start_positions[seq] of freqs (start_positions: KV-cache decoding, a sequence continuing at
+that position), and with context parallelism (cp_size > 1) TE's dual-chunk rows: this rank holds
+chunks cp_rank and 2 * cp_size - 1 - cp_rank of the full sequence of cp_size * L tokens, so its
+first L/2 tokens add cp_rank * L/2 and the others cp_size * L - (cp_rank + 2) * L/2.
+
 fused=False is TE's framework math (cos/sin cast to t's dtype, products in t's dtype; t may be any
 floating dtype, fp64 included); fused=True runs the te_lite.fused_rope_fwd/bwd kernels (fp32, fp16,
-bf16 tensors; fp32 freqs; computed in fp32) and gives no gradient to freqs. Differences from TE: no
-context-parallel arguments (cp_size, cp_rank) nor start_positions; seq_len_interpolation_factor
-alone applies the fixed linear interpolation (TE ignores it without
-pretrained_max_position_embeddings); thd tokens past cu_seqlens[-1] are passed through unchanged;
-cu_seqlens given with sbhd/bshd is an error instead of being ignored.
+bf16 tensors; fp32 freqs; int32 start_positions; computed in fp32) and gives no gradient to freqs.
+Differences from TE: seq_len_interpolation_factor alone applies the fixed linear interpolation (TE
+ignores it without pretrained_max_position_embeddings); thd tokens past cu_seqlens[-1] / cp_size
+are passed through unchanged; rows outside freqs are a ValueError (RuntimeError from the fused
+op) on both paths; apply_fused_qkv_rotary_pos_emb also takes start_positions with cp_size > 1.
 """
 
 from __future__ import annotations
@@ -125,7 +131,13 @@ class RotaryPositionEmbedding(torch.nn.Module):
 
 
 def _check_args(
-    t: torch.Tensor, freqs: torch.Tensor, tensor_format: str, cu_seqlens: torch.Tensor | None
+    t: torch.Tensor,
+    freqs: torch.Tensor,
+    tensor_format: str,
+    cu_seqlens: torch.Tensor | None,
+    start_positions: torch.Tensor | None,
+    cp_size: int,
+    cp_rank: int,
 ) -> None:
     """The checks both paths share (the fused op repeats them in C++ and adds the value checks)."""
     if tensor_format not in TENSOR_FORMATS:
@@ -155,6 +167,14 @@ def _check_args(
         )
     if freqs.device != t.device:
         raise ValueError(f"apply_rotary_pos_emb: freqs is on {freqs.device} but t is on {t.device}")
+    for name, v in (("cp_size", cp_size), ("cp_rank", cp_rank)):
+        if isinstance(v, bool) or not isinstance(v, int):
+            raise TypeError(f"apply_rotary_pos_emb: {name} must be an int, got {v!r}")
+    if cp_size < 1 or not 0 <= cp_rank < cp_size:
+        raise ValueError(
+            f"apply_rotary_pos_emb: expected cp_size >= 1 and 0 <= cp_rank < cp_size, got "
+            f"cp_size={cp_size}, cp_rank={cp_rank}"
+        )
     if tensor_format == "thd":
         if cu_seqlens is None:
             raise ValueError("apply_rotary_pos_emb: tensor_format 'thd' needs cu_seqlens")
@@ -167,16 +187,36 @@ def _check_args(
             raise ValueError(
                 f"apply_rotary_pos_emb: cu_seqlens is on {cu_seqlens.device} but t is on {t.device}"
             )
+        batch = cu_seqlens.numel() - 1
     else:
-        if cu_seqlens is not None:
-            raise ValueError(
-                f"apply_rotary_pos_emb: cu_seqlens is only used with tensor_format 'thd', "
-                f"got it with {tensor_format!r}"
-            )
         s = t.shape[1] if tensor_format == "bshd" else t.shape[0]
-        if s > freqs.shape[0]:
+        if s * cp_size > freqs.shape[0]:
             raise ValueError(
-                f"apply_rotary_pos_emb: t has {s} positions but freqs only {freqs.shape[0]}"
+                f"apply_rotary_pos_emb: t has {s} positions (x cp_size {cp_size}) but freqs only "
+                f"{freqs.shape[0]}"
+            )
+        if cp_size > 1 and s % 2:
+            raise ValueError(
+                f"apply_rotary_pos_emb: with cp_size > 1 the local sequence length must be even "
+                f"(two chunks), got {s}"
+            )
+        batch = t.shape[0] if tensor_format == "bshd" else t.shape[1]
+    if start_positions is not None:
+        if (
+            not isinstance(start_positions, torch.Tensor)
+            or start_positions.dtype.is_floating_point
+            or start_positions.dtype.is_complex
+            or start_positions.dtype == torch.bool
+            or tuple(start_positions.shape) != (batch,)
+        ):
+            raise ValueError(
+                f"apply_rotary_pos_emb: start_positions must be an integer tensor [{batch}] (one "
+                f"offset per sequence), got {start_positions!r:.80}"
+            )
+        if start_positions.device != t.device:
+            raise ValueError(
+                f"apply_rotary_pos_emb: start_positions is on {start_positions.device} but t is "
+                f"on {t.device}"
             )
 
 
@@ -194,49 +234,99 @@ def _rotate(t: torch.Tensor, angles: torch.Tensor, interleaved: bool) -> torch.T
     x, rest = t[..., :d2], t[..., d2:]
     cos, sin = torch.cos(angles).to(t.dtype), torch.sin(angles).to(t.dtype)
     out = x * cos + _rotate_half(x, interleaved) * sin
-    return torch.cat((out, rest), dim=-1) if rest.shape[-1] else out
+    # torch.cat gives a contiguous result (as TE's) whatever layout the broadcast picked.
+    return torch.cat((out, rest), dim=-1)
 
 
-def _thd_positions(
-    cu_seqlens: torch.Tensor, tokens: int, max_positions: int
+def _rows(
+    pos: torch.Tensor, length: torch.Tensor | int, start: torch.Tensor | None, cp: int, rank: int
+) -> torch.Tensor:
+    """Rows of freqs for local positions `pos` of sequences of local length `length` (see the
+    module docstring): the shift, the context-parallel chunk offsets, then start_positions."""
+    rows = pos
+    if cp > 1:
+        half = length // 2
+        rows = torch.where(pos < half, pos + rank * half, pos + cp * length - (rank + 2) * half)
+    return rows if start is None else rows + start
+
+
+def _check_rows(start: torch.Tensor | None, full_lengths: torch.Tensor | int, rows: int) -> None:
+    """TE's bound: every sequence's rows start_positions[i] .. + cp_size * L - 1 lie in freqs."""
+    if isinstance(full_lengths, torch.Tensor) and full_lengths.numel() == 0:
+        return  # no sequence
+    start = torch.zeros(1, dtype=torch.long) if start is None else start.to("cpu", torch.long)
+    end = start + (full_lengths.cpu() if isinstance(full_lengths, torch.Tensor) else full_lengths)
+    if start.numel() and (int(start.min()) < 0 or int(end.max()) > rows):
+        raise ValueError(
+            f"apply_rotary_pos_emb: start_positions {start.tolist()} with sequences of "
+            f"{full_lengths if isinstance(full_lengths, int) else full_lengths.tolist()} tokens "
+            f"need rows outside freqs' {rows} (expected 0 <= start, start + tokens <= {rows})"
+        )
+
+
+def _thd_rows(
+    cu_seqlens: torch.Tensor,
+    tokens: int,
+    freq_rows: int,
+    start_positions: torch.Tensor | None,
+    cp_size: int,
+    cp_rank: int,
 ) -> tuple[torch.Tensor, torch.Tensor]:
-    """(position of each token within its sequence, whether it lies in a sequence)."""
-    cu = cu_seqlens.to(torch.long)
-    host = cu.tolist()  # the value checks need the host, as TE's framework path does
-    lengths = [b - a for a, b in itertools.pairwise(host)]
-    if host[0] != 0 or any(n < 0 for n in lengths) or host[-1] > tokens:
+    """(row of freqs of each token, whether it lies in a sequence) of a thd tensor whose sequence
+    i holds this rank's tokens cu_seqlens[i] / cp_size .. cu_seqlens[i + 1] / cp_size - 1."""
+    host = cu_seqlens.tolist()  # the value checks need the host, as TE's framework path does
+    if host[0] != 0 or any(b < a for a, b in itertools.pairwise(host)):
         raise ValueError(
-            "apply_rotary_pos_emb: cu_seqlens must start at 0, never decrease and end at most at "
-            f"t's {tokens} tokens, got {host}"
+            f"apply_rotary_pos_emb: cu_seqlens must start at 0 and never decrease, got {host}"
         )
-    if lengths and max(lengths) > max_positions:
+    local = [c // cp_size for c in host]
+    if local[-1] > tokens:
         raise ValueError(
-            f"apply_rotary_pos_emb: a sequence of {max(lengths)} tokens but freqs only has "
-            f"{max_positions} positions"
+            f"apply_rotary_pos_emb: cu_seqlens[-1] / cp_size = {local[-1]} exceeds t's {tokens} "
+            "tokens"
         )
+    lengths = [b - a for a, b in itertools.pairwise(local)]
+    if cp_size > 1 and any(n % 2 for n in lengths):
+        raise ValueError(
+            "apply_rotary_pos_emb: with cp_size > 1 every sequence needs an even number of local "
+            f"tokens (two chunks), got {lengths}"
+        )
+    _check_rows(start_positions, torch.tensor([n * cp_size for n in lengths]), freq_rows)
+    cu = torch.tensor(local, device=cu_seqlens.device)
     token = torch.arange(tokens, device=cu.device)
-    seq = torch.searchsorted(cu[1:], token, right=True)  # == b for tokens past cu[-1]
+    seq = torch.searchsorted(cu[1:], token, right=True).clamp(max=max(len(lengths) - 1, 0))
     inside = token < cu[-1]
-    pos = torch.where(inside, token - cu[seq.clamp(max=cu.numel() - 1)], 0)
-    return pos, inside
+    if not lengths:
+        return torch.zeros_like(token), inside
+    pos, length = token - cu[seq], (cu[1:] - cu[:-1])[seq]
+    start = None if start_positions is None else start_positions.to(torch.long)[seq]
+    return torch.where(inside, _rows(pos, length, start, cp_size, cp_rank), 0), inside
 
 
 def apply_rotary_pos_emb(
     t: torch.Tensor,
     freqs: torch.Tensor,
     tensor_format: str = "sbhd",
+    start_positions: torch.Tensor | None = None,
     interleaved: bool = False,
     fused: bool = False,
     cu_seqlens: torch.Tensor | None = None,
+    cp_size: int = 1,
+    cp_rank: int = 0,
 ) -> torch.Tensor:
     """Rotates the first freqs.shape[-1] features of each head of `t` by the angles in `freqs`.
 
     t: [s, b, h, d] (sbhd), [b, s, h, d] (bshd) or [t, h, d] (thd). freqs: [s_max, 1, 1, d2],
-    d2 even and <= d, s_max >= the sequence length (position i uses freqs[i]). cu_seqlens: int32
-    [b + 1] token offsets of the thd sequences (positions restart at 0 in each); thd only.
-    Returns a tensor of t's shape and dtype.
+    d2 even and <= d; position i of sequence j uses row i + start_positions[j] (shifted per the
+    context-parallel chunk when cp_size > 1, see the module docstring), which must lie in freqs.
+    start_positions: integer [b] (int32 when fused), or None for 0. cu_seqlens: int32 [b + 1]
+    token offsets of the thd sequences (positions restart at 0 in each; with cp_size > 1 the
+    offsets of the whole sequences, this rank holding cu_seqlens / cp_size); ignored for sbhd and
+    bshd, as in TE. Returns a tensor of t's shape and dtype.
     """
-    _check_args(t, freqs, tensor_format, cu_seqlens)
+    _check_args(t, freqs, tensor_format, cu_seqlens, start_positions, cp_size, cp_rank)
+    if tensor_format != "thd":
+        cu_seqlens = None  # TE ignores it for sbhd / bshd
     if fused:
         if freqs.dtype != torch.float32:
             raise TypeError(
@@ -247,15 +337,28 @@ def apply_rotary_pos_emb(
                 f"apply_rotary_pos_emb: fused=True takes t in {FUSED_DTYPES}, got {t.dtype}"
             )
         # torch.ops.te_lite is registered by transformer_engine_lite.pytorch (te_lite_ops.py).
-        return torch.ops.te_lite.fused_rope_fwd(t, freqs, tensor_format, interleaved, cu_seqlens)
-    if tensor_format == "sbhd":
-        return _rotate(t, freqs[: t.shape[0]], interleaved)
-    if tensor_format == "bshd":
-        return _rotate(t, freqs[: t.shape[1]].transpose(0, 1), interleaved)
-    pos, inside = _thd_positions(cu_seqlens, t.shape[0], freqs.shape[0])
+        return torch.ops.te_lite.fused_rope_fwd(
+            t, freqs, tensor_format, interleaved, cu_seqlens, start_positions, cp_size, cp_rank
+        )
+    if tensor_format != "thd":
+        s = t.shape[1] if tensor_format == "bshd" else t.shape[0]
+        if start_positions is None and cp_size == 1:  # the plain slice, broadcast over b
+            angles = freqs[:s]
+            return _rotate(t, angles.transpose(0, 1) if tensor_format == "bshd" else angles,
+                           interleaved)
+        _check_rows(start_positions, s * cp_size, freqs.shape[0])
+        pos = torch.arange(s, device=t.device)[:, None]  # [s, 1] against start [b]
+        start = None if start_positions is None else start_positions.to(torch.long)
+        batch = t.shape[0] if tensor_format == "bshd" else t.shape[1]
+        rows = _rows(pos, s, start, cp_size, cp_rank).expand(s, batch)
+        angles = freqs[rows.reshape(-1)].reshape(*rows.shape, 1, freqs.shape[-1])  # [s, b, 1, d2]
+        return _rotate(t, angles.transpose(0, 1) if tensor_format == "bshd" else angles,
+                       interleaved)
+    rows, inside = _thd_rows(cu_seqlens, t.shape[0], freqs.shape[0], start_positions, cp_size,
+                             cp_rank)
     if freqs.shape[0] == 0:  # every sequence is empty: nothing to rotate, nothing to index
         return t.clone()
-    out = _rotate(t, freqs[pos].squeeze(1), interleaved)  # angles [t, 1, d2]
+    out = _rotate(t, freqs[rows].squeeze(1), interleaved)  # angles [t, 1, d2]
     return torch.where(inside[:, None, None], out, t)
 
 
@@ -275,18 +378,12 @@ def apply_fused_qkv_rotary_pos_emb(
     (bshd), each of the g groups holding its q heads, then one k and one v head, concatenated in
     the last dim as qkv_split_arg_list = [q, k, v] elements (q a multiple of k; k is the head dim).
     Returns (q [.., g * q / k, k] rotated by q_freqs, k [.., g, k] rotated by k_freqs, v [.., g, v])
-    (Megatron-Core's GQA layout). Runs the fused RoPE kernel on each of q and k.
-    cu_seqlens is unused (as in TE). start_positions and context parallelism (cp_size > 1) are not
-    implemented here (NotImplementedError)."""
+    (Megatron-Core's GQA layout). Runs the fused RoPE kernel on each of q and k, with
+    start_positions and the context-parallel rows as apply_rotary_pos_emb (unlike TE, both at once
+    too, and the gradient honours start_positions). cu_seqlens is unused (as in TE)."""
     if tensor_format not in ("sbhd", "bshd"):
         raise ValueError(f"apply_fused_qkv_rotary_pos_emb: tensor_format: expected 'sbhd' or 'bshd', "
                          f"got {tensor_format!r}")
-    if start_positions is not None:
-        raise NotImplementedError("apply_fused_qkv_rotary_pos_emb: start_positions is not "
-                                  "supported by transformer_engine_lite yet")
-    if cp_size != 1 or cp_rank != 0:
-        raise NotImplementedError("apply_fused_qkv_rotary_pos_emb: context parallelism (cp_size > 1) "
-                                  "is not supported by transformer_engine_lite")
     del cu_seqlens
     if not isinstance(qkv, torch.Tensor) or qkv.dim() != 4:
         raise ValueError("apply_fused_qkv_rotary_pos_emb: qkv: expected a 4-D tensor, got "
@@ -299,8 +396,8 @@ def apply_fused_qkv_rotary_pos_emb(
     q, k, v = torch.split(qkv, split, dim=-1)
     q = q.reshape(*qkv.shape[:2], qkv.shape[2] * (split[0] // split[1]), split[1])
     freqs = [f if f.dtype == torch.float32 else f.float() for f in (q_freqs, k_freqs)]
-    q = apply_rotary_pos_emb(q.contiguous(), freqs[0].contiguous(), tensor_format, interleaved,
-                             fused=True)
-    k = apply_rotary_pos_emb(k.contiguous(), freqs[1].contiguous(), tensor_format, interleaved,
-                             fused=True)
+    common = dict(tensor_format=tensor_format, start_positions=start_positions,
+                  interleaved=interleaved, fused=True, cp_size=cp_size, cp_rank=cp_rank)
+    q = apply_rotary_pos_emb(q.contiguous(), freqs[0].contiguous(), **common)
+    k = apply_rotary_pos_emb(k.contiguous(), freqs[1].contiguous(), **common)
     return q, k, v.contiguous()

@@ -89,10 +89,12 @@ TORCH_LIBRARY(te_lite, m) {
   // ---- fused rotary position embedding (rope.cpp)
   m.def(
       "fused_rope_fwd(Tensor t, Tensor freqs, str tensor_format, bool interleaved, "
-      "Tensor? cu_seqlens=None) -> Tensor");
+      "Tensor? cu_seqlens=None, Tensor? start_positions=None, int cp_size=1, int cp_rank=0) "
+      "-> Tensor");
   m.def(
       "fused_rope_bwd(Tensor grad, Tensor freqs, str tensor_format, bool interleaved, "
-      "Tensor? cu_seqlens=None) -> Tensor");
+      "Tensor? cu_seqlens=None, Tensor? start_positions=None, int cp_size=1, int cp_rank=0) "
+      "-> Tensor");
 
   // ---- fused attention (flash backend; attention.cpp)
   m.def(
