@@ -22,6 +22,7 @@ __all__ = [
     "attention_mask_func",
     "divide",
     "get_default_init_method",
+    "get_cudnn_version",
     "get_device_compute_capability",
     "gpu_autocast_ctx",
     "init_method_constant",
@@ -154,3 +155,10 @@ def make_weak_ref(x):
     if x is None or isinstance(x, (int, float, bool)):
         return x
     raise TypeError(f"make_weak_ref: expected tensors (or lists/tuples/dicts of them), got {type(x).__name__}")
+
+
+def get_cudnn_version() -> tuple[int, int, int]:
+    """TE's (major, minor, patch) of the cuDNN its attention uses. This library uses no cuDNN (its
+    fused attention is its own kernels), so the answer is (0, 0, 0) on every machine, with or
+    without cuDNN installed: TE's gates such as `get_cudnn_version() >= (8, 9, 1)` read False."""
+    return (0, 0, 0)

@@ -17,11 +17,17 @@ from typing import Any
 import torch
 from torch.utils.checkpoint import checkpoint
 
-from ..distributed import get_distributed_world_size
-from ..fp8 import FP8GlobalStateManager
-from ..module.base import reject_unsupported
-from .backends import FlashAttention, UnfusedDotProductAttention, draw_rng_state, select_backend
-from .inputs import (
+from ...distributed import get_distributed_world_size
+from ...fp8 import FP8GlobalStateManager
+from ...module.base import reject_unsupported
+from ..backends import (
+    FlashAttention,
+    UnfusedDotProductAttention,
+    _attention_backends,
+    draw_rng_state,
+    select_backend,
+)
+from ..inputs import (
     QKV_FORMATS,
     check_bias,
     check_qkv,
@@ -31,7 +37,7 @@ from .inputs import (
     resolve_sequences,
 )
 
-__all__ = ["DotProductAttention"]
+__all__ = ["DotProductAttention", "_attention_backends"]
 
 
 class DotProductAttention(torch.nn.Module):
