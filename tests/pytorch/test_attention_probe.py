@@ -290,3 +290,46 @@ def test_unfused_te_constructor_rejects():
         m({}, q, q, q, qkv_layout="bshd_bshd_bshd", inference_params=object())
     with pytest.raises(ValueError, match="qkv_layout"):
         m({}, q, q, q, qkv_layout="bhsd_bhsd_bhsd")
+
+
+def test_tex_get_fused_attn_backend():
+    from transformer_engine_lite.pytorch import tex
+
+    args = [True, tex.DType.kBFloat16, tex.DType.kBFloat16, "bshd_bshd_bshd", "no_bias", "causal",
+            "vanilla", 0.0, 4, 4, 32, 32, 64, 64, -1, 0]  # fmt: skip
+    # ck and aotriton are GPU kernels: no fused sub-backend for CPU tensors
+    assert tex.get_fused_attn_backend(*args, device="cpu") == FusedAttnBackend.No_Backend
+    bad = list(args)
+    bad[3] = 7
+    with pytest.raises(TypeError, match="qkv_layout"):
+        tex.get_fused_attn_backend(*bad)
+
+
+def test_fused_slot_follows_tex(monkeypatch):
+    from transformer_engine_lite.pytorch import tex
+
+    seen = []
+
+    def fake(*args):
+        seen.append(args)
+        return FusedAttnBackend.F16_arbitrary_seqlen
+
+    monkeypatch.setattr(tex, "get_fused_attn_backend", fake)
+    out = get_attention_backend(params())
+    assert out == (False, FlashAttentionUtils.version, True, 1, False, [True, True, True])
+    assert seen and seen[0][3:7] == ("bshd_bshd_bshd", "no_bias", "causal", "vanilla")
+
+
+def test_probe_traces_under_compile(monkeypatch):
+    def fn(x, p):
+        use_flash, _, use_fused, _, use_unfused, _ = get_attention_backend(p)
+        return x + int(use_flash) + 2 * int(use_fused) + 4 * int(use_unfused)
+
+    monkeypatch.setenv("NVTE_FLASH_ATTN", "1")
+    torch._dynamo.reset()
+    compiled = torch.compile(fn, fullgraph=True)
+    x = torch.zeros(2)
+    assert compiled(x, params()).tolist() == [1.0, 1.0]
+    monkeypatch.setenv("NVTE_FLASH_ATTN", "0")  # dynamo guards os.environ: recompiles
+    assert compiled(x, params()).tolist() == [4.0, 4.0]
+    assert compiled(x, params(softmax_type="off-by-one")).tolist() == [0.0, 0.0]

@@ -30,6 +30,7 @@ from packaging.version import Version as PkgVersion
 
 from .... import __version__ as _lite_version
 from ....common import attention_selection as selection
+from ... import tex
 from ...cpp_extensions.fused_attn import FusedAttnBackend
 from ...utils import get_cudnn_version
 from .. import backends as _backends
@@ -281,9 +282,33 @@ def _unsupported(p: AttentionParams) -> list[str]:
     return why
 
 
-def _device_code(device: torch.device | str | None) -> int:
+class _NoOpLogger:
+    """The logger get_attention_backend uses while torch.compile traces it: logging.Logger's
+    methods break the graph, these no-ops are inlined away (selection logs are eager only)."""
+
+    def debug(self, *args: Any, **kwargs: Any) -> None:
+        """No-op."""
+
+
+@torch.compiler.assume_constant_result
+def _device_code(device: Any) -> int:
+    # 0: the CPU, 1: a GPU (the C selection's NVTEDevice); None: torch's default device.
     dev = torch.get_default_device() if device is None else torch.device(device)
     return 0 if dev.type == "cpu" else 1
+
+
+@torch.compiler.assume_constant_result
+def _c_selection(*key: Any) -> tuple[str | None, tuple[str, ...]]:
+    # A trace-time constant under torch.compile (ctypes and the cache stay out of the graph);
+    # the env switches are in the key, read by the traced caller (dynamo guards os.environ).
+    return selection.select("get_attention_backend", *key, log=False)
+
+
+@torch.compiler.assume_constant_result
+def _fused_sub_backend(*args: Any) -> int:
+    # TE's _get_fused_attn_backend: looked up at the call (tests replace tex's function); a plain
+    # int survives graph breaks, an enum member does not.
+    return int(tex.get_fused_attn_backend(*args))
 
 
 def selection_answer(
@@ -346,16 +371,13 @@ def get_attention_backend(
         raise TypeError(
             f"get_attention_backend: attention_params: expected AttentionParams, got {type(p).__name__}"
         )
-    logger = selection.LOGGER
+    logger = _NoOpLogger() if torch.compiler.is_compiling() else selection.LOGGER
     why = _unsupported(p)
     window = (-1, -1)
     if not why:
-        try:
-            with warnings.catch_warnings():
-                warnings.simplefilter("ignore")
-                window = check_set_window_size(p.attn_mask_type, p.window_size)
-        except ValueError as e:
-            why.append(str(e))
+        window, bad = _window(p.attn_mask_type, p.window_size)
+        if bad:
+            why.append(bad)
     if why:
         for slot in _SLOTS:
             logger.debug("Disabling %s due to %s", slot, "; ".join(why))
@@ -365,20 +387,61 @@ def get_attention_backend(
     if p.qkv_layout.startswith("t") and "padding" not in mask:  # thd masks are padding masks
         mask = "padding" if mask == "no_mask" else f"padding_{mask}"
     dropout = float(p.attention_dropout) if p.is_training else 0.0
-    key = (
-        _device_code(p.device), int(_backends._DTYPES[p.qkv_dtype]), p.qkv_layout,
-        p.core_attention_bias_type, mask, dropout, p.num_heads, p.num_gqa_groups,
-        p.max_seqlen_q, p.max_seqlen_kv, p.head_dim_qk, p.head_dim_v, window[0], window[1],
-        selection.env_key(),
+    dev = _device_code(p.device)
+    dtype = int(_backends._DTYPES[p.qkv_dtype])
+    sizes = (p.num_heads, p.num_gqa_groups, p.max_seqlen_q, p.max_seqlen_kv, p.head_dim_qk, p.head_dim_v)
+    key = (dev, dtype, p.qkv_layout, p.core_attention_bias_type, mask,
+           dropout, *sizes, window[0], window[1], selection.env_key())  # fmt: skip
+    _, reasons = _c_selection(*key)
+    fused = _fused_sub_backend(
+        p.is_training, dtype, dtype, p.qkv_layout, p.core_attention_bias_type, mask, p.softmax_type,
+        dropout, *sizes, window[0], window[1], p.return_max_logit, p.cuda_graph, p.deterministic,
+        "cpu" if dev == 0 else "cuda",
     )  # fmt: skip
-    backend, reasons = selection.select("get_attention_backend", *key, log=False)
-    answer = selection_answer(key, backend, reasons)
+    ok = {name: not reasons[value] for name, value in selection.PREFERENCE}
+    available = [ok["flash"], fused != int(FusedAttnBackend.No_Backend), ok["unfused"]]
     for name, value in selection.PREFERENCE:
         if reasons[value]:
             logger.debug("Disabling %s due to %s", selection.BACKEND_NAMES[name], reasons[value])
+    # DotProductAttention's preference: a fused kernel, then the flash kernel, then unfused.
+    use_fused = available[1]
+    use_flash = available[0] and not use_fused
+    use_unfused = available[2] and not (use_fused or use_flash)
     logger.debug(
         "Available backends = {FlashAttention=%s, FusedAttention=%s, UnfusedDotProductAttention=%s}",
-        *answer[5],
+        available[0], available[1], available[2],
+    )  # fmt: skip
+    return (
+        use_flash,
+        FlashAttentionUtils.version if available[0] else None,
+        use_fused,
+        fused if available[1] else None,
+        use_unfused,
+        available,
     )
-    logger.debug("Selected backend = %s", selection.BACKEND_NAMES[backend] if backend else "NoBackend")
-    return answer
+
+
+def _window(mask: str, window: Any) -> tuple[tuple[int, int], str]:
+    """check_set_window_size's answer without its warnings (traceable): (window, "" or why it
+    is invalid)."""
+    causal = "causal" in mask
+    if window is None:
+        return ((-1, 0) if causal else (-1, -1)), ""
+    if (
+        not isinstance(window, (tuple, list))
+        or len(window) != 2
+        or not all(isinstance(w, int) and not isinstance(w, bool) for w in window)
+    ):
+        return (-1, -1), f"window_size {window!r} is not (left, right) ints"
+    left, right = int(window[0]), int(window[1])
+    if causal:
+        if (left, right) == (-1, -1) or (left >= 0 and right != 0):
+            return (left, 0), ""
+        if (left, right) != (-1, 0) and left < 0:
+            return (-1, -1), f"window_size {window!r} is invalid for attn_mask_type={mask}"
+        return (left, right), ""
+    if (left, right) == (-1, 0):
+        return (-1, -1), ""
+    if (left, right) != (-1, -1) and (left < 0 or right < 0):
+        return (-1, -1), f"window_size {window!r} is invalid for attn_mask_type={mask}"
+    return (left, right), ""
