@@ -333,3 +333,25 @@ def test_probe_traces_under_compile(monkeypatch):
     monkeypatch.setenv("NVTE_FLASH_ATTN", "0")  # dynamo guards os.environ: recompiles
     assert compiled(x, params()).tolist() == [4.0, 4.0]
     assert compiled(x, params(softmax_type="off-by-one")).tolist() == [0.0, 0.0]
+
+
+def test_padded_offsets_equal_to_cu_seqlens_and_fast_zero_fill():
+    torch.manual_seed(0)
+    dpa = DotProductAttention(2, 16, qkv_format="thd", attn_mask_type="padding_causal")
+    q, k, v = (torch.randn(20, 2, 16) for _ in range(3))
+    cu = torch.tensor([0, 7, 16], dtype=torch.int32)
+    base = dict(cu_seqlens_q=cu, cu_seqlens_kv=cu, max_seqlen_q=9, max_seqlen_kv=9)
+    ref = dpa(q, k, v, **base)
+    assert ref[16:].abs().max() == 0  # tokens past the last sequence are zero-filled
+    same = dpa(q, k, v, **base, cu_seqlens_q_padded=cu.clone(), cu_seqlens_kv_padded=cu.clone())
+    slow = dpa(q, k, v, **base, fast_zero_fill=False)
+    torch.testing.assert_close(same, ref, rtol=0, atol=0)
+    torch.testing.assert_close(slow, ref, rtol=0, atol=0)
+    gaps = torch.tensor([0, 8, 18], dtype=torch.int32)
+    with pytest.raises(NotImplementedError, match="cu_seqlens_kv_padded"):
+        dpa(q, k, v, **base, cu_seqlens_kv_padded=gaps)
+    torch.testing.assert_close(dpa(q, k, v, **base, num_splits=1), ref, rtol=0, atol=0)
+    with pytest.raises(NotImplementedError, match="num_splits"):
+        dpa(q, k, v, **base, num_splits=2)
+    with pytest.raises(ValueError, match="fast_zero_fill"):
+        dpa(q, k, v, **base, fast_zero_fill=1)

@@ -130,6 +130,11 @@ class FlashAttentionUtils:
         return minimum_version <= version < FlashAttentionUtils.max_version
 
 
+def _get_supported_versions(version_min: Any, version_max: Any) -> str:
+    """TE's wording of a half-open version range (">= 2.1.1, < 2.8.4")."""
+    return f">= {version_min}, < {version_max}"
+
+
 @dataclass(eq=True)
 class AttentionParams:
     """TE's attention configuration (same fields, defaults and meaning), plus `device`: where the
