@@ -57,10 +57,11 @@ def params(**kw):
 
 def test_import_paths_are_one_module():
     from transformer_engine_lite.pytorch.attention import DotProductAttention as A
-    from transformer_engine_lite.pytorch.attention.dot_product_attention.dot_product_attention import (
-        DotProductAttention as B,
-        _attention_backends as rec,
+    from transformer_engine_lite.pytorch.attention.dot_product_attention import (
+        dot_product_attention as module,
     )
+
+    B, rec = module.DotProductAttention, module._attention_backends
 
     assert A is B is DotProductAttention is te.DotProductAttention
     assert rec is _attention_backends

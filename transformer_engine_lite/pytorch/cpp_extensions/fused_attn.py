@@ -1,4 +1,5 @@
-"""TE's fused-attention enum (transformer_engine.pytorch.cpp_extensions.fused_attn.FusedAttnBackend).
+"""TE's fused-attention enum and probe
+(transformer_engine.pytorch.cpp_extensions.fused_attn: FusedAttnBackend, get_fused_attn_backend).
 
 TE's FusedAttention slot is, here, the GPU fused kernels ck and aotriton (see
 attention/dot_product_attention/utils.py); both are F16/BF16 arbitrary-sequence-length kernels, so
@@ -74,11 +75,15 @@ def get_fused_attn_backend(
     for name, value in (("qkv_layout", qkv_layout), ("bias_type", bias_type),
                         ("attn_mask_type", attn_mask_type), ("softmax_type", softmax_type)):
         if not isinstance(value, str):
-            raise TypeError(f"get_fused_attn_backend: {name}: expected TE's name (a str), got {value!r}")
+            raise TypeError(
+                f"get_fused_attn_backend: {name}: expected TE's name (a str), got {value!r}"
+            )
     try:
         q, kv = capi.DType(int(q_dtype)), capi.DType(int(kv_dtype))
     except ValueError:
-        raise ValueError(f"get_fused_attn_backend: q_dtype / kv_dtype: not a DType: {q_dtype!r}, {kv_dtype!r}") from None
+        raise ValueError(
+            f"get_fused_attn_backend: q_dtype / kv_dtype: not a DType: {q_dtype!r}, {kv_dtype!r}"
+        ) from None
     del deterministic  # every fused kernel here has a deterministic backward
     if softmax_type != "vanilla" or return_max_logit or cuda_graph or q != kv:
         return FusedAttnBackend.No_Backend

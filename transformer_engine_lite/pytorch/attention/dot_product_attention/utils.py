@@ -1,13 +1,14 @@
-"""TE's attention probe and helpers (transformer_engine.pytorch.attention.dot_product_attention.utils)
-answered by this library's backend selection.
+"""TE's attention probe and helpers
+(transformer_engine.pytorch.attention.dot_product_attention.utils) answered by this library's
+backend selection.
 
 TE's DotProductAttention has three backend slots; this library fills them with its own backends
 (README, "Attention (PyTorch)"), switched by the same env vars:
 
-  TE slot                     | here                                        | switch
-  FlashAttention              | this library's flash kernel (CPU, CUDA, ROCm) | NVTE_FLASH_ATTN
-  FusedAttention              | the GPU fused kernels ck, aotriton          | NVTE_FUSED_ATTN(_CK|_AOTRITON)
-  UnfusedDotProductAttention  | torch GEMMs + the core's fused softmax      | NVTE_UNFUSED_ATTN
+  TE slot                    | here                                | switch
+  FlashAttention             | our flash kernel (any device)       | NVTE_FLASH_ATTN
+  FusedAttention             | the GPU fused kernels ck, aotriton  | NVTE_FUSED_ATTN(_CK|_AOTRITON)
+  UnfusedDotProductAttention | torch GEMMs + the fused softmax ops | NVTE_UNFUSED_ATTN
 
 `get_attention_backend(AttentionParams)` returns TE's six values for a configuration: it asks the
 C selection (nvte_fused_attn_backend_reasons, the one DotProductAttention runs) and first turns
@@ -94,10 +95,10 @@ class FlashAttentionUtils:
     always built in: is_installed is True and `version` is this library's version (it is not the
     flash-attn package, which this library never imports). The v2_*_plus flags, which TE reads as
     "the FlashAttention backend has flash-attn 2.x's feature", say which of those features the
-    kernel has: sliding windows (2.3), ALiBi (2.4), a deterministic backward (2.4.1) — yes; paged KV
-    cache (2.5) and later — no (no KV cache). No flash-attn 3 or 4. version_required / max_version
-    and is_version_supported are TE's supported flash-attn range, kept for code that checks a
-    flash-attn version against it."""
+    kernel has: sliding windows (2.3), ALiBi (2.4), a deterministic backward (2.4.1) — yes;
+    paged KV cache (2.5) and later — no (no KV cache). No flash-attn 3 or 4. version_required /
+    max_version and is_version_supported are TE's supported flash-attn range, kept for code that
+    checks a flash-attn version against it."""
 
     is_installed = True
     version = PkgVersion(_lite_version)
@@ -199,7 +200,9 @@ def check_set_window_size(
     causal mask and (-1, 0) for the others are corrected with a warning, as TE does. Anything
     else raises ValueError (TE asserts)."""
     if not isinstance(attn_mask_type, str):
-        raise ValueError(f"check_set_window_size: attn_mask_type: expected a str, got {attn_mask_type!r}")
+        raise ValueError(
+            f"check_set_window_size: attn_mask_type: expected a str, got {attn_mask_type!r}"
+        )
     if window_size is not None:
         if (
             not isinstance(window_size, (tuple, list))
@@ -215,7 +218,9 @@ def check_set_window_size(
         if window_size is None:
             return (-1, 0)
         if window_size == (-1, -1) or (window_size[0] >= 0 and window_size[1] != 0):
-            warnings.warn(f"window_size should be (-1, 0) or (>=0, 0) for attn_mask_type={attn_mask_type}")
+            warnings.warn(
+                f"window_size should be (-1, 0) or (>=0, 0) for attn_mask_type={attn_mask_type}"
+            )
             return (window_size[0], 0)
         if window_size != (-1, 0) and window_size[0] < 0:
             raise ValueError(
@@ -227,7 +232,9 @@ def check_set_window_size(
         if window_size is None:
             return (-1, -1)
         if window_size == (-1, 0):
-            warnings.warn(f"window_size should be (-1, -1) or (>=0, >=0) for attn_mask_type={attn_mask_type}")
+            warnings.warn(
+                f"window_size should be (-1, -1) or (>=0, >=0) for attn_mask_type={attn_mask_type}"
+            )
             return (-1, -1)
         if window_size != (-1, -1) and (window_size[0] < 0 or window_size[1] < 0):
             raise ValueError(
@@ -243,8 +250,11 @@ def _unsupported(p: AttentionParams) -> list[str]:
     why = []
     recipe = (p.fp8_meta or {}).get("recipe") if p.fp8 else None
     if p.qkv_type is not torch.Tensor:
-        why.append(f"qkv_type = {getattr(p.qkv_type, '__name__', p.qkv_type)} (FP8 attention is not supported)")
-    if recipe is not None and (getattr(recipe, "fp8_dpa", False) or getattr(recipe, "fp8_mha", False)):
+        name = getattr(p.qkv_type, "__name__", p.qkv_type)
+        why.append(f"qkv_type = {name} (FP8 attention is not supported)")
+    if recipe is not None and (
+        getattr(recipe, "fp8_dpa", False) or getattr(recipe, "fp8_mha", False)
+    ):
         why.append("FP8 attention (recipe fp8_dpa / fp8_mha) is not supported")
     if p.fp8_output:
         why.append("fp8_output is not supported")
@@ -275,15 +285,20 @@ def _unsupported(p: AttentionParams) -> list[str]:
     if p.core_attention_bias_type in ("pre_scale_bias", "post_scale_bias"):
         shape = p.core_attention_bias_shape
         if shape is not None and shape not in _BIAS_SHAPES:
-            why.append(f"core_attention_bias_shape = {shape!r} (supported: {', '.join(_BIAS_SHAPES)})")
+            supported = ", ".join(_BIAS_SHAPES)
+            why.append(f"core_attention_bias_shape = {shape!r} (supported: {supported})")
     if p.core_attention_bias_type == "alibi" and p.alibi_slopes_shape is not None:
         if list(p.alibi_slopes_shape) not in ([p.num_heads], [p.batch_size, p.num_heads]):
-            why.append(f"alibi_slopes_shape = {list(p.alibi_slopes_shape)} (supported: [h], [b, h])")
+            shape = list(p.alibi_slopes_shape)
+            why.append(f"alibi_slopes_shape = {shape} (supported: [h], [b, h])")
     top_left_choice = p.attn_mask_type in ("no_mask", "padding", "arbitrary")
     if top_left_choice and p.bottom_right_diagonal is False and p.max_seqlen_q != p.max_seqlen_kv:
         window = p.window_size not in (None, (-1, -1))
         if window or p.core_attention_bias_type == "alibi":
-            why.append("top-left aligned windows / ALiBi for masks other than causal (this library aligns them bottom-right)")
+            why.append(
+                "top-left aligned windows / ALiBi for masks other than causal (this library "
+                "aligns them bottom-right)"
+            )
     return why
 
 
@@ -374,7 +389,8 @@ def get_attention_backend(
     p = AttentionParams() if attention_params is None else attention_params
     if not isinstance(p, AttentionParams):
         raise TypeError(
-            f"get_attention_backend: attention_params: expected AttentionParams, got {type(p).__name__}"
+            "get_attention_backend: attention_params: expected AttentionParams, got "
+            f"{type(p).__name__}"
         )
     logger = _NoOpLogger() if torch.compiler.is_compiling() else selection.LOGGER
     why = _unsupported(p)
@@ -394,7 +410,8 @@ def get_attention_backend(
     dropout = float(p.attention_dropout) if p.is_training else 0.0
     dev = _device_code(p.device)
     dtype = int(_backends._DTYPES[p.qkv_dtype])
-    sizes = (p.num_heads, p.num_gqa_groups, p.max_seqlen_q, p.max_seqlen_kv, p.head_dim_qk, p.head_dim_v)
+    sizes = (p.num_heads, p.num_gqa_groups, p.max_seqlen_q, p.max_seqlen_kv, p.head_dim_qk,
+             p.head_dim_v)  # fmt: skip
     key = (dev, dtype, p.qkv_layout, p.core_attention_bias_type, mask,
            dropout, *sizes, window[0], window[1], selection.env_key())  # fmt: skip
     _, reasons = _c_selection(*key)
@@ -413,7 +430,8 @@ def get_attention_backend(
     use_flash = available[0] and not use_fused
     use_unfused = available[2] and not (use_fused or use_flash)
     logger.debug(
-        "Available backends = {FlashAttention=%s, FusedAttention=%s, UnfusedDotProductAttention=%s}",
+        "Available backends = {FlashAttention=%s, FusedAttention=%s, "
+        "UnfusedDotProductAttention=%s}",
         available[0], available[1], available[2],
     )  # fmt: skip
     return (
