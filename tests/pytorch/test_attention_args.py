@@ -306,11 +306,20 @@ def test_bad_module_arguments(call, err, match):
 @pytest.mark.parametrize("picked,runs", [("aotriton", "flash"), ("flash", "flash"),
                                          ("unfused", "unfused"), ("ck", None)])
 def test_selected_backend_binding(monkeypatch, picked, runs):
+    from transformer_engine_lite.common.capi import DType
     from transformer_engine_lite.pytorch.attention import backends
 
-    monkeypatch.setattr(backends.selection, "select", lambda *key: (picked, {}))
+    key = (0, int(DType.Float32), "bshd_bshd_bshd", "no_bias", "causal", 0.0, 4, 4, 16, 16, 64, 64,
+           -1, 0, "")
+    reasons = tuple("" if n == picked else "stub" for n in ("aotriton", "ck", "flash", "unfused"))
+    monkeypatch.setattr(backends.selection, "select", lambda *key, **kw: (picked, reasons))
     if runs is None:
         with pytest.raises(NotImplementedError, match="backend 'ck' was selected"):
-            backends._select(12345, "key")
+            backends._select(12345, *key)
     else:
-        assert backends._select(12345, "key") == runs
+        assert backends._select(12345, *key) == runs
+    # TE's record names the slot: flash kernel -> FlashAttention, ck / aotriton -> FusedAttention
+    rec = backends._attention_backends
+    assert rec["use_fused_attention"] == (picked in ("ck", "aotriton"))
+    assert rec["use_flash_attention"] == (picked == "flash")
+    assert rec["use_unfused_attention"] == (picked == "unfused")

@@ -162,11 +162,17 @@ def select(
     right: int,
     env: str,
     log: bool = True,
+    refresh: bool = False,
 ) -> tuple[str | None, tuple[str, ...]]:
     """(backend name or None, reasons indexed by backend enum value) for one configuration:
     device 0 = CPU, 1 = the GPU; dtype a capi.DType value; names as the C API's. Logs the result
-    (NVTE_DEBUG) when `log` and this owner last logged another configuration."""
+    (NVTE_DEBUG) when `log` and this owner last logged another configuration. `refresh` asks the C
+    selection again and logs again even when this configuration is cached (TE's
+    backend_selection_requires_update)."""
     key = (device, dtype, layout, bias, mask, dropout, h, h_kv, sq, skv, dqk, dv, left, right, env)
+    if refresh:
+        _RESULTS.pop(key, None)
+        _LAST_LOGGED.pop(owner, None)
     if key not in _RESULTS:
         if len(_RESULTS) > 4096:
             _RESULTS.clear()

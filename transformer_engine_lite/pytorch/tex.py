@@ -195,3 +195,11 @@ def __getattr__(name: str):  # noqa: ANN202  (PEP 562)
 
         return getattr(_ops, name)
     raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+
+
+def get_fused_attn_backend(*args, **kwargs):  # noqa: ANN002, ANN003, ANN201
+    """TE's tex.get_fused_attn_backend: the sub-backend of the FusedAttention slot
+    (cpp_extensions/fused_attn.py; imported at the call: cpp_extensions imports this module)."""
+    from .cpp_extensions.fused_attn import get_fused_attn_backend as impl
+
+    return impl(*args, **kwargs)

@@ -22,6 +22,7 @@ __all__ = [
     "attention_mask_func",
     "divide",
     "get_default_init_method",
+    "get_cudnn_version",
     "get_device_compute_capability",
     "gpu_autocast_ctx",
     "init_method_constant",
@@ -166,3 +167,10 @@ def is_non_tn_fp8_gemm_supported() -> bool:
     row-wise data and no _transpose is made (TE's behaviour on such devices).
     """
     return True
+
+
+def get_cudnn_version() -> tuple[int, int, int]:
+    """TE's (major, minor, patch) of the cuDNN its attention uses. This library uses no cuDNN (its
+    fused attention is its own kernels), so the answer is (0, 0, 0) on every machine, with or
+    without cuDNN installed: TE's gates such as `get_cudnn_version() >= (8, 9, 1)` read False."""
+    return (0, 0, 0)

@@ -32,6 +32,7 @@ from ...common import capi
 
 __all__ = [
     "BACKEND_NAMES",
+    "_attention_backends",
     "FlashAttention",
     "UnfusedDotProductAttention",
     "draw_rng_state",
@@ -49,11 +50,48 @@ _DTYPES = {
 }
 
 
+# TE's record of DotProductAttention's last selection (transformer_engine.pytorch.attention.
+# dot_product_attention._attention_backends), kept by _select: the AttentionParams the selection
+# saw (dot_product_attention.utils; the fields it reads), which of TE's three backend slots runs it
+# (flash: this library's flash kernel; fused: the GPU fused kernels ck / aotriton; unfused) and the
+# flash version / fused sub-backend as get_attention_backend returns them. Setting
+# "backend_selection_requires_update" to True makes the next call ask the C selection again (and log
+# again under NVTE_DEBUG) even for a cached configuration; env switches need no flag here: they are
+# part of the cache key.
+_attention_backends: dict[str, Any] = {
+    "attention_params": None,
+    "use_flash_attention": None,
+    "flash_attention_backend": None,
+    "use_fused_attention": None,
+    "fused_attention_backend": None,
+    "use_unfused_attention": None,
+    "backend_selection_requires_update": False,
+}
+
+
+def _record(key: tuple, backend: str | None, reasons: tuple[str, ...]) -> None:
+    from .dot_product_attention import utils  # noqa: PLC0415 (utils imports this module)
+
+    record = utils.selection_answer(key, backend, reasons)
+    _attention_backends["attention_params"] = utils.params_of_key(key)
+    (
+        _attention_backends["use_flash_attention"],
+        _attention_backends["flash_attention_backend"],
+        _attention_backends["use_fused_attention"],
+        _attention_backends["fused_attention_backend"],
+        _attention_backends["use_unfused_attention"],
+        _,
+    ) = record
+
+
 @torch.compiler.assume_constant_result
 def _select(owner: int, *key: Any) -> str:
     # Runs as plain Python even under torch.compile (its result is a trace-time constant), so
-    # the ctypes call, the cache and the logging stay out of the graph.
-    backend, reasons = selection.select(owner, *key)
+    # the ctypes call, the cache, the logging and the record stay out of the graph.
+    refresh = bool(_attention_backends["backend_selection_requires_update"])
+    backend, reasons = selection.select(owner, *key, refresh=refresh)
+    _attention_backends["backend_selection_requires_update"] = False
+    _record(key, backend, reasons)
     if backend is None:
         raise selection.no_backend_error("DotProductAttention", key, reasons)
     if backend == "ck":

@@ -17,11 +17,17 @@ from typing import Any
 import torch
 from torch.utils.checkpoint import checkpoint
 
-from ..distributed import get_distributed_world_size
-from ..fp8 import FP8GlobalStateManager
-from ..module.base import reject_unsupported
-from .backends import FlashAttention, UnfusedDotProductAttention, draw_rng_state, select_backend
-from .inputs import (
+from ...distributed import get_distributed_world_size
+from ...fp8 import FP8GlobalStateManager
+from ...module.base import reject_unsupported
+from ..backends import (
+    FlashAttention,
+    UnfusedDotProductAttention,
+    _attention_backends,
+    draw_rng_state,
+    select_backend,
+)
+from ..inputs import (
     QKV_FORMATS,
     check_bias,
     check_qkv,
@@ -31,7 +37,7 @@ from .inputs import (
     resolve_sequences,
 )
 
-__all__ = ["DotProductAttention"]
+__all__ = ["DotProductAttention", "_attention_backends"]
 
 
 class DotProductAttention(torch.nn.Module):
@@ -173,6 +179,8 @@ class DotProductAttention(torch.nn.Module):
         inference_params: Any = None,
         pad_between_seqs: bool | None = None,
         fp8_output: bool = False,
+        fast_zero_fill: bool = True,
+        num_splits: int | None = 1,
     ) -> torch.Tensor:
         """Attention output [s_q, b, h * d_v] (sbhd), [b, s_q, h * d_v] (bshd) or
         [t_q, h * d_v] (thd).
@@ -185,13 +193,16 @@ class DotProductAttention(torch.nn.Module):
         core_attention_bias [1 or b, 1 or h, s_q, s_kv] in q's dtype for pre/post_scale_bias;
         alibi_slopes fp32 [h] or [b, h] for 'alibi' (None: TE's default slopes).
         checkpoint_core_attention recomputes the attention in the backward.
+        cu_seqlens_q/kv_padded: TE's offsets with padding between sequences; only offsets equal
+        to cu_seqlens_q/kv (no padding between sequences) are supported. fast_zero_fill: TE's
+        choice of how padded output rows are zeroed; every backend here writes those zeros
+        itself, so both values give the same output. num_splits: TE's split-KV count (flash-attn
+        3); only 1 (or None), no split.
         """
         owner = "DotProductAttention"
         reject_unsupported(
             f"{owner}.forward",
             # tensors: reported as "given" (reject_unsupported compares values with None / False)
-            cu_seqlens_q_padded=cu_seqlens_q_padded is not None or None,
-            cu_seqlens_kv_padded=cu_seqlens_kv_padded is not None or None,
             inference_params=inference_params is not None or None,
             pad_between_seqs=pad_between_seqs,
             fp8_output=fp8_output,
@@ -220,6 +231,24 @@ class DotProductAttention(torch.nn.Module):
             window_size = self._window_arg
         window = check_window(owner, mask, window_size)
 
+        if num_splits not in (None, 1):
+            raise NotImplementedError(f"{owner}.forward: num_splits={num_splits!r} (only 1)")
+        if not isinstance(fast_zero_fill, bool):
+            raise ValueError(f"{owner}: fast_zero_fill: expected a bool, got {fast_zero_fill!r}")
+        for name, padded, cu in (
+            ("cu_seqlens_q_padded", cu_seqlens_q_padded, cu_seqlens_q),
+            ("cu_seqlens_kv_padded", cu_seqlens_kv_padded, cu_seqlens_kv),
+        ):
+            if padded is not None and not (
+                isinstance(padded, torch.Tensor)
+                and isinstance(cu, torch.Tensor)
+                and padded.shape == cu.shape
+                and torch.equal(padded.to(cu.device, cu.dtype), cu)
+            ):
+                raise NotImplementedError(
+                    f"{owner}.forward: {name}: padding between sequences is not supported (only "
+                    f"offsets equal to {name.removesuffix('_padded')})"
+                )
         mask, cu_q, cu_kv, max_seqlen_q, max_seqlen_kv = resolve_sequences(
             owner,
             fmt,
