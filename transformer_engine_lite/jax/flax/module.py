@@ -151,19 +151,38 @@ class LayerNorm(nn.Module):
         return layernorm(x, scale, beta, norm_type, self.zero_centered_gamma, self.epsilon)
 
 
+def _apply_low_rank_adaptation(x, axis, features, lora_a_kernel, lora_b_kernel, alpha):
+    """TE-JAX's LoRA term: (x . A . B) * alpha / rank, contracting x's `axis` dims (normalized,
+    trailing). TE's parameter layout: A [*x.shape[axis], *features[:-1], rank] and
+    B [*features[:-1], rank, features[-1]] (a low-rank factor per leading feature, e.g. per q/k/v)."""
+    axis, features = _canon_tuple(axis), _canon_tuple(features)
+    if not 1 <= len(axis) <= 5 or not 1 <= len(features) <= 5:
+        raise ValueError(f"_apply_low_rank_adaptation: axis and features: expected 1 to 5 dims "
+                         f"each, got axis={axis}, features={features}")
+    rank = lora_a_kernel.shape[-1]
+    if lora_b_kernel.shape[-2] != rank:
+        raise ValueError(f"_apply_low_rank_adaptation: lora_b_kernel: expected rank {rank} in its "
+                         f"second-to-last dim (lora_a_kernel's last), got shape "
+                         f"{tuple(lora_b_kernel.shape)}")
+    xin, fout = "ijklm"[:len(axis)], "nopqr"[:len(features)]
+    expr = f"...{xin},{xin}{fout[:-1]}s,{fout[:-1]}s{fout[-1]}->...{fout}"
+    out = jnp.einsum(expr, x, lora_a_kernel, lora_b_kernel)
+    return out * ((alpha / rank) if alpha is not None else 1.0)
+
+
 def _lora(module, x, contract_ndim, features, rank, alpha, dtype, kernel_axes, prefix=""):
-    """Low-rank adaptation term (x @ A @ B) * alpha / rank; B starts at zero."""
+    """Low-rank adaptation term with TE's parameters (`{prefix}lora_a_kernel`, `..._b_kernel`, B
+    starting at zero so the adapted layer starts equal to the base one)."""
+    features = _canon_tuple(features)
     in_shape = x.shape[-contract_ndim:]
     a = _param(module, f"{prefix}lora_a_kernel", _kernel_init_default(dtype),
-               (*in_shape, rank), dtype, None)
-    b = _param(module, f"{prefix}lora_b_kernel", nn.initializers.zeros, (rank, *features), dtype,
-               None)
+               (*in_shape, *features[:-1], rank), dtype, None)
+    b = _param(module, f"{prefix}lora_b_kernel", nn.initializers.zeros,
+               (*features[:-1], rank, features[-1]), dtype, None)
     del kernel_axes
-    xa = dense(x, a.astype(x.dtype), None, ((tuple(range(x.ndim - contract_ndim, x.ndim))), (tuple(
-        range(contract_ndim)))))
-    out = dense(xa, b.astype(x.dtype), None, ((xa.ndim - 1,), (0,)))
-    scaling = (alpha / rank) if alpha is not None else 1.0
-    return out * scaling
+    axis = tuple(range(x.ndim - contract_ndim, x.ndim))
+    return _apply_low_rank_adaptation(x, axis, features, a.astype(x.dtype), b.astype(x.dtype),
+                                      alpha)
 
 
 class DenseGeneral(TransformerEngineBase):

@@ -16,7 +16,7 @@ import jax.numpy as jnp
 
 from transformer_engine_lite.common import recipe as _recipe
 
-from ..cpp_extensions.misc import FORMAT_DTYPES
+from ..cpp_extensions.misc import FORMAT_DTYPES, DType  # noqa: F401  (DType: TE-JAX re-exports it here)
 from ..sharding import MeshResource, global_shard_guard
 from .quantizer import (
     BlockScaleQuantizer,
@@ -126,6 +126,31 @@ class QuantizeConfig:
     def is_fp8_enabled(self) -> bool:
         return self.recipe is not None
 
+    # TE-JAX's config fields, read from the recipe (None without one, or where the recipe has no
+    # such field: MARGIN / AMAX_* belong to DelayedScaling).
+    @property
+    def FWD_DTYPE(self):  # noqa: N802  (TE's name)
+        return None if self.recipe is None else _format2dtypes(self.recipe.fp8_format)[0]
+
+    @property
+    def BWD_DTYPE(self):  # noqa: N802
+        return None if self.recipe is None else _format2dtypes(self.recipe.fp8_format)[1]
+
+    @property
+    def MARGIN(self):  # noqa: N802
+        return getattr(self.recipe, "margin", None) if self._delayed() else None
+
+    @property
+    def AMAX_HISTORY_LEN(self):  # noqa: N802
+        return self.recipe.amax_history_len if self._delayed() else None
+
+    @property
+    def AMAX_COMPUTE_ALGO(self):  # noqa: N802
+        return AmaxComputeAlgo(self.recipe.amax_compute_algo) if self._delayed() else None
+
+    def _delayed(self) -> bool:
+        return isinstance(self.recipe, _recipe.DelayedScaling)
+
     def get_scaling_mode(self, tensor_source: TensorSource) -> ScalingMode:
         r = self.recipe
         if r is None:
@@ -153,8 +178,15 @@ class QuantizeConfig:
                                jnp.zeros, (n,), jnp.float32)
         return QuantizeMeta(scale=scale.value, amax_history=hist.value)
 
-    def is_supported(self) -> tuple[bool, str | None]:
-        return True, None
+    def is_supported(self) -> tuple[bool, str]:
+        return True, ""
+
+
+def _format2dtypes(fmt):
+    """TE-JAX's helper: a recipe Format -> (forward dtype, backward dtype)."""
+    if not isinstance(fmt, _recipe.Format):
+        raise TypeError(f"_format2dtypes: argument 'fmt': expected a recipe.Format, got {fmt!r}")
+    return (FORMAT_DTYPES[fmt.dtype_name(True)], FORMAT_DTYPES[fmt.dtype_name(False)])
 
 
 def get_quantize_config_with_recipe(recipe) -> QuantizeConfig:
@@ -171,10 +203,11 @@ _CPU_MODES = (ScalingMode.NO_SCALING, ScalingMode.DELAYED_TENSOR_SCALING,
 
 
 def is_scaling_mode_supported(scaling_mode=ScalingMode.NO_SCALING, gpu_id=None):
-    """(supported, reason): every mode but NVFP4 runs (bit-exactly) in this build."""
+    """(supported, reason), reason a str ("" when supported) as TE's, so that
+    `pytest.mark.skipif(not ok, reason=reason)` works: every mode but NVFP4 runs (bit-exactly)."""
     del gpu_id
     if ScalingMode(scaling_mode) in _CPU_MODES:
-        return True, None
+        return True, ""
     return False, f"{ScalingMode(scaling_mode).name} is not implemented by transformer_engine_lite"
 
 
