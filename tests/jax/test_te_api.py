@@ -201,7 +201,7 @@ def test_mxfp8_scale_shape_matches_quantizer():
     from transformer_engine_lite.jax.quantize import QuantizerFactory
 
     x = jax.random.normal(jax.random.PRNGKey(0), (64, 96), jnp.bfloat16)
-    q = QuantizerFactory.create(ScalingMode.MXFP8_1D_SCALING, jnp.float8_e4m3fn,
+    q = QuantizerFactory.create(1, ScalingMode.MXFP8_1D_SCALING, jnp.float8_e4m3fn,
                                 QuantizeLayout.ROWWISE_COLWISE)
     t = q.quantize(x)
     rows, cols = ScalingMode.MXFP8_1D_SCALING.get_scale_shape_2x(x.shape, is_padded=False)
@@ -234,3 +234,64 @@ def test_quantize_config_fields():
     assert _format2dtypes(recipe.Format.E5M2) == (jnp.float8_e5m2, jnp.float8_e5m2)
     with pytest.raises(TypeError, match="Format"):
         _format2dtypes("E4M3")
+
+
+# ------------------------------------------------------------------------------ QuantizerFactory
+def test_quantizer_factory_create_signature():
+    from transformer_engine_lite.jax.quantize import (
+        CurrentScaleQuantizer,
+        DelayedScaleQuantizer,
+        QuantizerFactory,
+    )
+
+    q = QuantizerFactory.create(scaling_mode=ScalingMode.CURRENT_TENSOR_SCALING,
+                                q_dtype=jnp.float8_e4m3fn, q_layout=QuantizeLayout.ROWWISE)
+    assert isinstance(q, CurrentScaleQuantizer) and q.q_layout == QuantizeLayout.ROWWISE
+    qs = QuantizerFactory.create(3, ScalingMode.DELAYED_TENSOR_SCALING, jnp.float8_e5m2)
+    assert len(qs) == 3 and all(isinstance(x, DelayedScaleQuantizer) for x in qs)
+    assert qs[0].q_layout == QuantizeLayout.ROWWISE_COLWISE
+    assert QuantizerFactory.create(2, ScalingMode.NO_SCALING) == (None, None)
+    with pytest.raises(NotImplementedError, match="n_groups"):
+        QuantizerFactory.create(1, ScalingMode.CURRENT_TENSOR_SCALING, jnp.float8_e4m3fn,
+                                n_groups=4)
+    with pytest.raises(ValueError, match="n_quantizers"):
+        QuantizerFactory.create(0, ScalingMode.CURRENT_TENSOR_SCALING, jnp.float8_e4m3fn)
+    with pytest.raises(ValueError, match="scaling_mode"):
+        QuantizerFactory.create(1)
+
+
+@pytest.mark.parametrize("mode", [ScalingMode.CURRENT_TENSOR_SCALING,
+                                  ScalingMode.DELAYED_TENSOR_SCALING, ScalingMode.MXFP8_1D_SCALING])
+def test_quantizer_checkpoint_name_tags_outputs(mode):
+    from transformer_engine_lite.jax.quantize import QuantizerFactory
+
+    def names(cp):
+        q = QuantizerFactory.create(1, mode, jnp.float8_e4m3fn, QuantizeLayout.ROWWISE,
+                                    checkpoint_name=cp)
+        jaxpr = jax.make_jaxpr(lambda x: q.quantize(x))(jnp.ones((32, 64), jnp.bfloat16))
+        return [e.params["name"] for e in jaxpr.jaxpr.eqns if e.primitive.name == "name"]
+
+    assert names(None) == []
+    got = names("qx")
+    assert got and set(got) == {"qx"}  # data and scale_inv (and amax where kept) are named
+
+
+@pytest.mark.parametrize("rc,per_quantization", [
+    (recipe.Float8CurrentScaling(), 3),  # data, scale_inv, amax (shared by both usages)
+    (recipe.MXFP8BlockScaling(), 4),  # row-wise and column-wise data + block scales
+], ids=["Float8CurrentScaling", "MXFP8BlockScaling"])
+def test_module_quantization_checkpoint_name(rc, per_quantization):
+    """A DenseGeneral's forward quantizations (x, kernel) carry the name; the gradient's
+    quantization (never a residual) does not."""
+    x = jnp.ones((32, 64), jnp.bfloat16)
+
+    def names(cp):
+        with te.autocast(enabled=True, recipe=rc):
+            layer = te.flax.DenseGeneral(64, quantization_checkpoint_name=cp, dtype=jnp.bfloat16)
+            vs = layer.init(jax.random.PRNGKey(0), x)
+            jaxpr = jax.make_jaxpr(jax.grad(lambda x: jnp.sum(layer.apply(vs, x))))(x)
+        return [e.params["name"] for e in jaxpr.jaxpr.eqns if e.primitive.name == "name"]
+
+    assert names(None) == []
+    got = names("q")
+    assert set(got) == {"q"} and len(got) == 2 * per_quantization

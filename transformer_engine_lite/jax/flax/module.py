@@ -95,8 +95,10 @@ class TransformerEngineBase(nn.Module):
 
     _state_collection = NVTE_FP8_COLLECTION_NAME  # a class attribute, not a dataclass field
 
-    def generate_quantizer_set(self, postfix: str = "", fp8_recipe=None, quantization_checkpoint_name=None):
-        del quantization_checkpoint_name
+    def generate_quantizer_set(self, postfix: str = "", fp8_recipe=None,
+                               quantization_checkpoint_name=None):
+        """The module's QuantizerSet; quantization_checkpoint_name names the quantized arrays
+        (TE's: for remat policies that keep them)."""
         cfg = (get_quantize_config_with_recipe(fp8_recipe) if fp8_recipe is not None
                else get_quantize_config())
         if not cfg.is_fp8_enabled():
@@ -106,7 +108,8 @@ class TransformerEngineBase(nn.Module):
             x=cfg.get_quantize_flax_meta(self, coll, postfix, TensorSource.X, "x"),
             kernel=cfg.get_quantize_flax_meta(self, coll, postfix, TensorSource.KERNEL, "kernel"),
             grad=cfg.get_quantize_flax_meta(self, coll, postfix, TensorSource.DGRAD, "grad"))
-        return QuantizerFactory.create_set(fp8_recipe=cfg.recipe, quantize_meta_set=metas)
+        return QuantizerFactory.create_set(fp8_recipe=cfg.recipe, quantize_meta_set=metas,
+                                           checkpoint_name=quantization_checkpoint_name)
 
 
 class Softmax(nn.Module):
@@ -206,8 +209,6 @@ class DenseGeneral(TransformerEngineBase):
 
     @nn.compact
     def __call__(self, inputs):
-        _refuse(self, quantization_checkpoint_name=(self.quantization_checkpoint_name,
-                                                    self.quantization_checkpoint_name is None))
         features = _canon_tuple(self.features)
         axis = _normalize_axes(self.axis, inputs.ndim)
         if axis != tuple(range(inputs.ndim - len(axis), inputs.ndim)):
@@ -221,7 +222,8 @@ class DenseGeneral(TransformerEngineBase):
         bias = None
         if self.use_bias:
             bias = _param(self, "bias", self.bias_init, features, self.dtype, self.bias_axes)
-        qset = self.generate_quantizer_set()
+        qset = self.generate_quantizer_set(
+            quantization_checkpoint_name=self.quantization_checkpoint_name)
         nc = len(axis)
         dims = (tuple(range(inputs.ndim - nc, inputs.ndim)), tuple(range(nc)))
         y = dense(inputs, kernel, bias, dims, input_axes=self.input_axes or None,
@@ -265,9 +267,7 @@ class LayerNormDenseGeneral(TransformerEngineBase):
     @nn.compact
     def __call__(self, inputs):
         axis = _normalize_axes(self.axis, inputs.ndim)
-        _refuse(self, axis=(self.axis, axis == (inputs.ndim - 1,)),
-                quantization_checkpoint_name=(self.quantization_checkpoint_name,
-                                              self.quantization_checkpoint_name is None))
+        _refuse(self, axis=(self.axis, axis == (inputs.ndim - 1,)))
         features = _canon_tuple(self.features)
         norm_type = canonicalize_norm_type(self.layernorm_type)
         hidden = inputs.shape[-1]
@@ -277,7 +277,8 @@ class LayerNormDenseGeneral(TransformerEngineBase):
         bias = None
         if self.use_bias:
             bias = _param(self, "bias", self.bias_init, features, self.dtype, self.bias_axes)
-        qset = self.generate_quantizer_set()
+        qset = self.generate_quantizer_set(
+            quantization_checkpoint_name=self.quantization_checkpoint_name)
         ln_out = None
         if self.enable_layernorm:
             scale, ln_bias = _norm_params(self, hidden, norm_type, self.ln_bias_init,
@@ -351,9 +352,7 @@ class LayerNormMLP(TransformerEngineBase):
     def __call__(self, inputs, deterministic: bool = False):
         _refuse(self, axis=(self.axis, _normalize_axes(self.axis, inputs.ndim)
                             == (inputs.ndim - 1,)),
-                activations=(self.activations, all(isinstance(a, str) for a in self.activations)),
-                quantization_checkpoint_name=(self.quantization_checkpoint_name,
-                                              self.quantization_checkpoint_name is None))
+                activations=(self.activations, all(isinstance(a, str) for a in self.activations)))
         act = tuple(a.lower() for a in self.activations)
         tex.activation_name(act)
         act_params = self.activation_params
@@ -381,8 +380,10 @@ class LayerNormMLP(TransformerEngineBase):
         if self.enable_layernorm:
             scale, ln_bias = _norm_params(self, hidden, norm_type, self.ln_bias_init,
                                           self.ln_bias_axes)
-        q1 = self.generate_quantizer_set("_0")
-        q2 = self.generate_quantizer_set("_1")
+        q1 = self.generate_quantizer_set(
+            "_0", quantization_checkpoint_name=self.quantization_checkpoint_name)
+        q2 = self.generate_quantizer_set(
+            "_1", quantization_checkpoint_name=self.quantization_checkpoint_name)
         dropout = self.intermediate_dropout_rate > 0 and not deterministic
         fused = (self.enable_layernorm and not dropout and not self.return_layernorm_output
                  and not self.enable_low_rank_adaptation)
@@ -429,7 +430,6 @@ def wrap_function_in_te_state_module(f, quantization_recipe, name=None,
                                      quantization_checkpoint_name=None):
     """A Flax module class whose __call__(*args) runs f(generate_quantizer_set, *args); its FP8
     state lives in the "_overwrite_with_gradient" collection (TE's choice)."""
-    del quantization_checkpoint_name
 
     class TEWrapper(TransformerEngineBase):
         _state_collection = _OVERWRITE
@@ -440,7 +440,8 @@ def wrap_function_in_te_state_module(f, quantization_recipe, name=None,
                 # The wrapper's own recipe only (None: high precision, whatever autocast says).
                 if quantization_recipe is None:
                     return noop_quantizer_set
-                return self.generate_quantizer_set(postfix, quantization_recipe)
+                return self.generate_quantizer_set(postfix, quantization_recipe,
+                                                   quantization_checkpoint_name)
 
             return f(gen, *args, **kwargs)
 

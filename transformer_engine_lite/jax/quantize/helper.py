@@ -244,8 +244,39 @@ def get_quantization_recipe(name: str):
 # ------------------------------------------------------------------------------ factory
 class QuantizerFactory:
     @staticmethod
-    def create(scaling_mode, q_dtype, q_layout=QuantizeLayout.ROWWISE_COLWISE, recipe=None,
-               meta: QuantizeMeta | None = None, tensor_source=TensorSource.X):
+    def create(n_quantizers: int = 1, scaling_mode=None, q_dtype=None, q_layout=None,
+               n_groups=None, checkpoint_name=None, recipe=None,
+               meta: QuantizeMeta | None = None, tensor_source=TensorSource.X, **kwargs):
+        """TE-JAX's factory: `n_quantizers` quantizers (one, or a tuple) of `scaling_mode`; None per
+        quantizer for NO_SCALING. `recipe`, `meta` and `tensor_source` (the lite's) give a
+        recipe's settings and a delayed-scaling state. q_layout None = row- and column-wise."""
+        if kwargs:
+            raise TypeError(f"QuantizerFactory.create: unexpected arguments {sorted(kwargs)}")
+        if n_groups:
+            raise NotImplementedError("QuantizerFactory.create: n_groups (grouped quantizers) is "
+                                      "not implemented by transformer_engine_lite's JAX front end")
+        if not isinstance(n_quantizers, int) or n_quantizers < 1:
+            raise ValueError(f"QuantizerFactory.create: n_quantizers: expected a positive int, got "
+                             f"{n_quantizers!r}")
+        if scaling_mode is None:
+            raise ValueError("QuantizerFactory.create: scaling_mode: expected a ScalingMode, got "
+                             "None")
+        layout = QuantizeLayout.ROWWISE_COLWISE if q_layout is None else QuantizeLayout(q_layout)
+        qs = [QuantizerFactory._create_one(scaling_mode, q_dtype, layout, recipe, meta,
+                                           tensor_source, checkpoint_name)
+              for _ in range(n_quantizers)]
+        return qs[0] if n_quantizers == 1 else tuple(qs)
+
+    @staticmethod
+    def _create_one(scaling_mode, q_dtype, q_layout, recipe, meta, tensor_source,
+                    checkpoint_name):
+        q = QuantizerFactory._make(scaling_mode, q_dtype, q_layout, recipe, meta, tensor_source)
+        if q is not None:
+            q.checkpoint_name = checkpoint_name
+        return q
+
+    @staticmethod
+    def _make(scaling_mode, q_dtype, q_layout, recipe, meta, tensor_source):
         mode = ScalingMode(scaling_mode)
         if mode == ScalingMode.NO_SCALING:
             return None
@@ -277,8 +308,10 @@ class QuantizerFactory:
     @staticmethod
     def create_set(n_quantizer_sets: int = 1, scaling_mode=None, fwd_dtype=None, bwd_dtype=None,
                    is_2x2x=None, fp8_recipe=None, quantize_meta_set: QuantizeMetaSet | None = None,
-                   **kwargs):
-        """QuantizerSet(s) for the given recipe (default: the global one; none -> noop)."""
+                   checkpoint_name: str | None = None, **kwargs):
+        """QuantizerSet(s) for the given recipe (default: the global one; none -> noop).
+        checkpoint_name goes to the forward (x, kernel) quantizers: their outputs are the
+        residuals a remat policy may keep; the gradient's quantization is never saved."""
         del kwargs
         recipe = fp8_recipe if fp8_recipe is not None else get_global_quantize_recipe()
         if recipe is None and scaling_mode is None:
@@ -299,7 +332,10 @@ class QuantizerFactory:
                 dt = bwd_dtype
             elif src != TensorSource.DGRAD and fwd_dtype is not None:
                 dt = fwd_dtype
-            return QuantizerFactory.create(mode, dt, layout, recipe, meta, src)
+            return QuantizerFactory.create(scaling_mode=mode, q_dtype=dt, q_layout=layout,
+                                           recipe=recipe, meta=meta, tensor_source=src,
+                                           checkpoint_name=None if src == TensorSource.DGRAD
+                                           else checkpoint_name)
 
         sets = [QuantizerSet(make(TensorSource.X, metas.x), make(TensorSource.KERNEL, metas.kernel),
                              make(TensorSource.DGRAD, metas.grad))
