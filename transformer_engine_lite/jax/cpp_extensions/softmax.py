@@ -173,9 +173,9 @@ def is_softmax_kernel_available(softmax_fusion_type, *args):
     from .attention import AttnSoftmaxType
 
     if len(args) == 6:
-        softmax_type, _, _, _, _, dtype = args
+        softmax_type, _, _, q_seqlen, k_seqlen, dtype = args
     elif len(args) == 5:
-        softmax_type, dtype = AttnSoftmaxType.VANILLA_SOFTMAX, args[4]
+        softmax_type, (_, _, q_seqlen, k_seqlen, dtype) = AttnSoftmaxType.VANILLA_SOFTMAX, args
     else:
         raise TypeError("is_softmax_kernel_available: expected (softmax_fusion_type, softmax_type, "
                         f"batch, heads, q_seqlen, k_seqlen, dtype), got {1 + len(args)} arguments")
@@ -183,5 +183,8 @@ def is_softmax_kernel_available(softmax_fusion_type, *args):
         softmax_type = AttnSoftmaxType.from_str(softmax_type)
     if softmax_type is not AttnSoftmaxType.VANILLA_SOFTMAX:
         return False
-    del softmax_fusion_type
+    # The causal (upper-triangular) kernel is square: query i sees keys 0..i of the same length.
+    if getattr(softmax_fusion_type, "name", None) == "SCALED_UPPER_TRIANG_MASKED" \
+            and q_seqlen != k_seqlen:
+        return False
     return np.dtype(dtype) in (np.dtype(d) for d in HIGH_PRECISION)

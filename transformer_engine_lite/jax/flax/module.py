@@ -130,6 +130,12 @@ class Softmax(nn.Module):
             logits, scale = inputs, self.scale_factor
         if kind is SoftmaxFusionType.SCALED_MASKED and mask is None:
             kind = SoftmaxFusionType.SCALED
+        sq, sk = logits.shape[-2], logits.shape[-1]
+        if kind is SoftmaxFusionType.SCALED_UPPER_TRIANG_MASKED and sq != sk:
+            # The causal kernel is square; as TE's module, fall back to the masked kernel with the
+            # same (top-left aligned) causal mask: key j > query i is masked.
+            mask = (jnp.arange(sk)[None, :] > jnp.arange(sq)[:, None])[None, None]
+            kind = SoftmaxFusionType.SCALED_MASKED
         return softmax(logits, mask, scale, kind)
 
 
