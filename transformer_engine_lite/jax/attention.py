@@ -33,6 +33,7 @@ import numpy as np
 from ..common import attention_selection as selection
 from ..common import capi, config
 from .cpp_extensions import attention as tex_attn
+from .cpp_extensions.attention import AttnSoftmaxType  # TE defines it at the primitive level
 from .cpp_extensions.attention_reference import dropout_keep, logits, problem
 from .softmax import SoftmaxFusionType
 from .softmax import softmax as _softmax
@@ -49,6 +50,7 @@ __all__ = [
     "canonicalize_attn_mask_type",
     "fused_attn",
     "is_fused_attn_kernel_available",
+    "make_swa_mask",
     "unfused_attn",
 ]
 
@@ -78,20 +80,6 @@ class AttnMaskType(Enum):
 
     def is_bottom_right(self) -> bool:
         return "bottom_right" in self.value
-
-
-class AttnSoftmaxType(Enum):
-    VANILLA_SOFTMAX = "vanilla"
-    OFF_BY_ONE_SOFTMAX = "off_by_one"
-    LEARNABLE_SOFTMAX = "learnable"
-
-    @classmethod
-    def from_str(cls, softmax_type: str) -> AttnSoftmaxType:
-        for member in cls:
-            if member.value == softmax_type:
-                return member
-        raise ValueError(f"softmax_type: expected one of {[m.value for m in cls]}, got "
-                         f"{softmax_type!r}")
 
 
 class QKVFormat(Enum):
@@ -156,6 +144,46 @@ def canonicalize_attn_mask_type(attn_mask_type: str) -> AttnMaskType:
             return member
     raise ValueError(f"attn_mask_type: expected one of {[m.value for m in AttnMaskType]} or an "
                      f"alias {sorted(_MASK_ALIASES)}, got {attn_mask_type!r}")
+
+
+def _run_lengths(segment_ids):
+    """Per token, the length of the run of equal consecutive segment ids it sits in."""
+    ids = jnp.asarray(segment_ids)
+    starts = jnp.concatenate([jnp.ones_like(ids[..., :1], bool), ids[..., 1:] != ids[..., :-1]], -1)
+    run = jnp.cumsum(starts, axis=-1)
+    return jnp.sum(run[..., :, None] == run[..., None, :], axis=-1)
+
+
+def make_swa_mask(segment_pos_q, segment_pos_kv, window_size=None, dtype=jnp.float32,
+                  segment_ids_q=None, segment_ids_kv=None):
+    """Sliding-window mask [..., 1, sq, skv] (1 = attend), TE-JAX's helper.
+
+    Query at position i attends keys j with i - left <= j <= i + right (a negative or absent bound
+    is unbounded). With both segment-id arrays, positions are aligned bottom-right per segment
+    (query i of a run of length Lq against key j of a run of length Lkv sits on the diagonal
+    j = i + Lkv - Lq), the alignment of the *_bottom_right causal masks."""
+    if window_size is None:
+        left = right = -1
+    else:
+        if len(window_size) != 2:
+            raise ValueError(f"make_swa_mask: window_size: expected (left, right), got "
+                             f"{window_size!r}")
+        left, right = int(window_size[0]), int(window_size[1])
+    if (segment_ids_q is None) != (segment_ids_kv is None):
+        raise ValueError("make_swa_mask: segment_ids_q and segment_ids_kv: expected both or "
+                         "neither, got only one")
+    pos_q = jnp.asarray(segment_pos_q)[..., :, None]
+    pos_kv = jnp.asarray(segment_pos_kv)[..., None, :]
+    if segment_ids_q is not None:
+        # Shift the query onto the bottom-right diagonal of its segment pair.
+        pos_q = pos_q + (_run_lengths(segment_ids_kv)[..., None, :]
+                         - _run_lengths(segment_ids_q)[..., :, None])
+    ok = jnp.ones(jnp.broadcast_shapes(pos_q.shape, pos_kv.shape), bool)
+    if left >= 0:
+        ok = ok & (pos_kv >= pos_q - left)
+    if right >= 0:
+        ok = ok & (pos_kv <= pos_q + right)
+    return ok[..., None, :, :].astype(dtype)
 
 
 def _enum(cls, value, arg: str):

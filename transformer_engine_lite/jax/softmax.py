@@ -10,7 +10,13 @@ import jax
 
 from . import cpp_extensions as tex
 
-__all__ = ["SoftmaxFusionType", "softmax"]
+__all__ = ["SoftmaxFusionType", "SoftmaxShapeError", "softmax"]
+
+
+class SoftmaxShapeError(ValueError, AssertionError):
+    """A shape the fused softmax does not take (is_softmax_kernel_available says False for it). A
+    ValueError, the project's rule for a rejected value, that is also an AssertionError: TE rejects
+    these with `assert` and TE code (its tests among it) expects that."""
 
 
 class SoftmaxFusionType(Enum):
@@ -31,6 +37,10 @@ def softmax(logits, mask=None, scale_factor=1.0, softmax_fusion_type=SoftmaxFusi
     kind = SoftmaxFusionType(softmax_fusion_type)
     if kind is SoftmaxFusionType.SCALED_MASKED and mask is None:
         raise ValueError("softmax: argument 'mask': expected a mask for SCALED_MASKED, got None")
+    if (kind is SoftmaxFusionType.SCALED_UPPER_TRIANG_MASKED and logits.ndim >= 2
+            and logits.shape[-1] != logits.shape[-2]):
+        raise SoftmaxShapeError(f"softmax: argument 'logits': SCALED_UPPER_TRIANG_MASKED expects "
+                                f"sq == sk, got shape {tuple(logits.shape)}")
     return _softmax(logits, mask, float(scale_factor), kind)
 
 

@@ -29,6 +29,7 @@ different (independent) masks; a sharded dropout run therefore differs from an u
 from __future__ import annotations
 
 from dataclasses import dataclass
+from enum import Enum
 
 import jax
 import jax.numpy as jnp
@@ -40,7 +41,23 @@ from .base import FFIOp
 from .misc import HIGH_PRECISION, check_dtype
 from .partitioning import lowering_mesh, named_shapes, spec_of
 
+
+class AttnSoftmaxType(Enum):
+    VANILLA_SOFTMAX = "vanilla"
+    OFF_BY_ONE_SOFTMAX = "off_by_one"
+    LEARNABLE_SOFTMAX = "learnable"
+
+    @classmethod
+    def from_str(cls, softmax_type: str) -> AttnSoftmaxType:
+        for member in cls:
+            if member.value == softmax_type:
+                return member
+        raise ValueError(f"softmax_type: expected one of {[m.value for m in cls]}, got "
+                         f"{softmax_type!r}")
+
+
 __all__ = [
+    "AttnSoftmaxType",
     "LAYOUTS",
     "check_side",
     "core_mask",

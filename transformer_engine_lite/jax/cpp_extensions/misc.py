@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 from collections.abc import Sequence
+from enum import IntEnum
+from typing import Any
 
 import jax.numpy as jnp
 import numpy as np
@@ -83,3 +85,50 @@ def fp8_dtype_of(op: str, arg: str, dtype):
 def as_scalar(x):
     """A one-element array as shape [1] (other sizes pass through for the checks to name)."""
     return x.reshape(1) if int(np.prod(x.shape)) == 1 else x
+
+
+class DType(IntEnum):
+    """TE-JAX's `transformer_engine_jax.DType` (values are TE's C enum, which tests and user code
+    compare against). kFloat4E2M1 is named so that such code runs; no lite JAX op takes it (NVFP4 is
+    not implemented), so te_dtype_to_jax_dtype refuses it."""
+
+    kByte = 0
+    kInt16 = 1
+    kInt32 = 2
+    kInt64 = 3
+    kFloat32 = 4
+    kFloat16 = 5
+    kBFloat16 = 6
+    kFloat8E4M3 = 7
+    kFloat8E5M2 = 8
+    kFloat8E8M0 = 9
+    kFloat4E2M1 = 10
+
+
+_TE_TO_JAX = {
+    DType.kByte: jnp.uint8, DType.kInt16: jnp.int16, DType.kInt32: jnp.int32,
+    DType.kInt64: jnp.int64, DType.kFloat32: jnp.float32, DType.kFloat16: jnp.float16,
+    DType.kBFloat16: jnp.bfloat16, DType.kFloat8E4M3: jnp.float8_e4m3fn,
+    DType.kFloat8E5M2: jnp.float8_e5m2, DType.kFloat8E8M0: jnp.float8_e8m0fnu,
+}
+
+
+def te_dtype_to_jax_dtype(te_dtype) -> Any:
+    """TE-JAX's helper: DType -> the jnp dtype."""
+    if not isinstance(te_dtype, DType):
+        raise TypeError(f"te_dtype_to_jax_dtype: argument 'te_dtype': expected a DType, got "
+                        f"{te_dtype!r}")
+    if te_dtype not in _TE_TO_JAX:
+        raise NotImplementedError(f"te_dtype_to_jax_dtype: {te_dtype.name} has no JAX op in "
+                                  "transformer_engine_lite (NVFP4 is not implemented)")
+    return _TE_TO_JAX[te_dtype]
+
+
+def jax_dtype_to_te_dtype(jax_dtype) -> DType:
+    """TE-JAX's helper: a jnp dtype -> DType (ValueError for one TE has no DType for)."""
+    d = np.dtype(jax_dtype)
+    for te, jd in _TE_TO_JAX.items():
+        if d == np.dtype(jd):
+            return te
+    raise ValueError(f"jax_dtype_to_te_dtype: argument 'jax_dtype': expected one of "
+                     f"{[dtype_name(v) for v in _TE_TO_JAX.values()]}, got {dtype_name(d)}")

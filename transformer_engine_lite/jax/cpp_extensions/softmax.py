@@ -165,7 +165,26 @@ def scaled_aligned_causal_masked_softmax_bwd(dy, y, scale_factor):
     return _PRIMS["scaled_aligned_causal_masked"][1](dy, y, scale=float(scale_factor))[0]
 
 
-def is_softmax_kernel_available(softmax_fusion_type, batch, heads, q_seqlen, k_seqlen, dtype):
-    """The CPU kernels take any shape and fp32/fp16/bf16; kept for TE's signature."""
-    del softmax_fusion_type, batch, heads, q_seqlen, k_seqlen
+def is_softmax_kernel_available(softmax_fusion_type, *args):
+    """TE-JAX's query, in TE's current form (softmax_fusion_type, softmax_type, batch, heads,
+    q_seqlen, k_seqlen, dtype) or TE 2.8's without softmax_type. The CPU kernels take any shape and
+    fp32/fp16/bf16; only the vanilla softmax is fused (off-by-one / learnable sinks are not), as in TE.
+    """
+    from .attention import AttnSoftmaxType
+
+    if len(args) == 6:
+        softmax_type, _, _, q_seqlen, k_seqlen, dtype = args
+    elif len(args) == 5:
+        softmax_type, (_, _, q_seqlen, k_seqlen, dtype) = AttnSoftmaxType.VANILLA_SOFTMAX, args
+    else:
+        raise TypeError("is_softmax_kernel_available: expected (softmax_fusion_type, softmax_type, "
+                        f"batch, heads, q_seqlen, k_seqlen, dtype), got {1 + len(args)} arguments")
+    if isinstance(softmax_type, str):
+        softmax_type = AttnSoftmaxType.from_str(softmax_type)
+    if softmax_type is not AttnSoftmaxType.VANILLA_SOFTMAX:
+        return False
+    # The causal (upper-triangular) kernel is square: query i sees keys 0..i of the same length.
+    if getattr(softmax_fusion_type, "name", None) == "SCALED_UPPER_TRIANG_MASKED" \
+            and q_seqlen != k_seqlen:
+        return False
     return np.dtype(dtype) in (np.dtype(d) for d in HIGH_PRECISION)

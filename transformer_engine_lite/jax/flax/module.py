@@ -95,8 +95,10 @@ class TransformerEngineBase(nn.Module):
 
     _state_collection = NVTE_FP8_COLLECTION_NAME  # a class attribute, not a dataclass field
 
-    def generate_quantizer_set(self, postfix: str = "", fp8_recipe=None, quantization_checkpoint_name=None):
-        del quantization_checkpoint_name
+    def generate_quantizer_set(self, postfix: str = "", fp8_recipe=None,
+                               quantization_checkpoint_name=None):
+        """The module's QuantizerSet; quantization_checkpoint_name names the quantized arrays
+        (TE's: for remat policies that keep them)."""
         cfg = (get_quantize_config_with_recipe(fp8_recipe) if fp8_recipe is not None
                else get_quantize_config())
         if not cfg.is_fp8_enabled():
@@ -106,7 +108,8 @@ class TransformerEngineBase(nn.Module):
             x=cfg.get_quantize_flax_meta(self, coll, postfix, TensorSource.X, "x"),
             kernel=cfg.get_quantize_flax_meta(self, coll, postfix, TensorSource.KERNEL, "kernel"),
             grad=cfg.get_quantize_flax_meta(self, coll, postfix, TensorSource.DGRAD, "grad"))
-        return QuantizerFactory.create_set(fp8_recipe=cfg.recipe, quantize_meta_set=metas)
+        return QuantizerFactory.create_set(fp8_recipe=cfg.recipe, quantize_meta_set=metas,
+                                           checkpoint_name=quantization_checkpoint_name)
 
 
 class Softmax(nn.Module):
@@ -127,6 +130,12 @@ class Softmax(nn.Module):
             logits, scale = inputs, self.scale_factor
         if kind is SoftmaxFusionType.SCALED_MASKED and mask is None:
             kind = SoftmaxFusionType.SCALED
+        sq, sk = logits.shape[-2], logits.shape[-1]
+        if kind is SoftmaxFusionType.SCALED_UPPER_TRIANG_MASKED and sq != sk:
+            # The causal kernel is square; as TE's module, fall back to the masked kernel with the
+            # same (top-left aligned) causal mask: key j > query i is masked.
+            mask = (jnp.arange(sk)[None, :] > jnp.arange(sq)[:, None])[None, None]
+            kind = SoftmaxFusionType.SCALED_MASKED
         return softmax(logits, mask, scale, kind)
 
 
@@ -151,19 +160,38 @@ class LayerNorm(nn.Module):
         return layernorm(x, scale, beta, norm_type, self.zero_centered_gamma, self.epsilon)
 
 
+def _apply_low_rank_adaptation(x, axis, features, lora_a_kernel, lora_b_kernel, alpha):
+    """TE-JAX's LoRA term: (x . A . B) * alpha / rank, contracting x's `axis` dims (normalized,
+    trailing). TE's parameter layout: A [*x.shape[axis], *features[:-1], rank] and
+    B [*features[:-1], rank, features[-1]] (a low-rank factor per leading feature, e.g. per q/k/v)."""
+    axis, features = _canon_tuple(axis), _canon_tuple(features)
+    if not 1 <= len(axis) <= 5 or not 1 <= len(features) <= 5:
+        raise ValueError(f"_apply_low_rank_adaptation: axis and features: expected 1 to 5 dims "
+                         f"each, got axis={axis}, features={features}")
+    rank = lora_a_kernel.shape[-1]
+    if lora_b_kernel.shape[-2] != rank:
+        raise ValueError(f"_apply_low_rank_adaptation: lora_b_kernel: expected rank {rank} in its "
+                         f"second-to-last dim (lora_a_kernel's last), got shape "
+                         f"{tuple(lora_b_kernel.shape)}")
+    xin, fout = "ijklm"[:len(axis)], "nopqr"[:len(features)]
+    expr = f"...{xin},{xin}{fout[:-1]}s,{fout[:-1]}s{fout[-1]}->...{fout}"
+    out = jnp.einsum(expr, x, lora_a_kernel, lora_b_kernel)
+    return out * ((alpha / rank) if alpha is not None else 1.0)
+
+
 def _lora(module, x, contract_ndim, features, rank, alpha, dtype, kernel_axes, prefix=""):
-    """Low-rank adaptation term (x @ A @ B) * alpha / rank; B starts at zero."""
+    """Low-rank adaptation term with TE's parameters (`{prefix}lora_a_kernel`, `..._b_kernel`, B
+    starting at zero so the adapted layer starts equal to the base one)."""
+    features = _canon_tuple(features)
     in_shape = x.shape[-contract_ndim:]
     a = _param(module, f"{prefix}lora_a_kernel", _kernel_init_default(dtype),
-               (*in_shape, rank), dtype, None)
-    b = _param(module, f"{prefix}lora_b_kernel", nn.initializers.zeros, (rank, *features), dtype,
-               None)
+               (*in_shape, *features[:-1], rank), dtype, None)
+    b = _param(module, f"{prefix}lora_b_kernel", nn.initializers.zeros,
+               (*features[:-1], rank, features[-1]), dtype, None)
     del kernel_axes
-    xa = dense(x, a.astype(x.dtype), None, ((tuple(range(x.ndim - contract_ndim, x.ndim))), (tuple(
-        range(contract_ndim)))))
-    out = dense(xa, b.astype(x.dtype), None, ((xa.ndim - 1,), (0,)))
-    scaling = (alpha / rank) if alpha is not None else 1.0
-    return out * scaling
+    axis = tuple(range(x.ndim - contract_ndim, x.ndim))
+    return _apply_low_rank_adaptation(x, axis, features, a.astype(x.dtype), b.astype(x.dtype),
+                                      alpha)
 
 
 class DenseGeneral(TransformerEngineBase):
@@ -187,8 +215,6 @@ class DenseGeneral(TransformerEngineBase):
 
     @nn.compact
     def __call__(self, inputs):
-        _refuse(self, quantization_checkpoint_name=(self.quantization_checkpoint_name,
-                                                    self.quantization_checkpoint_name is None))
         features = _canon_tuple(self.features)
         axis = _normalize_axes(self.axis, inputs.ndim)
         if axis != tuple(range(inputs.ndim - len(axis), inputs.ndim)):
@@ -202,7 +228,8 @@ class DenseGeneral(TransformerEngineBase):
         bias = None
         if self.use_bias:
             bias = _param(self, "bias", self.bias_init, features, self.dtype, self.bias_axes)
-        qset = self.generate_quantizer_set()
+        qset = self.generate_quantizer_set(
+            quantization_checkpoint_name=self.quantization_checkpoint_name)
         nc = len(axis)
         dims = (tuple(range(inputs.ndim - nc, inputs.ndim)), tuple(range(nc)))
         y = dense(inputs, kernel, bias, dims, input_axes=self.input_axes or None,
@@ -246,9 +273,7 @@ class LayerNormDenseGeneral(TransformerEngineBase):
     @nn.compact
     def __call__(self, inputs):
         axis = _normalize_axes(self.axis, inputs.ndim)
-        _refuse(self, axis=(self.axis, axis == (inputs.ndim - 1,)),
-                quantization_checkpoint_name=(self.quantization_checkpoint_name,
-                                              self.quantization_checkpoint_name is None))
+        _refuse(self, axis=(self.axis, axis == (inputs.ndim - 1,)))
         features = _canon_tuple(self.features)
         norm_type = canonicalize_norm_type(self.layernorm_type)
         hidden = inputs.shape[-1]
@@ -258,7 +283,8 @@ class LayerNormDenseGeneral(TransformerEngineBase):
         bias = None
         if self.use_bias:
             bias = _param(self, "bias", self.bias_init, features, self.dtype, self.bias_axes)
-        qset = self.generate_quantizer_set()
+        qset = self.generate_quantizer_set(
+            quantization_checkpoint_name=self.quantization_checkpoint_name)
         ln_out = None
         if self.enable_layernorm:
             scale, ln_bias = _norm_params(self, hidden, norm_type, self.ln_bias_init,
@@ -332,9 +358,7 @@ class LayerNormMLP(TransformerEngineBase):
     def __call__(self, inputs, deterministic: bool = False):
         _refuse(self, axis=(self.axis, _normalize_axes(self.axis, inputs.ndim)
                             == (inputs.ndim - 1,)),
-                activations=(self.activations, all(isinstance(a, str) for a in self.activations)),
-                quantization_checkpoint_name=(self.quantization_checkpoint_name,
-                                              self.quantization_checkpoint_name is None))
+                activations=(self.activations, all(isinstance(a, str) for a in self.activations)))
         act = tuple(a.lower() for a in self.activations)
         tex.activation_name(act)
         act_params = self.activation_params
@@ -362,8 +386,10 @@ class LayerNormMLP(TransformerEngineBase):
         if self.enable_layernorm:
             scale, ln_bias = _norm_params(self, hidden, norm_type, self.ln_bias_init,
                                           self.ln_bias_axes)
-        q1 = self.generate_quantizer_set("_0")
-        q2 = self.generate_quantizer_set("_1")
+        q1 = self.generate_quantizer_set(
+            "_0", quantization_checkpoint_name=self.quantization_checkpoint_name)
+        q2 = self.generate_quantizer_set(
+            "_1", quantization_checkpoint_name=self.quantization_checkpoint_name)
         dropout = self.intermediate_dropout_rate > 0 and not deterministic
         fused = (self.enable_layernorm and not dropout and not self.return_layernorm_output
                  and not self.enable_low_rank_adaptation)
@@ -410,7 +436,6 @@ def wrap_function_in_te_state_module(f, quantization_recipe, name=None,
                                      quantization_checkpoint_name=None):
     """A Flax module class whose __call__(*args) runs f(generate_quantizer_set, *args); its FP8
     state lives in the "_overwrite_with_gradient" collection (TE's choice)."""
-    del quantization_checkpoint_name
 
     class TEWrapper(TransformerEngineBase):
         _state_collection = _OVERWRITE
@@ -421,7 +446,8 @@ def wrap_function_in_te_state_module(f, quantization_recipe, name=None,
                 # The wrapper's own recipe only (None: high precision, whatever autocast says).
                 if quantization_recipe is None:
                     return noop_quantizer_set
-                return self.generate_quantizer_set(postfix, quantization_recipe)
+                return self.generate_quantizer_set(postfix, quantization_recipe,
+                                                   quantization_checkpoint_name)
 
             return f(gen, *args, **kwargs)
 

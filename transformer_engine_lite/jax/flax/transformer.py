@@ -26,10 +26,12 @@ from ..sharding import (
     W_TP_AXES,
     with_sharding_constraint_by_logical_axes,
 )
-from .attention import DotProductAttention, MultiHeadAttention, _lora_scope, rotary_pos_emb
+from .attention import (  # noqa: F401  (LoRAScope, _canonicalize_lora_scope: TE-JAX's home)
+    DotProductAttention, LoRAScope, MultiHeadAttention, _canonicalize_lora_scope, _lora_scope,
+    rotary_pos_emb)
 from .module import LayerNorm, LayerNormMLP
 
-__all__ = ["DotProductAttention", "MultiHeadAttention", "RelativePositionBiases",
+__all__ = ["DotProductAttention", "LoRAScope", "MultiHeadAttention", "RelativePositionBiases",
            "TransformerLayer", "TransformerLayerType", "rotary_pos_emb"]
 
 Array = Any

@@ -16,7 +16,7 @@ import jax.numpy as jnp
 
 from transformer_engine_lite.common import recipe as _recipe
 
-from ..cpp_extensions.misc import FORMAT_DTYPES
+from ..cpp_extensions.misc import FORMAT_DTYPES, DType  # noqa: F401  (DType: TE-JAX re-exports it here)
 from ..sharding import MeshResource, global_shard_guard
 from .quantizer import (
     BlockScaleQuantizer,
@@ -126,6 +126,31 @@ class QuantizeConfig:
     def is_fp8_enabled(self) -> bool:
         return self.recipe is not None
 
+    # TE-JAX's config fields, read from the recipe (None without one, or where the recipe has no
+    # such field: MARGIN / AMAX_* belong to DelayedScaling).
+    @property
+    def FWD_DTYPE(self):  # noqa: N802  (TE's name)
+        return None if self.recipe is None else _format2dtypes(self.recipe.fp8_format)[0]
+
+    @property
+    def BWD_DTYPE(self):  # noqa: N802
+        return None if self.recipe is None else _format2dtypes(self.recipe.fp8_format)[1]
+
+    @property
+    def MARGIN(self):  # noqa: N802
+        return getattr(self.recipe, "margin", None) if self._delayed() else None
+
+    @property
+    def AMAX_HISTORY_LEN(self):  # noqa: N802
+        return self.recipe.amax_history_len if self._delayed() else None
+
+    @property
+    def AMAX_COMPUTE_ALGO(self):  # noqa: N802
+        return AmaxComputeAlgo(self.recipe.amax_compute_algo) if self._delayed() else None
+
+    def _delayed(self) -> bool:
+        return isinstance(self.recipe, _recipe.DelayedScaling)
+
     def get_scaling_mode(self, tensor_source: TensorSource) -> ScalingMode:
         r = self.recipe
         if r is None:
@@ -153,8 +178,15 @@ class QuantizeConfig:
                                jnp.zeros, (n,), jnp.float32)
         return QuantizeMeta(scale=scale.value, amax_history=hist.value)
 
-    def is_supported(self) -> tuple[bool, str | None]:
-        return True, None
+    def is_supported(self) -> tuple[bool, str]:
+        return True, ""
+
+
+def _format2dtypes(fmt):
+    """TE-JAX's helper: a recipe Format -> (forward dtype, backward dtype)."""
+    if not isinstance(fmt, _recipe.Format):
+        raise TypeError(f"_format2dtypes: argument 'fmt': expected a recipe.Format, got {fmt!r}")
+    return (FORMAT_DTYPES[fmt.dtype_name(True)], FORMAT_DTYPES[fmt.dtype_name(False)])
 
 
 def get_quantize_config_with_recipe(recipe) -> QuantizeConfig:
@@ -171,10 +203,11 @@ _CPU_MODES = (ScalingMode.NO_SCALING, ScalingMode.DELAYED_TENSOR_SCALING,
 
 
 def is_scaling_mode_supported(scaling_mode=ScalingMode.NO_SCALING, gpu_id=None):
-    """(supported, reason): every mode but NVFP4 runs (bit-exactly) in this build."""
+    """(supported, reason), reason a str ("" when supported) as TE's, so that
+    `pytest.mark.skipif(not ok, reason=reason)` works: every mode but NVFP4 runs (bit-exactly)."""
     del gpu_id
     if ScalingMode(scaling_mode) in _CPU_MODES:
-        return True, None
+        return True, ""
     return False, f"{ScalingMode(scaling_mode).name} is not implemented by transformer_engine_lite"
 
 
@@ -211,8 +244,39 @@ def get_quantization_recipe(name: str):
 # ------------------------------------------------------------------------------ factory
 class QuantizerFactory:
     @staticmethod
-    def create(scaling_mode, q_dtype, q_layout=QuantizeLayout.ROWWISE_COLWISE, recipe=None,
-               meta: QuantizeMeta | None = None, tensor_source=TensorSource.X):
+    def create(n_quantizers: int = 1, scaling_mode=None, q_dtype=None, q_layout=None,
+               n_groups=None, checkpoint_name=None, recipe=None,
+               meta: QuantizeMeta | None = None, tensor_source=TensorSource.X, **kwargs):
+        """TE-JAX's factory: `n_quantizers` quantizers (one, or a tuple) of `scaling_mode`; None per
+        quantizer for NO_SCALING. `recipe`, `meta` and `tensor_source` (the lite's) give a
+        recipe's settings and a delayed-scaling state. q_layout None = row- and column-wise."""
+        if kwargs:
+            raise TypeError(f"QuantizerFactory.create: unexpected arguments {sorted(kwargs)}")
+        if n_groups:
+            raise NotImplementedError("QuantizerFactory.create: n_groups (grouped quantizers) is "
+                                      "not implemented by transformer_engine_lite's JAX front end")
+        if not isinstance(n_quantizers, int) or n_quantizers < 1:
+            raise ValueError(f"QuantizerFactory.create: n_quantizers: expected a positive int, got "
+                             f"{n_quantizers!r}")
+        if scaling_mode is None:
+            raise ValueError("QuantizerFactory.create: scaling_mode: expected a ScalingMode, got "
+                             "None")
+        layout = QuantizeLayout.ROWWISE_COLWISE if q_layout is None else QuantizeLayout(q_layout)
+        qs = [QuantizerFactory._create_one(scaling_mode, q_dtype, layout, recipe, meta,
+                                           tensor_source, checkpoint_name)
+              for _ in range(n_quantizers)]
+        return qs[0] if n_quantizers == 1 else tuple(qs)
+
+    @staticmethod
+    def _create_one(scaling_mode, q_dtype, q_layout, recipe, meta, tensor_source,
+                    checkpoint_name):
+        q = QuantizerFactory._make(scaling_mode, q_dtype, q_layout, recipe, meta, tensor_source)
+        if q is not None:
+            q.checkpoint_name = checkpoint_name
+        return q
+
+    @staticmethod
+    def _make(scaling_mode, q_dtype, q_layout, recipe, meta, tensor_source):
         mode = ScalingMode(scaling_mode)
         if mode == ScalingMode.NO_SCALING:
             return None
@@ -244,8 +308,10 @@ class QuantizerFactory:
     @staticmethod
     def create_set(n_quantizer_sets: int = 1, scaling_mode=None, fwd_dtype=None, bwd_dtype=None,
                    is_2x2x=None, fp8_recipe=None, quantize_meta_set: QuantizeMetaSet | None = None,
-                   **kwargs):
-        """QuantizerSet(s) for the given recipe (default: the global one; none -> noop)."""
+                   checkpoint_name: str | None = None, **kwargs):
+        """QuantizerSet(s) for the given recipe (default: the global one; none -> noop).
+        checkpoint_name goes to the forward (x, kernel) quantizers: their outputs are the
+        residuals a remat policy may keep; the gradient's quantization is never saved."""
         del kwargs
         recipe = fp8_recipe if fp8_recipe is not None else get_global_quantize_recipe()
         if recipe is None and scaling_mode is None:
@@ -266,7 +332,10 @@ class QuantizerFactory:
                 dt = bwd_dtype
             elif src != TensorSource.DGRAD and fwd_dtype is not None:
                 dt = fwd_dtype
-            return QuantizerFactory.create(mode, dt, layout, recipe, meta, src)
+            return QuantizerFactory.create(scaling_mode=mode, q_dtype=dt, q_layout=layout,
+                                           recipe=recipe, meta=meta, tensor_source=src,
+                                           checkpoint_name=None if src == TensorSource.DGRAD
+                                           else checkpoint_name)
 
         sets = [QuantizerSet(make(TensorSource.X, metas.x), make(TensorSource.KERNEL, metas.kernel),
                              make(TensorSource.DGRAD, metas.grad))

@@ -18,7 +18,9 @@ import math
 from dataclasses import dataclass, field, fields
 from typing import Any
 
+import jax
 import jax.numpy as jnp
+from jax.ad_checkpoint import checkpoint_name
 from jax.tree_util import register_pytree_node_class
 
 from .. import cpp_extensions as tex
@@ -94,6 +96,10 @@ class Quantizer:
     def _wrap(self, t: ScaledTensor1x, is_rowwise, is_colwise):
         row = self.q_layout.has_rowwise if is_rowwise is None else is_rowwise
         col = self.q_layout.has_colwise if is_colwise is None else is_colwise
+        if self.checkpoint_name is not None:
+            # TE-JAX's checkpoint_name: the quantized arrays carry the name so that a remat policy
+            # (jax.checkpoint_policies.save_only_these_names) can keep them instead of recomputing.
+            t = jax.tree_util.tree_map(lambda a: checkpoint_name(a, self.checkpoint_name), t)
         if row and col:
             colt = ScaledTensor1x(t.data, t.scale_inv, t.scaling_mode, t.dq_dtype, True, t.amax)
             return ScaledTensor2x(t, colt)
@@ -163,6 +169,9 @@ class BlockScaleQuantizer(Quantizer):
         shape = tuple(x.shape)
         out_r = ScaledTensor1x(rq, rs, self.scaling_mode, dq, False, None, shape) if row else None
         out_c = ScaledTensor1x(cq, cs, self.scaling_mode, dq, True, None, shape) if col else None
+        if self.checkpoint_name is not None:  # as in Quantizer._wrap
+            out_r, out_c = jax.tree_util.tree_map(
+                lambda a: checkpoint_name(a, self.checkpoint_name), (out_r, out_c))
         if row and col:
             return ScaledTensor2x(out_r, out_c)
         return out_r if row else out_c
