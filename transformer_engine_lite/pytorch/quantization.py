@@ -39,6 +39,7 @@ __all__ = [
     "fake_quantize",
     "fp8_autocast",
     "fp8_model_init",
+    "get_align_size_for_quantization",
     "ops",
     "quantize_operand",
     "quantized_model_init",
@@ -145,3 +146,19 @@ def fake_quantize(w: torch.Tensor, recipe: Recipe) -> torch.Tensor:
         data, _, scale_inv = te.quantize(w2, scale, dtype)
         out = te.dequantize(data, scale_inv, w.dtype)
     return out.reshape(w.shape)
+
+
+def get_align_size_for_quantization(recipe: Recipe) -> int:
+    """Row alignment of grouped quantized GEMM splits (Fp8Padding / Fp8Unpadding): 32 for MXFP8
+    (one scale block along the tokens), 16 for per-tensor FP8 (TE's GEMM leading-dim rule), a
+    CustomRecipe's declared quantization_alignment (its qfactory is not called)."""
+    if not isinstance(recipe, Recipe):
+        raise TypeError(f"get_align_size_for_quantization: recipe: expected a Recipe, got "
+                        f"{type(recipe).__name__}")
+    if getattr(recipe, "custom", lambda: False)():
+        return int(recipe.quantization_alignment)
+    if recipe.mxfp8():
+        return 32
+    if recipe.nvfp4():
+        return 128
+    return 16

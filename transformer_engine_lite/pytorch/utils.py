@@ -28,6 +28,7 @@ __all__ = [
     "init_method_normal",
     "is_bf16_available",
     "is_bf16_compatible",
+    "is_non_tn_fp8_gemm_supported",
     "scaled_init_method_normal",
 ]
 
@@ -154,3 +155,14 @@ def make_weak_ref(x):
     if x is None or isinstance(x, (int, float, bool)):
         return x
     raise TypeError(f"make_weak_ref: expected tensors (or lists/tuples/dicts of them), got {type(x).__name__}")
+
+
+def is_non_tn_fp8_gemm_supported() -> bool:
+    """Whether FP8 GEMMs take layouts other than TN (TE's: so no transposed FP8 copy is needed).
+
+    TE answers from the GPU generation (cuBLAS on Blackwell takes any layout, Hopper only TN). The
+    lite's GEMM (te_lite::gemm, on every device it runs on) takes transa / transb for FP8 operands
+    as for any other, so the answer is True: a Float8Tensor's column-wise usage is served by its
+    row-wise data and no _transpose is made (TE's behaviour on such devices).
+    """
+    return True

@@ -14,8 +14,16 @@ from typing import Any, NamedTuple
 import torch
 
 from ..fp8 import FP8GlobalStateManager
+from ..quantized_tensor import SavedFloat8
 from ..quantization import Operand, QuantSpec, mx_dequantized, ops, quantize_per_tensor
-from ..tensor import Float8Tensor, MXFP8Tensor, QuantizedTensor
+from ..tensor import (
+    Float8CurrentScalingQuantizer,
+    Float8Quantizer,
+    Float8Tensor,
+    MXFP8Quantizer,
+    MXFP8Tensor,
+    QuantizedTensor,
+)
 from ..tensor.quantized_tensor import to_dtype_enum
 
 
@@ -160,7 +168,9 @@ class _LinearFn(torch.autograd.Function):
                 # an FP8 weight is saved as its bytes and dequantized by the backward
                 w_saved = (wq.data, wq.scale_inv) if w_op is not None else (w, None)
                 saved = (x2, None, *w_saved)
-            elif cfg.save_original_input:
+            elif cfg.save_original_input and cfg.bwd_override is None:
+                # ("dequantized" ignores save_original_input: the backward must consume the
+                # FP8 input the forward used, as TE)
                 saved = (x2, None, wq.data, wq.scale_inv)
             else:
                 saved = (xq.data, xq.scale_inv, wq.data, wq.scale_inv)
@@ -195,6 +205,8 @@ class _LinearFn(torch.autograd.Function):
             saved = (x2, None, w, None)
         ctx.cfg = cfg
         ctx.alpha = alpha
+        if not torch.compiler.is_compiling():
+            _expose_backward_state(ctx, cfg, bwd_scale, bwd_hist)
         ctx.inp_shape = inp.shape
         ctx.w_dtype = weight.dtype
         ctx.has_bias = bias is not None
@@ -208,6 +220,14 @@ class _LinearFn(torch.autograd.Function):
         ctx.wgrad_store = wgrad_store
         ctx.save_for_backward(*[t for t in saved if t is not None])
         ctx.saved_mask = tuple(t is not None for t in saved)
+        if not torch.compiler.is_compiling():
+            # TE's ctx.tensor_objects: how restore_from_saved rebuilds (input, weight) from
+            # ctx.saved_tensors: a per-tensor FP8 operand is its (bytes, scale_inv) pair.
+            ctx.tensor_objects = [
+                SavedFloat8(shape, out_dtype, cfg.inp.dtype if i == 0 else cfg.weight.dtype)
+                if saved[2 * i + 1] is not None else None
+                for i, shape in enumerate((x2.shape, tuple(weight.shape)))
+            ]
         ctx.mark_non_differentiable(amax)
         if acc is not None:
             return acc, amax  # the sum was written into acc's storage (fused residual add)
@@ -294,6 +314,29 @@ class _LinearFn(torch.autograd.Function):
             dgrad = dgrad.reshape(ctx.inp_shape)
         dacc = grad_out if ctx.needs_input_grad[11] else None
         return dgrad, wgrad, dbias, None, None, None, None, None, None, None, None, dacc, None
+
+
+def _expose_backward_state(
+    ctx: Any, cfg: GemmConfig, bwd_scale: torch.Tensor, bwd_hist: torch.Tensor
+) -> None:
+    """TE's backward-context attributes, for introspection (the backward reads cfg): fp8 (the
+    backward GEMMs run quantized), backward_override (the recipe's, None without FP8),
+    grad_output_quantizer (how the backward casts the output gradient; None when it does not) and
+    reduce_and_update_bwd_fp8_tensors (the backward records the gradient's scaling state)."""
+    fp8 = cfg.mode in ("delayed", "current", "mxfp8")
+    ctx.backward_override = cfg.bwd_override if fp8 else None
+    ctx.fp8 = fp8 and cfg.bwd_override is None
+    ctx.reduce_and_update_bwd_fp8_tensors = ctx.fp8
+    q = None
+    if ctx.fp8 and cfg.mode == "mxfp8":
+        q = MXFP8Quantizer(cfg.grad.dtype)
+    elif ctx.fp8 and cfg.mode == "current":
+        q = Float8CurrentScalingQuantizer(cfg.grad.dtype, force_pow_2_scales=cfg.grad.pow2,
+                                          amax_epsilon=cfg.grad.eps)
+    elif ctx.fp8:
+        s = cfg.slot_bwd
+        q = Float8Quantizer(bwd_scale[s : s + 1], bwd_hist[0, s : s + 1], cfg.grad.dtype)
+    ctx.grad_output_quantizer = q
 
 
 class WeightCast(NamedTuple):
