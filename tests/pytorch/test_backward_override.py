@@ -149,3 +149,66 @@ def test_align_size_and_gemm_layouts():
     with pytest.raises(TypeError, match="expected a Recipe"):
         get_align_size_for_quantization("mxfp8")
     assert is_non_tn_fp8_gemm_supported() is True
+
+
+@pytest.mark.parametrize("override", [None, "high_precision", "dequantized"])
+def test_grouped_linear_one_node_state_and_grads(override):
+    """GroupedLinear is one autograd node: TE's saved-operand order (inputs, then weights), its
+    backward state, and per-group gradients equal to per-group Linear modules (same GEMMs)."""
+    torch.manual_seed(4)
+    splits = [32, 0, 64]
+    g = te.GroupedLinear(3, 64, 32, params_dtype=torch.bfloat16, device="cpu")
+    lins = [te.Linear(64, 32, params_dtype=torch.bfloat16, device="cpu") for _ in splits]
+    for i, lin in enumerate(lins):
+        lin.weight.data.copy_(getattr(g, f"weight{i}").data)
+        lin.bias.data.copy_(torch.randn(32))
+        getattr(g, f"bias{i}").data.copy_(lin.bias.data)
+    x = torch.randn(sum(splits), 64, dtype=torch.bfloat16)
+    dy = torch.randn(sum(splits), 32, dtype=torch.bfloat16)
+    rc = recipe.Float8CurrentScaling(backward_override=override)
+    xr = x.clone().requires_grad_(True)
+    with te.autocast(enabled=True, recipe=rc):
+        y = g(xr, splits)
+    gf = y.grad_fn
+    assert type(gf).__name__ == "_GroupedLinearBackward"
+    assert gf.backward_override == override and gf.fp8 == (override is None)
+    saved = restore_from_saved(gf.tensor_objects, list(gf.saved_tensors))
+    assert len(saved) == 6  # 3 inputs, then 3 weights
+    if override == "high_precision":
+        assert type(saved[0]) is torch.Tensor and torch.equal(saved[0], x[:32])
+    if override == "dequantized":
+        assert all(isinstance(s, Float8SavedOperand) for s in saved)
+    assert tuple(saved[3].shape) == (32, 64)
+    y.backward(dy)
+    dx_parts = []
+    for i, (lin, part, dpart) in enumerate(zip(lins, x.split(splits), dy.split(splits))):
+        if part.shape[0] == 0:
+            dx_parts.append(torch.zeros_like(part))
+            continue
+        pr = part.clone().requires_grad_(True)
+        with te.autocast(enabled=True, recipe=rc):
+            yl = lin(pr)
+        yl.backward(dpart)
+        assert torch.equal(yl, y.detach()[sum(splits[:i]):sum(splits[:i + 1])])
+        assert torch.equal(getattr(g, f"weight{i}").grad, lin.weight.grad)
+        assert torch.equal(getattr(g, f"bias{i}").grad, lin.bias.grad)
+        dx_parts.append(pr.grad)
+    assert torch.equal(xr.grad, torch.cat(dx_parts))
+    assert torch.equal(g.weight1.grad, torch.zeros_like(g.weight1))  # the empty group
+
+
+def test_grouped_tensor_path_predicate_and_flag():
+    from transformer_engine_lite.pytorch.module.grouped_linear import (
+        is_module_grouped_tensor_path_supported,
+    )
+
+    for rc in (None, recipe.Float8CurrentScaling(), recipe.MXFP8BlockScaling()):
+        assert is_module_grouped_tensor_path_supported(rc, torch.bfloat16) is False
+    with pytest.raises(TypeError, match="dtype"):
+        is_module_grouped_tensor_path_supported(None, "bf16")
+    with pytest.raises(TypeError, match="use_grouped_tensor"):
+        te.GroupedLinear(2, 16, 16, device="cpu", use_grouped_tensor="yes")
+    m = te.GroupedLinear(2, 16, 16, device="cpu", use_grouped_tensor=True)
+    assert m.use_grouped_tensor is True
+    y = m(torch.randn(8, 16), [3, 5])  # the split path (TE's fallback)
+    assert y.shape == (8, 16)
