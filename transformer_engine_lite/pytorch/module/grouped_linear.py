@@ -208,15 +208,15 @@ class GroupedLinear(TransformerEngineBaseModule):
         n, o, i, dt = num_gemms, self.out_features_local, self.in_features_local, self.params_dtype
         if self.single_grouped_weight:
             self.weight = self._new_param((n, o, i), dt, device)
-        else:
-            for g in range(n):
-                self.register_parameter(f"weight{g}", self._new_param((o, i), dt, device))
         row_sp = parallel_mode == "row" and self.sequence_parallel
         if self.single_grouped_bias:
             self.bias = self._new_param((n, o), dt, device)
             self.bias.sequence_parallel = row_sp
-        else:
-            for g in range(n):
+        # TE's registration order: weight0, bias0, weight1, bias1, ... (parameters(), state_dict)
+        for g in range(n):
+            if not self.single_grouped_weight:
+                self.register_parameter(f"weight{g}", self._new_param((o, i), dt, device))
+            if not self.single_grouped_bias:
                 b = self._new_param((o,), dt, device) if bias else None
                 if b is not None:
                     b.sequence_parallel = row_sp
