@@ -56,14 +56,14 @@ class _GroupedLinear(torch.autograd.Function):
     @staticmethod
     def forward(  # type: ignore[override]
         ctx: Any, x2: torch.Tensor, splits: tuple[int, ...], groups: list[tuple[Any, ...]],
-        *params: torch.Tensor | None,
+        out: torch.Tensor | None, dgrad_out: torch.Tensor | None, *params: torch.Tensor | None,
     ) -> tuple[torch.Tensor, torch.Tensor]:
         n = len(splits)
         subs, outs, amaxes = [], [], []
         for g, part in enumerate(torch.split(x2, list(splits), dim=0)):
             meta, main_grad, cfg, store, w_cast = groups[g]
-            need = (ctx.needs_input_grad[0], ctx.needs_input_grad[3 + g],
-                    ctx.needs_input_grad[3 + n + g]) + (False,) * 10
+            need = (ctx.needs_input_grad[0], ctx.needs_input_grad[5 + g],
+                    ctx.needs_input_grad[5 + n + g]) + (False,) * 10
             sub = _SubCtx(need)
             y, amax = _LinearFn.forward(sub, part, params[g], params[n + g], *meta, main_grad,
                                         cfg, store, w_cast)
@@ -84,7 +84,12 @@ class _GroupedLinear(torch.autograd.Function):
             for attr in ("backward_override", "fp8", "reduce_and_update_bwd_fp8_tensors"):
                 setattr(ctx, attr, getattr(subs[0], attr))
             ctx.grad_output_quantizers = [s.grad_output_quantizer for s in subs]
-        return torch.cat(outs, 0), amax
+        ctx.dgrad_out = dgrad_out
+        if out is None:
+            return torch.cat(outs, 0), amax
+        torch.cat(outs, 0, out=out)  # the caller's buffer is the output (TE's `out`)
+        ctx.mark_dirty(out)
+        return out, amax
 
     @staticmethod
     def backward(ctx: Any, grad_out: torch.Tensor, _grad_amax: torch.Tensor):  # type: ignore[override]
@@ -103,8 +108,11 @@ class _GroupedLinear(torch.autograd.Function):
             dx.append(grads[0] if grads[0] is not None else torch.zeros(
                 dy.shape[0], sub.inp_shape[-1], dtype=dy.dtype, device=dy.device))
             dws[g], dbs[g] = grads[1], grads[2]
-        dgrad = torch.cat(dx, 0) if ctx.needs_input_grad[0] else None
-        return (dgrad, None, None, *dws, *dbs)
+        dgrad = None
+        if ctx.needs_input_grad[0]:
+            dgrad = torch.cat(dx, 0, out=ctx.dgrad_out) if ctx.dgrad_out is not None else \
+                torch.cat(dx, 0)
+        return (dgrad, None, None, None, None, *dws, *dbs)
 
 
 def _split_saved(sub: _SubCtx) -> tuple[list[torch.Tensor], list[torch.Tensor]]:
@@ -122,7 +130,9 @@ class GroupedLinear(TransformerEngineBaseModule):
     forward(inp [tokens, in_features] (or [..., in_features]), m_splits): m_splits gives the rows of
     each group in order (a list of ints or a 1-D integer tensor, summing to the rows of inp; zeros
     allowed). Each group is its own GEMM with its own FP8 meta slots (forward 3*i.., backward
-    2*i..), so every recipe applies per expert.
+    2*i..), so every recipe applies per expert. out / dgrad_out (TE's): caller buffers
+    [tokens, out_features] / [tokens, in_features] the output / input gradient are written into
+    (the output returned is `out` itself).
     Parameters: weight0..weight{n-1} [out, in] and bias0..bias{n-1} [out] (TE's names); with
     single_grouped_weight / single_grouped_bias one `weight` [n, out, in] / `bias` [n, out].
     Other arguments as Linear (parallel_mode "column"/"row" splits out/in features per rank).
@@ -294,15 +304,33 @@ class GroupedLinear(TransformerEngineBaseModule):
         inp: torch.Tensor,
         m_splits: Any,
         is_first_microbatch: bool | None = None,
+        out: torch.Tensor | None = None,
+        dgrad_out: torch.Tensor | None = None,
     ) -> torch.Tensor | tuple[torch.Tensor, list[torch.Tensor | None]]:
         owner = "GroupedLinear"
         x, fp8 = self._prepare_input(owner, inp, self.in_features_local, "in_features per TP rank")
         x2 = x.reshape(-1, x.shape[-1])
         splits = self._splits(owner, m_splits, x2.shape[0], self.num_gemms)
         weights, biases = self._weights(), self._biases()
+        rows = x2.shape[0]
+        for arg, buf, feat in (("out", out, self.out_features_local),
+                               ("dgrad_out", dgrad_out, self.in_features_local)):
+            if buf is None:
+                continue
+            ok = (isinstance(buf, torch.Tensor) and tuple(buf.shape) == (rows, feat)
+                  and buf.dtype == x2.dtype and buf.is_contiguous() and not buf.requires_grad)
+            if not ok:
+                got = (f"{tuple(buf.shape)} {buf.dtype}, contiguous={buf.is_contiguous()}, "
+                       f"requires_grad={buf.requires_grad}" if isinstance(buf, torch.Tensor)
+                       else type(buf).__name__)
+                raise ValueError(f"{owner}: {arg}: expected a contiguous {x2.dtype} tensor of "
+                                 f"shape {(rows, feat)} without requires_grad, got {got}")
         if self.tp.size <= 1:
             return self._forward_one_node(x, x2, splits, weights, biases, fp8,
-                                          is_first_microbatch)
+                                          is_first_microbatch, out, dgrad_out)
+        if out is not None or dgrad_out is not None:
+            raise NotImplementedError(f"{owner}: out / dgrad_out with tensor parallelism are not "
+                                      "supported by transformer_engine_lite")
         outs = []
         for g, part in enumerate(torch.split(x2, splits, dim=0)):
             main_grad = self._main_grad(owner, self.fuse_wgrad_accumulation, weights[g])
@@ -325,7 +353,8 @@ class GroupedLinear(TransformerEngineBaseModule):
             return y, [b.to(x.dtype) if b is not None else None for b in biases]
         return y
 
-    def _forward_one_node(self, x, x2, splits, weights, biases, fp8, is_first_microbatch):
+    def _forward_one_node(self, x, x2, splits, weights, biases, fp8, is_first_microbatch, out,
+                          dgrad_out):
         """No tensor parallelism: every group in one _GroupedLinear node (TE's structure)."""
         owner = "GroupedLinear"
         dtype = x2.dtype
@@ -341,7 +370,8 @@ class GroupedLinear(TransformerEngineBaseModule):
             groups.append((meta, main_grad, cfg, self._wgrad_store, w_cast))
             ws.append(w)
             bs.append(b)
-        y, amax = _GroupedLinear.apply(x2.contiguous(), tuple(splits), groups, *ws, *bs)
+        y, amax = _GroupedLinear.apply(x2.contiguous(), tuple(splits), groups, out, dgrad_out,
+                                       *ws, *bs)
         for g in range(self.num_gemms):
             self._linear_done(groups[g][2], amax[g], weights[g])
         if x.dim() != 2:  # (a same-shape reshape would still hide the node behind a view)
