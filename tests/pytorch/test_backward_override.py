@@ -212,3 +212,27 @@ def test_grouped_tensor_path_predicate_and_flag():
     assert m.use_grouped_tensor is True
     y = m(torch.randn(8, 16), [3, 5])  # the split path (TE's fallback)
     assert y.shape == (8, 16)
+
+
+def test_mxfp8_dequantized_saves_rowwise_blocks():
+    """MXFP8 "dequantized": the node saves the row-wise MXFP8 bytes and block scales the forward
+    used (no column-wise copy), and the backward's GEMMs run on their bf16 values."""
+    from transformer_engine_lite.pytorch.quantized_tensor import MXFP8SavedOperand
+
+    torch.manual_seed(5)
+    m = te.Linear(64, 32, bias=False, params_dtype=torch.bfloat16, device="cpu",
+                  save_original_input=True)
+    x = torch.randn(32, 64, dtype=torch.bfloat16)
+    dy = torch.randn(32, 32, dtype=torch.bfloat16)
+    y, xr, (mode, fp8, q, _, saved) = _run(m, x, recipe.MXFP8BlockScaling(
+        backward_override="dequantized"))
+    assert mode == "dequantized" and not fp8 and q is None
+    assert all(isinstance(s, MXFP8SavedOperand) and s._columnwise_data is None for s in saved)
+    ref = MXFP8Quantizer(torch.float8_e4m3fn, columnwise=False)
+    assert torch.equal(saved[0].dequantize(dtype=torch.float32),
+                       ref(x).dequantize(dtype=torch.float32))
+    xs, ws = saved[0].dequantize(dtype=torch.bfloat16), saved[1].dequantize(dtype=torch.bfloat16)
+    y.backward(dy)
+    dx_ref, dw_ref = _ref_grads(xs, ws, dy)
+    torch.testing.assert_close(xr.grad.double(), dx_ref, rtol=1e-2, atol=1e-2)
+    torch.testing.assert_close(m.weight.grad.double(), dw_ref, rtol=1e-2, atol=1e-2)

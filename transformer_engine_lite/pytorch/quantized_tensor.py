@@ -15,7 +15,14 @@ import torch
 
 from .tensor import Float8Tensor, QuantizedTensor
 
-__all__ = ["Float8SavedOperand", "SavedFloat8", "prepare_for_saving", "restore_from_saved"]
+__all__ = [
+    "Float8SavedOperand",
+    "MXFP8SavedOperand",
+    "SavedFloat8",
+    "SavedMXFP8",
+    "prepare_for_saving",
+    "restore_from_saved",
+]
 
 
 class Float8SavedOperand:
@@ -55,6 +62,37 @@ class SavedFloat8:
         data, scale_inv = saved[0], saved[1]
         return Float8SavedOperand(self.shape, self.dtype, data, scale_inv, self.fp8_dtype), saved[2:]
 
+
+class MXFP8SavedOperand:
+    """A row-wise MXFP8 operand as a backward node saved it (TE's MXFP8TensorStorage role):
+    `_rowwise_data` (FP8 bytes), `_rowwise_scale_inv` (E8M0 per 32-block), no column-wise copy."""
+
+    def __init__(self, shape: tuple[int, ...], dtype: torch.dtype, data: torch.Tensor,
+                 scale_inv: torch.Tensor) -> None:
+        self._rowwise_data, self._rowwise_scale_inv = data, scale_inv
+        self._columnwise_data = self._columnwise_scale_inv = None
+        self.shape, self.dtype = torch.Size(shape), dtype
+
+    def size(self, dim: int | None = None) -> Any:
+        return self.shape if dim is None else self.shape[dim]
+
+    def dequantize(self, *, dtype: torch.dtype | None = None) -> torch.Tensor:
+        from .quantization import ops
+
+        out = ops().dequantize_mxfp8(self._rowwise_data, self._rowwise_scale_inv, False,
+                                     dtype or self.dtype)
+        return out.reshape(self.shape)
+
+
+class SavedMXFP8(SavedFloat8):
+    """Template of a row-wise MXFP8 operand saved as (bytes, block scales)."""
+
+    def restore_from_saved(self, saved: list[torch.Tensor | None]) -> tuple[MXFP8SavedOperand,
+                                                                            list]:
+        if len(saved) < 2:
+            raise ValueError(f"restore_from_saved: a saved MXFP8 operand needs 2 tensors (bytes, "
+                             f"scale_inv), got {len(saved)}")
+        return MXFP8SavedOperand(self.shape, self.dtype, saved[0], saved[1]), saved[2:]
 
 def prepare_for_saving(
     *tensors: torch.Tensor | None,

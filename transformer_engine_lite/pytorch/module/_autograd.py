@@ -14,7 +14,7 @@ from typing import Any, NamedTuple
 import torch
 
 from ..fp8 import FP8GlobalStateManager
-from ..quantized_tensor import SavedFloat8
+from ..quantized_tensor import SavedFloat8, SavedMXFP8
 from ..quantization import Operand, QuantSpec, mx_dequantized, ops, quantize_per_tensor
 from ..tensor import (
     Float8CurrentScalingQuantizer,
@@ -181,10 +181,20 @@ class _LinearFn(torch.autograd.Function):
             dt = cfg.inp.dtype
             quant_bwd = cfg.bwd_override is None
             x_col = need_wgrad and quant_bwd and not cfg.save_original_input
-            xr, xc = mx_dequantized(x2, dt, True, x_col)
+            deq = cfg.bwd_override == "dequantized"
+            # "dequantized" saves the row-wise MXFP8 bytes and scales the forward used
+            x_mx = te.quantize_mxfp8(x2, dt, True, False)[:2] if deq else None
+            if deq:
+                xr, xc = te.dequantize_mxfp8(*x_mx, False, torch.bfloat16), None
+            else:
+                xr, xc = mx_dequantized(x2, dt, True, x_col)
+            w_rows = None
             if w_mx is not None:
                 wr, wc = w_mx
                 w = wr  # what hp_bwd uses: the parameter's (exact) values
+            elif deq:
+                w_rows = te.quantize_mxfp8(w.contiguous(), dt, True, False)[:2]
+                wr, wc = te.dequantize_mxfp8(*w_rows, False, torch.bfloat16), None
             else:
                 wr, wc = mx_dequantized(w, dt, True, need_dgrad and quant_bwd)
             b = bias.to(torch.bfloat16) if bias is not None else None
@@ -192,8 +202,8 @@ class _LinearFn(torch.autograd.Function):
             amax = _empty_amax(inp)
             if hp_bwd:
                 saved = (x2, None, w, None)
-            elif cfg.bwd_override == "dequantized":
-                saved = (xr, None, wr, None)
+            elif deq:
+                saved = (*x_mx, *(w_rows if w_rows is not None else (wr, None)))
             else:
                 saved = (x2 if cfg.save_original_input else xc, None, wc, None)
         else:
@@ -223,8 +233,9 @@ class _LinearFn(torch.autograd.Function):
         if not torch.compiler.is_compiling():
             # TE's ctx.tensor_objects: how restore_from_saved rebuilds (input, weight) from
             # ctx.saved_tensors: a per-tensor FP8 operand is its (bytes, scale_inv) pair.
+            kind = SavedMXFP8 if cfg.mode == "mxfp8" else SavedFloat8
             ctx.tensor_objects = [
-                SavedFloat8(shape, out_dtype, cfg.inp.dtype if i == 0 else cfg.weight.dtype)
+                kind(shape, out_dtype, cfg.inp.dtype if i == 0 else cfg.weight.dtype)
                 if saved[2 * i + 1] is not None else None
                 for i, shape in enumerate((x2.shape, tuple(weight.shape)))
             ]
@@ -280,9 +291,14 @@ class _LinearFn(torch.autograd.Function):
         else:
             # High precision, or a backward_override: dequantize what the forward saved (exact)
             # and run both GEMMs on the unquantized gradient.
-            if x_si is not None:
+            if cfg.mode == "mxfp8":  # row-wise MXFP8 bytes ("dequantized"), to bf16 as the fwd
+                x_data = x_data if x_si is None else \
+                    te.dequantize_mxfp8(x_data, x_si, False, torch.bfloat16)
+                w_data = w_data if w_si is None else \
+                    te.dequantize_mxfp8(w_data, w_si, False, torch.bfloat16)
+            if x_si is not None and cfg.mode != "mxfp8":
                 x_data = te.dequantize(x_data, x_si, act_dtype)
-            if w_si is not None:
+            if w_si is not None and cfg.mode != "mxfp8":
                 w_data = te.dequantize(w_data, w_si, act_dtype)
             x_data = x_data if x_data.dtype == act_dtype else x_data.to(act_dtype)
             w_data = w_data if w_data.dtype == act_dtype else w_data.to(act_dtype)
