@@ -212,9 +212,9 @@ MODULE_BAD = [
     ),
     (
         "qk_norm",
-        lambda: te.MultiheadAttention(HIDDEN, HEADS, qk_norm_type="L2Normalization"),
-        NotImplementedError,
-        "qk_norm_type",
+        lambda: te.MultiheadAttention(HIDDEN, HEADS, qk_norm_type="L2Norm"),
+        ValueError,
+        "qk_norm_type: expected None or one of",
     ),
     (
         "ub",

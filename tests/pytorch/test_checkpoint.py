@@ -127,7 +127,7 @@ def test_checkpoint_without_fp8_state_loads(empty):
             {"version": 2, "amax_history_fwd": torch.zeros(4, 6), "scale_fwd": torch.ones(6)},
             r"amax_history_fwd \[L, 3\]",
         ),
-        (torch.ones(3, dtype=torch.uint8), "expected a dict"),
+        (torch.ones(3, dtype=torch.float32), "expected a dict"),
     ],
 )
 def test_bad_extra_state(bad, match):
@@ -196,3 +196,66 @@ def test_infinite_amax_history_is_accepted():
     m = te.Linear(8, 8)
     m.set_extra_state(_with(amax_history_fwd=torch.full((4, 3), float("inf"))))
     assert torch.isinf(m.fp8_fwd_amax_history).all()
+
+
+# ----------------------------------------------------------------- TE's pickled extra state (#28)
+import pickle  # noqa: E402
+
+from transformer_engine_lite.common.recipe import (  # noqa: E402
+    Float8CurrentScaling,
+    MXFP8BlockScaling,
+)
+from transformer_engine_lite.pytorch._extra_state import (  # noqa: E402
+    UNSAFE_PICKLE_EXTRA_STATE_ENV,
+    CheckpointExtraStatePolicy,
+    recipe_extra_state_policy,
+    should_load_extra_state_pickle,
+)
+
+# Hand-written protocol-2 pickle of TE's own stateless extra state, naming TE's module (which is
+# not importable here): {"recipe": transformer_engine.common.recipe.Float8CurrentScaling(),
+# "extra_fp8_variables": {}}
+_TE_STATELESS = (b"\x80\x02}q\x00(X\x06\x00\x00\x00recipeq\x01ctransformer_engine.common.recipe\n"
+                 b"Float8CurrentScaling\nq\x02)\x81q\x03}q\x04bX\x13\x00\x00\x00"
+                 b"extra_fp8_variablesq\x05}q\x06u.")
+
+
+def _as_te_tensor(payload: bytes) -> torch.Tensor:
+    return torch.frombuffer(bytearray(payload), dtype=torch.uint8)  # TE 2.x's form
+
+
+def test_pickle_classifier():
+    assert not should_load_extra_state_pickle(_TE_STATELESS, "t")
+    assert not should_load_extra_state_pickle(pickle.dumps({}), "t")
+    assert not should_load_extra_state_pickle(b"", "t")
+    stateless_two = pickle.dumps({"recipe": Float8CurrentScaling(), "r2": MXFP8BlockScaling()})
+    assert not should_load_extra_state_pickle(stateless_two, "t")
+    # protocol 4 memoizes the module name and fetches it again for DelayedScaling: the
+    # classifier must still see which class it is (a literal-strings-only scan would not)
+    mixed = pickle.dumps({"recipe": Float8CurrentScaling(), "r2": DelayedScaling()}, protocol=4)
+    assert b"DelayedScaling" in mixed
+    for bad in (mixed, pickle.dumps({"recipe": DelayedScaling()}), b"not a pickle",
+                pickle.dumps({"scale_fwd": torch.ones(1)})):
+        with pytest.raises(RuntimeError, match=UNSAFE_PICKLE_EXTRA_STATE_ENV):
+            should_load_extra_state_pickle(bad, "t")
+    assert recipe_extra_state_policy(DelayedScaling()) is (
+        CheckpointExtraStatePolicy.STATEFUL_FP8_DELAYED_SCALING)
+
+
+def test_te_pickled_extra_state_in_load_state_dict(monkeypatch):
+    m = te.Linear(8, 8)
+    with te.fp8_autocast(fp8_recipe=RECIPE):
+        m(torch.randn(4, 8)).sum().backward()
+    before = _meta(m)
+    sd = m.state_dict()
+    sd["_extra_state"] = _as_te_tensor(_TE_STATELESS)  # stateless: loads as "no FP8 state"
+    m.load_state_dict(sd)
+    assert all(torch.equal(a, b) for a, b in zip(before, _meta(m)))
+    sd["_extra_state"] = _as_te_tensor(pickle.dumps({"recipe": DelayedScaling(),
+                                                     "scale_fwd": torch.ones(3)}))
+    with pytest.raises(RuntimeError, match="refusing to load pickled"):
+        m.load_state_dict(sd)
+    monkeypatch.setenv(UNSAFE_PICKLE_EXTRA_STATE_ENV, "1")
+    with pytest.raises(NotImplementedError, match="never unpickles"):
+        m.load_state_dict(sd)
+    assert all(torch.equal(a, b) for a, b in zip(before, _meta(m)))  # nothing was assigned

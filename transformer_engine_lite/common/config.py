@@ -73,6 +73,30 @@ ENV_VARS: tuple[EnvVar, ...] = (
     EnvVar("NVTE_FP8_BLOCK_SCALING_FP32_SCALES", "0", "runtime",
            "1: Float8BlockScaling() defaults to fp32 scales (default: power-of-two scales, "
            "as TE)"),
+    # NVFP4BlockScaling() defaults (TE's variables); the recipe's kernels are not implemented
+    # (issue #24), so they only shape the recipe object.
+    EnvVar("NVTE_NVFP4_DISABLE_RHT", "0", "runtime",
+           "1: NVFP4BlockScaling() defaults to disable_rht=True (no random Hadamard transforms)"),
+    EnvVar("NVTE_NVFP4_DISABLE_STOCHASTIC_ROUNDING", "0", "runtime",
+           "1: NVFP4BlockScaling() defaults to disable_stochastic_rounding=True"),
+    EnvVar("NVTE_NVFP4_DISABLE_2D_QUANTIZATION", "0", "runtime",
+           "1: NVFP4BlockScaling() defaults to disable_2d_quantization=True (1D blocks for "
+           "weights)"),
+    EnvVar("NVTE_NVFP4_ROW_SCALED_ACTIVATION", "0", "runtime",
+           "1: NVFP4BlockScaling() defaults to row_scaled_activation=True"),
+    EnvVar("NVTE_NVFP4_4OVER6", "none", "runtime",
+           "NVFP4BlockScaling() default nvfp4_4over6: none, weights, activations or all"),
+    EnvVar("NVTE_NVFP4_4OVER6_E4M3_USE_256", "all", "runtime",
+           "NVFP4BlockScaling() default nvfp4_4over6_e4m3_use_256: none, weights, activations or "
+           "all"),
+    EnvVar("NVTE_NVFP4_4OVER6_ERR_MODE", "MAE", "runtime",
+           "NVFP4BlockScaling() default nvfp4_4over6_err_mode: MAE or MSE (case-insensitive)"),
+    EnvVar("NVTE_ALLOW_UNSAFE_PICKLE_EXTRA_STATE", "0", "runtime",
+           "TE's opt-in to unpickling a checkpoint's pickled _extra_state (TE's uint8-tensor / "
+           "BytesIO form). TE-lite loads stateless pickled payloads without unpickling either way; "
+           "a stateful one (TE 1.x delayed scaling, unknown) raises TE's security advisory when "
+           "unset and NotImplementedError when 1 (TE-lite never unpickles; "
+           "pytorch/_extra_state.py)"),
     EnvVar("TE_LITE_AS_TRANSFORMER_ENGINE", "0", "runtime",
            "1: at interpreter start (the transformer_engine_lite_as_te.pth hook the package "
            "installs) map `transformer_engine`, `transformer_engine.<sub>` and "
@@ -87,6 +111,10 @@ ENV_VARS: tuple[EnvVar, ...] = (
            "JAX front end: 'false' runs every primitive as its pure-JAX reference instead of the "
            "XLA FFI handler; 'Name=false,Name2=true,...' per primitive (TE-JAX class names, e.g. "
            "GemmPrimitive, NormFwdPrimitive, QuantizePrimitive, ActLuPrimitive); unset = all FFI"),
+    EnvVar("NVTE_TORCH_COMPILE", "1", "runtime",
+           "PyTorch front end (TE's switch, read at import): 1 compiles the pytorch.jit functions "
+           "(L2 normalization of QK norm, GeLU, bias-dropout-add) with torch.compile on their first "
+           "call; 0 runs them eagerly"),
     # Attention backend selection (common/fused_attn/backend_select.cpp). Switches: only the exact
     # string 0 disables; logging: only the exact string 1 enables.
     EnvVar("NVTE_FUSED_ATTN", "1", "runtime",

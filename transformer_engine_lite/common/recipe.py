@@ -17,12 +17,14 @@ from typing import Any, NamedTuple
 
 __all__ = [
     "FP8_MAX",
+    "CustomRecipe",
     "DelayedScaling",
     "Float8BlockScaling",
     "Float8CurrentScaling",
     "Format",
     "MMParams",
     "MXFP8BlockScaling",
+    "NVFP4BlockScaling",
     "QParams",
     "Recipe",
 ]
@@ -58,6 +60,8 @@ class Format(Enum):
     E4M3FNUZ = _FormatHelper(FP8_MAX["e4m3fnuz"], FP8_MAX["e4m3fnuz"], "e4m3fnuz", "e4m3fnuz")
     E5M2FNUZ = _FormatHelper(FP8_MAX["e5m2fnuz"], FP8_MAX["e5m2fnuz"], "e5m2fnuz", "e5m2fnuz")
     HYBRID_FNUZ = _FormatHelper(FP8_MAX["e4m3fnuz"], FP8_MAX["e5m2fnuz"], "e4m3fnuz", "e5m2fnuz")
+    # FP4 (NVFP4BlockScaling's data format; not an FP8 recipe's fp8_format)
+    E2M1 = _FormatHelper(6.0, 6.0, "e2m1", "e2m1")
 
     @property
     def fwd(self) -> str:
@@ -90,6 +94,11 @@ def _check_format(recipe: str, value: Any) -> None:
         raise TypeError(
             f"{recipe}: fp8_format: expected a Format member "
             f"({', '.join('Format.' + f.name for f in Format)}), got {value!r}"
+        )
+    if value is Format.E2M1:
+        raise ValueError(
+            f"{recipe}: fp8_format: Format.E2M1 is an FP4 format (NVFP4BlockScaling's fp4_format), "
+            "not an FP8 one; use Format.HYBRID or an E4M3 format"
         )
     if value in _PURE_E5M2:
         # TE asserts the same: E5M2 has 2 mantissa bits, too coarse for forward tensors.
@@ -157,6 +166,9 @@ class Recipe:
 
     def nvfp4(self) -> bool:
         return False
+
+    def custom(self) -> bool:
+        return isinstance(self, CustomRecipe)
 
     def to_dict(self) -> dict[str, Any]:
         """Plain-value description (for checkpoints and logs); callables are recorded by name."""
@@ -282,10 +294,15 @@ def _check_legacy_keywords(
 
 
 class QParams(NamedTuple):
-    """Quantization parameters of one tensor role under current scaling."""
+    """Quantization parameters of one tensor role. power_2_scale / amax_epsilon: FP8 current and
+    block scaling; random_hadamard_transform / stochastic_rounding / fp4_2d_quantization: NVFP4
+    only (TE's QParams carries all five; an FP8 recipe refuses the NVFP4 ones set)."""
 
     power_2_scale: bool = False
     amax_epsilon: float = 0.0
+    random_hadamard_transform: bool = False
+    stochastic_rounding: bool = False
+    fp4_2d_quantization: bool = False
 
 
 class MMParams(NamedTuple):
@@ -304,6 +321,15 @@ def _check_qparams(recipe: str, name: str, q: Any) -> None:
         raise ValueError(
             f"{recipe}: {name}.amax_epsilon: expected a finite number >= 0, got {eps!r}"
         )
+    for flag in _FP4_QPARAMS:
+        if getattr(q, flag) is not False:
+            raise ValueError(
+                f"{recipe}: {name}.{flag}: an NVFP4 option (NVFP4BlockScaling); an FP8 recipe "
+                f"expects False, got {getattr(q, flag)!r}"
+            )
+
+
+_FP4_QPARAMS = ("random_hadamard_transform", "stochastic_rounding", "fp4_2d_quantization")
 
 
 def _check_quant_fields(recipe: str, r: Any) -> None:
@@ -404,6 +430,84 @@ class MXFP8BlockScaling(Recipe):
         )
 
 
+_NVFP4_4OVER6_SCOPES = ("none", "weights", "activations", "all")
+_NVFP4_4OVER6_ERR_MODES = ("MAE", "MSE")
+
+
+def _nvfp4_env(name: str, default: str) -> str:
+    from . import config
+
+    return config.get(name) or default
+
+
+@dataclass()
+class NVFP4BlockScaling(Recipe):
+    """NVFP4 (TE 2.8+): E2M1 data, an E4M3 scale per 16 values and an FP32 per-tensor scale.
+    TE's fields, env defaults (NVTE_NVFP4_*, see common/config.py) and checks, so that clients can
+    build, compare and checkpoint it; its kernels are not implemented yet (issue #24): autocast /
+    quantized_model_init with it raise NotImplementedError, is_nvfp4_available() says so.
+    fp4_quant_fwd_inp / _fwd_weight / _bwd_grad are derived QParams, as TE's."""
+
+    disable_rht: bool = field(default_factory=lambda: _env_flag("NVTE_NVFP4_DISABLE_RHT"))
+    disable_stochastic_rounding: bool = field(
+        default_factory=lambda: _env_flag("NVTE_NVFP4_DISABLE_STOCHASTIC_ROUNDING"))
+    disable_2d_quantization: bool = field(
+        default_factory=lambda: _env_flag("NVTE_NVFP4_DISABLE_2D_QUANTIZATION"))
+    row_scaled_activation: bool = field(
+        default_factory=lambda: _env_flag("NVTE_NVFP4_ROW_SCALED_ACTIVATION"))
+    nvfp4_4over6: str = field(default_factory=lambda: _nvfp4_env("NVTE_NVFP4_4OVER6", "none"))
+    nvfp4_4over6_e4m3_use_256: str = field(
+        default_factory=lambda: _nvfp4_env("NVTE_NVFP4_4OVER6_E4M3_USE_256", "all"))
+    nvfp4_4over6_err_mode: str = field(
+        default_factory=lambda: _nvfp4_env("NVTE_NVFP4_4OVER6_ERR_MODE", "MAE").upper())
+    fp4_format: Format = Format.E2M1
+    fp8_format: Format = Format.E4M3
+    fp8_dpa: bool = False
+    fp8_mha: bool = False
+    backward_override: str | None = field(default_factory=_default_backward_override)
+
+    def nvfp4(self) -> bool:
+        return True
+
+    def __post_init__(self) -> None:
+        name = "NVFP4BlockScaling"
+        for f, only in (("fp4_format", Format.E2M1), ("fp8_format", Format.E4M3)):
+            if getattr(self, f) is not only:  # fp8_format: of the block scales
+                raise ValueError(f"{name}: {f}: expected {only}, got {getattr(self, f)!r}")
+        check_backward_override(name, self.backward_override)
+        for flag in ("disable_rht", "disable_stochastic_rounding", "disable_2d_quantization",
+                     "row_scaled_activation", "fp8_dpa", "fp8_mha"):
+            _check_bool(name, flag, getattr(self, flag))
+        for f, allowed in (("nvfp4_4over6", _NVFP4_4OVER6_SCOPES),
+                           ("nvfp4_4over6_e4m3_use_256", _NVFP4_4OVER6_SCOPES),
+                           ("nvfp4_4over6_err_mode", _NVFP4_4OVER6_ERR_MODES)):
+            if getattr(self, f) not in allowed:
+                raise ValueError(f"{name}: {f}: expected one of {allowed}, got "
+                                 f"{getattr(self, f)!r}")
+        # TE's derivation: RHT on inputs and gradients (their column-wise use, the wgrad GEMM),
+        # 2D blocks on weights, stochastic rounding on gradients.
+        self.fp4_quant_fwd_inp = QParams(random_hadamard_transform=not self.disable_rht)
+        self.fp4_quant_fwd_weight = QParams(fp4_2d_quantization=not self.disable_2d_quantization)
+        self.fp4_quant_bwd_grad = QParams(
+            random_hadamard_transform=not self.disable_rht,
+            stochastic_rounding=not self.disable_stochastic_rounding,
+        )
+
+    def __repr__(self) -> str:
+        return (
+            f"recipe_type={type(self).__name__}, fp4_format={self.fp4_format.name}, "
+            f"fp8_format={self.fp8_format.name}, fp8_dpa={self.fp8_dpa}, fp8_mha={self.fp8_mha}, "
+            f"backward_override={self.backward_override}, "
+            f"row_scaled_activation={self.row_scaled_activation}, "
+            f"nvfp4_4over6={self.nvfp4_4over6}, "
+            f"nvfp4_4over6_e4m3_use_256={self.nvfp4_4over6_e4m3_use_256}, "
+            f"nvfp4_4over6_err_mode={self.nvfp4_4over6_err_mode}, "
+            f"fp4_quant_fwd_inp={self.fp4_quant_fwd_inp}, "
+            f"fp4_quant_fwd_weight={self.fp4_quant_fwd_weight}, "
+            f"fp4_quant_bwd_grad={self.fp4_quant_bwd_grad}"
+        )
+
+
 def _block_scaling_default_qparams() -> QParams:
     # TE: power-of-two scales unless NVTE_FP8_BLOCK_SCALING_FP32_SCALES=1
     return QParams(power_2_scale=not _env_flag("NVTE_FP8_BLOCK_SCALING_FP32_SCALES"))
@@ -465,3 +569,47 @@ class Float8BlockScaling(Recipe):
             f"w_block_scaling_dim={self.w_block_scaling_dim}, "
             f"grad_block_scaling_dim={self.grad_block_scaling_dim}"
         )
+
+
+@dataclass()
+class CustomRecipe(Recipe):
+    """TE's CustomRecipe: every quantizer comes from `qfactory(role)`, called by each module for
+    each of its tensor slots with a `pytorch.quantization.QuantizerRole` (None for slots whose
+    consumer the module does not know: a GEMM's output, the gradient it produces). The factory
+    returns a quantizer (Float8CurrentScalingQuantizer, MXFP8Quantizer, IdentityQuantizer for
+    high precision); `pytorch.custom_recipes.quantizer_factories` mirrors the built-in recipes.
+
+    fp8_format only names the HYBRID default that format-reading code sees; the factory decides
+    every dtype. quantization_alignment (default 128, enough for every TE format): the row
+    alignment automatic padding of grouped GEMMs uses (Fp8Padding), read without calling qfactory
+    (a factory may be stateful or role-dependent); must be positive."""
+
+    qfactory: Callable[..., Any] = None  # type: ignore[assignment]
+    fp8_format: Format = Format.HYBRID
+    fp8_dpa: bool = False
+    fp8_mha: bool = False
+    backward_override: str | None = field(default_factory=_default_backward_override)
+    quantization_alignment: int = 128
+
+    def __post_init__(self) -> None:
+        name = "CustomRecipe"
+        if not callable(self.qfactory):
+            raise TypeError(f"{name}: qfactory: expected a callable role -> quantizer, got "
+                            f"{self.qfactory!r}")
+        check_backward_override(name, self.backward_override)
+        _check_format(name, self.fp8_format)
+        a = self.quantization_alignment
+        if isinstance(a, bool) or not isinstance(a, int):
+            raise TypeError(f"{name}: quantization_alignment: expected an int, got {a!r}")
+        if a <= 0:
+            raise ValueError(f"{name}: quantization_alignment must be positive, got {a}")
+        for flag in ("fp8_dpa", "fp8_mha"):
+            _check_bool(name, flag, getattr(self, flag))
+        if self.fp8_dpa or self.fp8_mha:
+            raise NotImplementedError(f"{name}: fp8_dpa / fp8_mha: FP8 attention under a custom "
+                                      "recipe is not implemented by transformer_engine_lite")
+
+    def __repr__(self) -> str:
+        return (f"recipe_type={type(self).__name__}, qfactory={self.qfactory}, "
+                f"backward_override={self.backward_override}, "
+                f"quantization_alignment={self.quantization_alignment}")

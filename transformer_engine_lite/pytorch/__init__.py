@@ -113,3 +113,23 @@ __all__ = [
     "quantized_model_init",
     "recipe",
 ]
+
+# Quantized-tensor storages and the block-scaled classes TE names (the latter refuse to be made:
+# NVFP4 / Float8 block scaling are not implemented).
+from .tensor import (  # noqa: E402
+    Float8BlockQuantizer,
+    Float8BlockwiseQTensor,
+    MXFP8TensorStorage,
+    NVFP4Quantizer,
+    NVFP4Tensor,
+    QuantizedTensorStorage,
+)
+
+__all__ += [
+    "Float8BlockQuantizer",
+    "Float8BlockwiseQTensor",
+    "MXFP8TensorStorage",
+    "NVFP4Quantizer",
+    "NVFP4Tensor",
+    "QuantizedTensorStorage",
+]

@@ -1,22 +1,36 @@
 """The modules' checkpointed FP8 state (_extra_state): its schema and the checks that run before
 anything is assigned (module/base.py: get_extra_state / set_extra_state). TE-lite checkpoints its
-FP8 state as plain tensors and values, loadable with torch.load(weights_only=True); it never
-unpickles, so TE's opt-in for unsafe unpickling of its own pickled extra state has no use here:
-such a state is refused with an error that says so, whatever the variable's value."""
+FP8 state as plain tensors and values, loadable with torch.load(weights_only=True), and never
+unpickles. TE stores its extra state as a pickle (a uint8 tensor); pytorch/_pickled_state.py
+classifies such a payload without running it (TE's policy API), so that a stateless one loads as
+"no FP8 state" and a stateful one is refused."""
 
+import io
 from typing import Any
 
 import torch
 
-UNSAFE_PICKLE_EXTRA_STATE_ENV = "NVTE_ALLOW_UNSAFE_PICKLE_EXTRA_STATE"
+from ._pickled_state import (  # noqa: F401  (TE's names live in te.pytorch._extra_state)
+    _RECIPE_POLICIES,
+    UNSAFE_PICKLE_EXTRA_STATE_ENV,
+    CheckpointExtraStatePolicy,
+    is_stateless_recipe,
+    recipe_extra_state_policy,
+    should_load_extra_state_pickle,
+)
 
 __all__ = [
     "EXTRA_STATE_VERSION",
     "UNSAFE_PICKLE_EXTRA_STATE_ENV",
+    "CheckpointExtraStatePolicy",
+    "is_stateless_recipe",
+    "recipe_extra_state_policy",
+    "should_load_extra_state_pickle",
     "check_fp8_meta",
     "check_fp8_param_scales",
     "check_schema",
     "fp8_param_scales",
+    "pickled_bytes",
 ]
 
 EXTRA_STATE_VERSION = 2
@@ -95,7 +109,14 @@ def check_fp8_meta(owner: str, state: dict[str, Any], key: str, n: int, dev: Any
     return hist32, scale32
 
 
-
+def pickled_bytes(state: Any) -> bytes | None:
+    """The bytes of TE's pickled extra state (a 1-D uint8 tensor, or io.BytesIO in TE 1.x), else
+    None."""
+    if isinstance(state, io.BytesIO):
+        return state.getvalue()
+    if isinstance(state, torch.Tensor) and state.dtype == torch.uint8 and state.dim() == 1:
+        return state.detach().cpu().numpy().tobytes()
+    return None
 
 
 def fp8_param_scales(module: Any) -> dict[str, Any]:

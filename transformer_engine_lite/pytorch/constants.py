@@ -4,15 +4,20 @@ formats. Clients (Megatron-Core) import these names directly."""
 
 from __future__ import annotations
 
+from types import SimpleNamespace
+
 import torch
 import torch.distributed
 
+from . import tex as _tex
 from .tex import DType
 
 __all__ = [
     "AttnBiasTypes",
     "AttnMaskTypes",
     "AttnTypes",
+    "FP8BwdTensorIdx",
+    "FP8FwdTensorIdx",
     "GemmParallelModes",
     "LayerTypes",
     "MXFP8_BLOCK_SCALING_SIZE",
@@ -64,3 +69,8 @@ GemmParallelModes = ("row", "column", None)
 dist_group_type = torch.distributed.ProcessGroup
 MXFP8_BLOCK_SCALING_SIZE = 32
 NVFP4_BLOCK_SCALING_SIZE = 16
+
+# TE's int views of tex.FP8FwdTensors / FP8BwdTensors (index module.quantizers[...] and the FP8
+# meta columns with them).
+FP8FwdTensorIdx = SimpleNamespace(**{k: int(v) for k, v in _tex.FP8FwdTensors.__members__.items()})
+FP8BwdTensorIdx = SimpleNamespace(**{k: int(v) for k, v in _tex.FP8BwdTensors.__members__.items()})

@@ -29,6 +29,7 @@ import torch
 
 from ..common.recipe import (
     FP8_MAX,
+    CustomRecipe,
     DelayedScaling,
     Float8CurrentScaling,
     Format,
@@ -66,9 +67,14 @@ _TORCH_FP8 = {
 }
 
 
-def get_fp8_torch_dtype(fp8_format: Format, forward: bool) -> torch.dtype:
-    """torch dtype of forward (activations, weights) or backward (gradients) tensors of a format."""
-    return _TORCH_FP8[fp8_format.dtype_name(forward)]
+def get_fp8_torch_dtype(fp8_format: Format | Recipe, fprop_tensor: bool = True) -> torch.dtype:
+    """torch dtype of forward (activations, weights) or backward (gradients) tensors of a format,
+    or of a recipe's fp8_format (TE 2.x's signature: get_fp8_torch_dtype(recipe, fprop_tensor))."""
+    fmt = getattr(fp8_format, "fp8_format", fp8_format)
+    if not isinstance(fmt, Format):
+        raise TypeError(f"get_fp8_torch_dtype: fp8_format: expected a Format or a recipe with "
+                        f"one, got {fp8_format!r}")
+    return _TORCH_FP8[fmt.dtype_name(bool(fprop_tensor))]
 
 
 def get_fp8_max(fp8_format: Format, forward: bool) -> float:
@@ -188,9 +194,11 @@ def _check_recipe(recipe: Any) -> Recipe:
             "transformer_engine_lite yet; use DelayedScaling, Float8CurrentScaling or "
             "MXFP8BlockScaling"
         )
-    if not isinstance(recipe, (DelayedScaling, Float8CurrentScaling, MXFP8BlockScaling)):
+    if not isinstance(recipe, (DelayedScaling, Float8CurrentScaling, MXFP8BlockScaling,
+                               CustomRecipe)):
         raise TypeError(
-            "fp8 recipe: expected DelayedScaling, Float8CurrentScaling or MXFP8BlockScaling, "
+            "fp8 recipe: expected DelayedScaling, Float8CurrentScaling, MXFP8BlockScaling or "
+            "CustomRecipe, "
             f"got {type(recipe).__name__}"
         )
     return recipe
@@ -216,6 +224,9 @@ class FP8GlobalStateManager:
     _recipe_entries: ClassVar[list[tuple[Recipe, Any]]] = []
     _fwd_codes: ClassVar[set[int]] = set()  # delayed codes entered since the last forward update
     _bwd_codes: ClassVar[set[int]] = set()  # delayed codes ever entered
+    # CustomRecipe codes whose GEMMs run delayed scaling (DelayedScalingRequest): code -> the
+    # DelayedScaling their update uses (module/_custom.py registers it at each such forward).
+    _custom_delayed: ClassVar[dict[int, DelayedScaling]] = {}
     _modules: ClassVar[weakref.WeakValueDictionary[int, Any]] = weakref.WeakValueDictionary()
     _module_ids = itertools.count()
     _bwd_callback_queued = False
@@ -242,6 +253,11 @@ class FP8GlobalStateManager:
     @staticmethod
     def is_nvfp4_available() -> tuple[bool, str]:
         return check_nvfp4_support()
+
+    @staticmethod
+    def get_meta_tensor_key(forward: bool = True) -> str:
+        """Key of a module's fp8_meta recipe state: "scaling_fwd" / "scaling_bwd" (TE's)."""
+        return "scaling_fwd" if forward else "scaling_bwd"
 
     # ---------------------------------------------------------------- queries (forward-time)
     @classmethod
@@ -378,16 +394,32 @@ class FP8GlobalStateManager:
         modules = [m for m in cls._registered() if m.fp8_meta_initialized()]
         for code in sorted(codes):
             recipe, group = cls._recipe_entries[code - 1]
+            recipe = cls._custom_delayed.get(code, recipe)
             if recipe.delayed() and modules:
                 _update_delayed(modules, recipe, group, code, forward)
         if forward:
             cls._fwd_codes = set()
+
+    @classmethod
+    def add_custom_delayed(cls, code: int, inner: DelayedScaling) -> None:
+        """A GEMM under the CustomRecipe of `code` runs delayed scaling with `inner`'s settings:
+        its amaxes join the updates of that code (one set of settings per code)."""
+        known = cls._custom_delayed.setdefault(code, inner)
+        if known != inner:
+            raise NotImplementedError(
+                "CustomRecipe: DelayedScalingRequest: requests with different settings under one "
+                f"recipe are not implemented by transformer_engine_lite ({known!r} vs {inner!r})")
+        cls._fwd_codes.add(code)
+        cls._bwd_codes.add(code)
 
     # ---------------------------------------------------------------- model init
     @classmethod
     @contextlib.contextmanager
     def _model_init(cls, enabled: bool, recipe: Recipe | None, preserve: bool) -> Iterator[None]:
         checked = _check_recipe(recipe) if enabled else None  # a bad recipe changes nothing
+        if checked is not None and checked.custom():
+            raise NotImplementedError("quantized_model_init: recipe: CustomRecipe FP8 weight "
+                                      "parameters are not implemented by transformer_engine_lite")
         saved = (cls._model_init_enabled, cls._model_init_recipe, cls._model_init_preserve)
         cls._model_init_enabled = enabled
         cls._model_init_recipe = checked
@@ -477,13 +509,16 @@ def _update_delayed(
             _reduce_amax(row0, group)
             hist[0] = row0
         new_hist, new_scale = _default_update(hist, scale, recipe, fp8_dtype, fp8_max)
+        # TE's rule: a slot whose newest amax is 0 (it did not quantize this step: a GEMM output,
+        # a cached weight) keeps its history and scale as they are (no roll).
+        seen = hist[0] != 0
         col = 0
         for h, s, ran in metas:
             n = s.numel()
-            sel = ran == code  # [1] bool, broadcast: no host sync
+            sel = (ran == code) & seen[col : col + n]  # [n] bool: no host sync
             h.copy_(torch.where(sel, new_hist[:, col : col + n], h))
             s.copy_(torch.where(sel, new_scale[col : col + n], s))
-            ran.masked_fill_(sel, 0)
+            ran.masked_fill_(ran == code, 0)
             col += n
 
 
@@ -537,10 +572,12 @@ def quantized_model_init(
     replaced by an `nn.Parameter` holding only FP8 data + scale: a `Float8Tensor` (DelayedScaling:
     scale 1.0, TE's initial delayed scale; Float8CurrentScaling: per-tensor current scaling with
     the recipe's fp8_quant_fwd_weight) or an `MXFP8Tensor` (MXFP8BlockScaling: row- and column-wise
-    1x32 blocks). Under a matching fp8_autocast the GEMMs use these bytes directly; otherwise the
-    weight is dequantized. Gradients are plain tensors of the parameter's nominal dtype; in-place
-    updates (optimizer steps, copy_, load_state_dict) re-quantize in place with the parameter's
-    quantizer. The module attribute `primary_weights_in_fp8` (and `param.fp8_primary`) flag it.
+    1x32 blocks). Under a matching fp8_autocast the GEMMs use these bytes directly; outside one the
+    weight is dequantized; under a recipe of another type the forward raises RuntimeError (TE's
+    "Recipe mismatch", module/_recipe_checks.py). Gradients are plain tensors of the
+    parameter's nominal dtype; in-place updates (optimizer steps, copy_, load_state_dict)
+    re-quantize in place with the parameter's quantizer. The module attribute
+    `primary_weights_in_fp8` (and `param.fp8_primary`) flag it.
     With preserve_high_precision_init_val, `param.get_high_precision_init_val()` returns the
     pre-quantization values (a CPU copy) until `param.clear_high_precision_init_val()`.
     """

@@ -12,11 +12,11 @@ Everything here is tensor ops with static Python branching, so it traces under t
 
 from __future__ import annotations
 
-from typing import NamedTuple
+from typing import Any, NamedTuple
 
 import torch
 
-from ..common.recipe import MXFP8BlockScaling, QParams, Recipe
+from ..common.recipe import DelayedScaling, Format, MXFP8BlockScaling, QParams, Recipe
 from .fp8 import (  # noqa: F401  TE 2.x serves the autocast API from pytorch.quantization
     FP8GlobalStateManager,
     autocast,
@@ -30,11 +30,22 @@ from .fp8 import (  # noqa: F401  TE 2.x serves the autocast API from pytorch.qu
     is_nvfp4_available,
     quantized_model_init,
 )
+from ._recipe_state import (  # noqa: F401  TE's recipe states and unfused delayed-scaling update
+    DelayedScalingRecipeState,
+    Float8CurrentScalingRecipeState,
+    MXFP8BlockScalingRecipeState,
+    RecipeState,
+    _amax_and_scale_update,
+    _default_sf_compute,
+)
 
 __all__ = [
+    "CustomRecipeState",
+    "DelayedScalingRequest",
     "FP8GlobalStateManager",
     "Operand",
     "QuantSpec",
+    "QuantizerRole",
     "autocast",
     "fake_quantize",
     "fp8_autocast",
@@ -148,17 +159,167 @@ def fake_quantize(w: torch.Tensor, recipe: Recipe) -> torch.Tensor:
     return out.reshape(w.shape)
 
 
+# --------------------------------------------------------------------------- custom recipes
+import dataclasses as _dc  # noqa: E402  (kept beside the custom-recipe names it serves)
+
+
+@_dc.dataclass(frozen=True)
+class QuantizerRole:
+    """TE's identity of a tensor slot asking CustomRecipe.qfactory for a quantizer. Modules fill
+    what they know: module_type ("linear", "grouped_linear"), tensor_type ("input", "weight",
+    "grad_output") and name (the module's `name`, LayerNormMLP: "<name>.fc1" / "<name>.fc2");
+    empty strings otherwise. Slots whose consumer is unknown (a GEMM's output, the gradient it
+    produces) get None instead of a role."""
+
+    module_type: str = ""
+    tensor_type: str = ""
+    name: str = ""
+
+    def __post_init__(self) -> None:
+        for f in ("module_type", "tensor_type", "name"):
+            v = getattr(self, f)
+            if not isinstance(v, str):
+                raise TypeError(f"QuantizerRole: {f}: expected a str, got {v!r}")
+
+    def __str__(self) -> str:
+        parts = [f"{f}={getattr(self, f)}" for f in ("module_type", "tensor_type", "name")
+                 if getattr(self, f)]
+        return "|".join(parts) if parts else "QuantizerRole()"
+
+
+@_dc.dataclass(frozen=True)
+class DelayedScalingRequest:
+    """A CustomRecipe factory's request for module-managed delayed scaling (TE's name; what
+    delayed_scaling_factory returns). A GEMM whose input, weight and grad_output slots all get
+    equal requests runs exactly as under DelayedScaling(**fields): the module's scale / amax
+    history, updated by the autocast with these settings (module/_custom.py)."""
+
+    fp8_format: Format = Format.HYBRID
+    margin: int = 0
+    amax_history_len: int = 1024
+    amax_compute_algo: Any = "max"
+    scaling_factor_compute_algo: Any = None
+    reduce_amax: bool = True
+
+    def delayed_scaling(self) -> DelayedScaling:
+        """The equivalent DelayedScaling (its checks validate the fields)."""
+        return DelayedScaling(backward_override=None, **_dc.asdict(self))
+
+
 def get_align_size_for_quantization(recipe: Recipe) -> int:
-    """Row alignment of grouped quantized GEMM splits (Fp8Padding / Fp8Unpadding): 32 for MXFP8
-    (one scale block along the tokens), 16 for per-tensor FP8 (TE's GEMM leading-dim rule), a
-    CustomRecipe's declared quantization_alignment (its qfactory is not called)."""
+    """Row alignment of grouped quantized GEMM splits (Fp8Padding): a CustomRecipe's declared
+    quantization_alignment (qfactory is not called: it may be stateful or role-dependent),
+    32 for MXFP8 (one scale block), 16 for per-tensor FP8 (TE's GEMM leading-dim rule)."""
     if not isinstance(recipe, Recipe):
         raise TypeError(f"get_align_size_for_quantization: recipe: expected a Recipe, got "
                         f"{type(recipe).__name__}")
-    if getattr(recipe, "custom", lambda: False)():
+    if recipe.custom():
         return int(recipe.quantization_alignment)
     if recipe.mxfp8():
         return 32
     if recipe.nvfp4():
         return 128
     return 16
+
+
+def check_factory_output(q: Any, slot: int | str, role: QuantizerRole | None) -> Any:
+    """TE's rule: a qfactory answers every slot; high precision is IdentityQuantizer, not None."""
+    if q is None:
+        raise ValueError(f"CustomRecipe qfactory returned None for slot {slot} (role={role}); "
+                         "expected a quantizer or a DelayedScalingRequest (IdentityQuantizer for "
+                         "an unquantized slot)")
+    return q
+
+
+@_dc.dataclass
+class _DelayedScalingState:
+    """Delayed-scaling buffers shared by a CustomRecipeState's requested slots."""
+
+    recipe: DelayedScaling
+    scale: torch.Tensor  # [n]
+    amax_history: torch.Tensor  # [amax_history_len, n]; row 0 holds the current amaxes
+
+
+class CustomRecipeState:
+    """TE's CustomRecipeState: the quantizers of `num_quantizers` slots of one direction (mode
+    "forward" or "backward") from recipe.qfactory(roles[i]) (bare QuantizerRole() when roles is
+    None). DelayedScalingRequests (all equal, as TE) become Float8Quantizers over buffers this state
+    owns: scale [n] (ones) and amax_history [len, n] (zeros); slot i's quantizer uses views of
+    column i (scale[i], amax_history[0, i]). inherit_state_from(other) keeps other's buffers (same
+    objects, values kept) for the next make_quantizers when their shape still fits. The modules
+    keep their own equivalent state (module/_custom.py); this object builds quantizers for callers
+    that manage a recipe state themselves."""
+
+    def __init__(self, recipe: Recipe, *, mode: str, num_quantizers: int = 1,
+                 device: Any = None, roles: list[QuantizerRole | None] | None = None) -> None:
+        if not isinstance(recipe, Recipe) or not recipe.custom():
+            raise TypeError(f"CustomRecipeState: recipe: expected a CustomRecipe, got "
+                            f"{type(recipe).__name__}")
+        if mode not in ("forward", "backward"):
+            raise ValueError(f"CustomRecipeState: mode: expected 'forward' or 'backward', got "
+                             f"{mode!r}")
+        if isinstance(num_quantizers, bool) or not isinstance(num_quantizers, int) or \
+                num_quantizers < 1:
+            raise ValueError(f"CustomRecipeState: num_quantizers: expected an int >= 1, got "
+                             f"{num_quantizers!r}")
+        if roles is not None and (len(roles) != num_quantizers or any(
+                r is not None and not isinstance(r, QuantizerRole) for r in roles)):
+            raise ValueError(f"CustomRecipeState: roles: expected None or {num_quantizers} "
+                             f"QuantizerRole / None entries, got {roles!r}")
+        self.recipe, self.mode, self.num_quantizers = recipe, mode, num_quantizers
+        self.device = torch.device(device) if device is not None else torch.device("cpu")
+        self.roles = roles
+        self._ds_state: _DelayedScalingState | None = None
+        self._ds_state_to_inherit: _DelayedScalingState | None = None
+
+    def make_quantizers(self) -> list[Any]:
+        from .tensor.float8_tensor import Float8Quantizer
+
+        roles = self.roles if self.roles is not None else [QuantizerRole()] * self.num_quantizers
+        raw = [check_factory_output(self.recipe.qfactory(r), i, r) for i, r in enumerate(roles)]
+        reqs = [i for i, q in enumerate(raw) if isinstance(q, DelayedScalingRequest)]
+        inherit, self._ds_state_to_inherit = self._ds_state_to_inherit, None
+        self._ds_state = None
+        if not reqs:
+            return raw
+        first = raw[reqs[0]]
+        if any(raw[i] != first for i in reqs):
+            raise ValueError("CustomRecipeState: DelayedScalingRequests of one state must be equal, "
+                             f"got {[raw[i] for i in reqs]}")
+        inner = first.delayed_scaling()
+        shape = (inner.amax_history_len, len(reqs))
+        if inherit is not None and tuple(inherit.amax_history.shape) == shape:
+            inherit.recipe = inner
+            self._ds_state = inherit
+        else:
+            f32 = dict(dtype=torch.float32, device=self.device)
+            self._ds_state = _DelayedScalingState(inner, torch.ones(len(reqs), **f32),
+                                                  torch.zeros(shape, **f32))
+        fp8 = get_fp8_torch_dtype(inner.fp8_format, self.mode == "forward")
+        st = self._ds_state
+        for col, i in enumerate(reqs):
+            raw[i] = Float8Quantizer(st.scale[col], st.amax_history[0][col].reshape(1), fp8)
+        return raw
+
+    def inherit_state_from(self, other: Any) -> bool:
+        """Keep `other`'s delayed-scaling buffers for the next make_quantizers (True if any)."""
+        if not isinstance(other, CustomRecipeState) or other._ds_state is None:
+            return False
+        self._ds_state_to_inherit = other._ds_state
+        return True
+
+    @property
+    def _has_delayed_scaling(self) -> bool:
+        return self._ds_state is not None
+
+    @property
+    def scale(self) -> torch.Tensor | None:
+        return self._ds_state.scale if self._ds_state is not None else None
+
+    @property
+    def amax_history(self) -> torch.Tensor | None:
+        return self._ds_state.amax_history if self._ds_state is not None else None
+
+    @property
+    def _inner_delayed_scaling_recipe(self) -> DelayedScaling | None:
+        return self._ds_state.recipe if self._ds_state is not None else None

@@ -1,4 +1,6 @@
-"""TE's pytorch.quantized_tensor helpers for what an autograd node saved for its backward.
+"""TE's `transformer_engine.pytorch.quantized_tensor` (where TE >= 2.9 keeps these names): the
+classes (they live in tensor/quantized_tensor.py) and the helpers for what an autograd node saved
+for its backward.
 
 save_for_backward takes plain tensors only, so a node saving a quantized operand saves its
 pieces (FP8 bytes, scale_inv) and keeps, in `ctx.tensor_objects`, one entry per operand: None
@@ -6,18 +8,20 @@ for a plain tensor (one saved tensor), or a template that rebuilds the quantized
 next saved pieces. restore_from_saved(tensor_objects, saved_tensors) pairs them up again, so the
 backward (or a test) sees the operands as the forward saved them.
 """
-
 from __future__ import annotations
 
 from typing import Any
 
 import torch
 
-from .tensor import Float8Tensor, QuantizedTensor
+from .tensor import Float8Tensor
+from .tensor.quantized_tensor import QuantizedTensor, Quantizer
 
 __all__ = [
     "Float8SavedOperand",
     "MXFP8SavedOperand",
+    "QuantizedTensor",
+    "Quantizer",
     "SavedFloat8",
     "SavedMXFP8",
     "prepare_for_saving",

@@ -5,6 +5,7 @@ chunk_size, noop_flag, tensor_lists, *scalars)."""
 from __future__ import annotations
 
 from enum import IntEnum
+from typing import Any
 
 import torch
 
@@ -22,7 +23,15 @@ _MULTI_TENSOR = (
     "multi_tensor_sgd",
     "multi_tensor_unscale_l2norm",
 )
-__all__ = ["DType", "dtype_to_torch", "torch_to_dtype", *_MULTI_TENSOR]
+__all__ = [
+    "DType",
+    "FP8TensorMeta",
+    "dtype_to_torch",
+    "fused_amax_and_scale_update_after_reduction",
+    "quantize",
+    "torch_to_dtype",
+    *_MULTI_TENSOR,
+]
 
 
 class DType(IntEnum):
@@ -39,6 +48,32 @@ class DType(IntEnum):
     # NVFP4's element type (TE's value). Named so that TE code comparing against it runs; no op of
     # ours takes it yet (the NVFP4 recipe is not implemented): dtype_to_torch refuses it.
     kFloat4E2M1 = 10
+
+
+class FP8FwdTensors(IntEnum):
+    """TE's forward FP8 meta / quantizer slots: GEMM g (1-based) owns 3*(g-1) + {input, weight,
+    output} (module.quantizers["scaling_fwd"], the forward amax history's columns)."""
+
+    GEMM1_INPUT = 0
+    GEMM1_WEIGHT = 1
+    GEMM1_OUTPUT = 2
+    GEMM2_INPUT = 3
+    GEMM2_WEIGHT = 4
+    GEMM2_OUTPUT = 5
+    GEMM3_INPUT = 6
+    GEMM3_WEIGHT = 7
+    GEMM3_OUTPUT = 8
+
+
+class FP8BwdTensors(IntEnum):
+    """TE's backward slots: GEMM g owns 2*(g-1) + {grad_output, grad_input}."""
+
+    GRAD_OUTPUT1 = 0
+    GRAD_INPUT1 = 1
+    GRAD_OUTPUT2 = 2
+    GRAD_INPUT2 = 3
+    GRAD_OUTPUT3 = 4
+    GRAD_INPUT3 = 5
 
 
 _TO_TORCH = {
@@ -73,6 +108,85 @@ def torch_to_dtype(dtype: torch.dtype) -> DType:
         return _FROM_TORCH[dtype]
     except KeyError:
         raise ValueError(f"dtype: {dtype} has no transformer_engine DType") from None
+
+
+class FP8TensorMeta:
+    """TE's FP8TensorMeta: a holder of scale [n], scale_inv [n] and amax_history [L, n]
+    (attributes, assigned by the caller; TE 2.x keeps it for code that builds its own meta)."""
+
+    def __init__(self) -> None:
+        self.scale: torch.Tensor | None = None
+        self.scale_inv: torch.Tensor | None = None
+        self.amax_history: torch.Tensor | None = None
+
+
+def fused_amax_and_scale_update_after_reduction(
+    amax_reduction_buffer: torch.Tensor,
+    amax_histories: list[torch.Tensor],
+    scales: list[torch.Tensor],
+    amax_compute_algo: str,
+    fp8_dtype: DType | torch.dtype,
+    margin: float,
+) -> None:
+    """TE's batched delayed-scaling step after the amax all-reduce, in place: history i
+    ([L, n_i]) takes its slice of the reduced buffer (the n_i amaxes, concatenated in order) as
+    its newest amax where that value is non-zero (TE's rule: 0 means "not reduced", keep the
+    history's own row 0), then the modules' fused update (roll, amax by algorithm, scale rule)
+    on every slot whose newest amax is non-zero; the others stay as they are (TE's kernel)."""
+    if amax_compute_algo not in ("max", "most_recent"):
+        raise ValueError(
+            f"fused_amax_and_scale_update_after_reduction: amax_compute_algo: expected 'max' or "
+            f"'most_recent', got {amax_compute_algo!r}"
+        )
+    if len(amax_histories) != len(scales):
+        raise ValueError(
+            f"fused_amax_and_scale_update_after_reduction: expected as many scales as amax "
+            f"histories, got {len(scales)} and {len(amax_histories)}"
+        )
+    dtype = dtype_to_torch(fp8_dtype)
+    total = sum(s.numel() for s in scales)
+    buf = amax_reduction_buffer.reshape(-1)
+    if buf.numel() != total:
+        raise ValueError(
+            f"fused_amax_and_scale_update_after_reduction: amax_reduction_buffer: expected "
+            f"{total} amaxes (sum of the scales' sizes), got {buf.numel()}"
+        )
+    off = 0
+    with torch.no_grad():
+        for hist, scale in zip(amax_histories, scales):
+            n = scale.numel()
+            reduced = buf[off : off + n].to(hist.device, torch.float32)
+            hist[0].copy_(torch.where(reduced != 0, reduced, hist[0]))
+            new_hist, new_scale = torch.ops.te_lite.delayed_scaling_update(
+                hist, scale, amax_compute_algo, dtype, float(margin))
+            seen = hist[0] != 0  # TE: a slot whose newest amax is 0 is left as it is (no roll)
+            hist.copy_(torch.where(seen, new_hist, hist))
+            scale.copy_(torch.where(seen, new_scale, scale))
+            off += n
+
+
+def quantize(tensor: torch.Tensor, quantizer: Any, output: Any = None, noop: Any = None) -> Any:
+    """TE's tex.quantize: tensor cast by quantizer, into output when given (in place; the same
+    kernel as quantizer(tensor)). noop: a one-element tensor; nonzero skips the cast (output is
+    returned as it is, TE's noop flag)."""
+    if noop is not None:
+        if not isinstance(noop, torch.Tensor) or noop.numel() != 1:
+            got = f"{noop.numel()} elements" if isinstance(noop, torch.Tensor) else type(noop)
+            raise ValueError(f"tex.quantize: noop: expected a one-element tensor, got {got}")
+        if bool(noop.reshape(-1)[0] != 0):
+            if output is None:
+                raise ValueError("tex.quantize: noop: a set noop flag needs an output to return")
+            return output
+    if output is None:
+        return quantizer(tensor)
+    return quantizer.update_quantized(tensor, output)
+
+
+def generic_gemm(*args, **kwargs):  # noqa: ANN002, ANN003, ANN201
+    """TE's tex.generic_gemm (see cpp_extensions.gemm.generic_gemm)."""
+    from .cpp_extensions.gemm import generic_gemm as _impl
+
+    return _impl(*args, **kwargs)
 
 
 def __getattr__(name: str):  # noqa: ANN202  (PEP 562)

@@ -42,9 +42,12 @@ class TransformerLayer(torch.nn.Module):
     parallel_attention_mlp=True: attention and MLP both read the block input and share one
     residual branch (encoder, pre-norm only, as TE). drop_path_rate in [0, 1] (1: the branch is
     always dropped in training). activation_params: passed to LayerNormMLP (clamped_swiglu).
+    qk_norm_type / qk_norm_eps / qk_norm_before_rope: QK normalization in the self- and the
+    cross-attention (see MultiheadAttention).
     Not supported (NotImplementedError): ub_tp_comm_overlap (the ub_* flags only matter with it,
-    as in TE), qk_norm_type, softmax_type other than 'vanilla'. seq_length / micro_batch_size:
-    TE's userbuffer shape hints, unused.
+    as in TE), softmax_type other than 'vanilla'. seq_length / micro_batch_size: passed to
+    LayerNormMLP and the attentions (TE's JIT warm-up sizes, used by qk_norm_type
+    'L2Normalization').
     """
 
     def __init__(
@@ -96,6 +99,8 @@ class TransformerLayer(torch.nn.Module):
         attn_input_format: str = "sbhd",
         name: str | None = None,
         qk_norm_type: str | None = None,
+        qk_norm_eps: float = 1e-6,
+        qk_norm_before_rope: bool = False,
         softmax_type: str = "vanilla",
     ) -> None:
         super().__init__()
@@ -103,7 +108,6 @@ class TransformerLayer(torch.nn.Module):
         reject_unsupported(
             owner,
             ub_tp_comm_overlap=ub_tp_comm_overlap,
-            qk_norm_type=qk_norm_type,
         )
         del ub_overlap_ag, ub_overlap_rs, ub_overlap_rs_dgrad, ub_bulk_dgrad, ub_bulk_wgrad
         if layer_type not in ("encoder", "decoder"):
@@ -169,6 +173,11 @@ class TransformerLayer(torch.nn.Module):
             "return_bias": True,
             "rotary_pos_interleaved": rotary_pos_interleaved,
             "softmax_type": softmax_type,
+            "qk_norm_type": qk_norm_type,
+            "qk_norm_eps": qk_norm_eps,
+            "qk_norm_before_rope": qk_norm_before_rope,
+            "seq_length": seq_length,
+            "micro_batch_size": micro_batch_size,
         }
         self.self_attention = MultiheadAttention(
             hidden_size,

@@ -19,12 +19,45 @@ import torch
 
 from ..distributed import get_distributed_world_size
 from ..module.base import reject_unsupported
+from ..module.layernorm import LayerNorm, RMSNorm
 from ..module.layernorm_linear import LayerNormLinear
 from ..module.linear import Linear
+from ..ops.basic.l2normalization import L2Normalization
 from .dot_product_attention import DotProductAttention
 from .rope import apply_rotary_pos_emb
 
 __all__ = ["MultiheadAttention"]
+
+
+_QK_NORMS = ("L2Normalization", "RMSNorm", "LayerNorm")
+
+
+def _qk_norm_modules(
+    qk_norm_type: str | None,
+    eps: float,
+    head_dim: int,
+    device: Any,
+    params_dtype: torch.dtype | None,
+    seq_length: int | None,
+    micro_batch_size: int | None,
+) -> tuple[torch.nn.Module | None, torch.nn.Module | None]:
+    """(q_norm, k_norm) for qk_norm_type, each normalizing over the head dim (TE's choices:
+    L2Normalization has no parameters, so q and k share one instance; RMSNorm / LayerNorm get
+    one each, so the state dict has q_norm.weight, k_norm.weight (and .bias for LayerNorm))."""
+    if qk_norm_type is None:
+        return None, None
+    if qk_norm_type not in _QK_NORMS:
+        raise ValueError(
+            f"MultiheadAttention: qk_norm_type: expected None or one of {list(_QK_NORMS)}, "
+            f"got {qk_norm_type!r}"
+        )
+    if qk_norm_type == "L2Normalization":
+        l2 = L2Normalization(eps=eps, seq_length=seq_length, micro_batch_size=micro_batch_size)
+        return l2, l2
+    cls = RMSNorm if qk_norm_type == "RMSNorm" else LayerNorm
+    return tuple(  # type: ignore[return-value]
+        cls(head_dim, eps=eps, device=device, params_dtype=params_dtype) for _ in range(2)
+    )
 
 
 class MultiheadAttention(torch.nn.Module):
@@ -43,9 +76,13 @@ class MultiheadAttention(torch.nn.Module):
     embedding's pair layout). Tensor parallelism: set_parallel_mode=True with tp_group / tp_size
     (QKV column-parallel, output row-parallel, heads split over ranks), sequence_parallel,
     get_rng_state_tracker, fuse_wgrad_accumulation as in the GEMM modules.
-    Not supported (NotImplementedError): userbuffer overlap (ub_*), qk_norm_type,
-    softmax_type other than 'vanilla'. seq_length / micro_batch_size: TE's userbuffer shape
-    hints, unused here as in TE without userbuffers.
+    QK normalization (TE's): qk_norm_type None, 'L2Normalization' (one parameter-free
+    ops.L2Normalization shared by q and k), 'RMSNorm' or 'LayerNorm' (separate te.RMSNorm /
+    te.LayerNorm over the head dim, submodules q_norm and k_norm), qk_norm_eps, applied to each
+    head of q and k after the rotary embedding, or before it with qk_norm_before_rope=True.
+    Not supported (NotImplementedError): userbuffer overlap (ub_*), softmax_type other than
+    'vanilla'. seq_length / micro_batch_size: TE's JIT warm-up sizes, passed to L2Normalization
+    (userbuffer shape hints otherwise, unused as in TE without userbuffers).
     """
 
     def __init__(
@@ -86,6 +123,8 @@ class MultiheadAttention(torch.nn.Module):
         qkv_format: str = "sbhd",
         name: str | None = None,
         qk_norm_type: str | None = None,
+        qk_norm_eps: float = 1e-6,
+        qk_norm_before_rope: bool = False,
         rotary_pos_interleaved: bool = False,
         seq_length: int | None = None,
         micro_batch_size: int | None = None,
@@ -100,7 +139,6 @@ class MultiheadAttention(torch.nn.Module):
             ub_overlap_rs_dgrad=ub_overlap_rs_dgrad,
             ub_bulk_dgrad=ub_bulk_dgrad,
             ub_bulk_wgrad=ub_bulk_wgrad,
-            qk_norm_type=qk_norm_type,
         )
         for arg, v in (("hidden_size", hidden_size), ("num_attention_heads", num_attention_heads)):
             if not isinstance(v, int) or v < 1:
@@ -146,6 +184,11 @@ class MultiheadAttention(torch.nn.Module):
         self.qkv_weight_interleaved = qkv_weight_interleaved and fuse_qkv_params
         self.rotary_pos_interleaved = rotary_pos_interleaved
         self.tp_size = tp
+        self.qk_norm_before_rope = qk_norm_before_rope
+        self.q_norm, self.k_norm = _qk_norm_modules(
+            qk_norm_type, qk_norm_eps, kv_channels, device, params_dtype, seq_length,
+            micro_batch_size,
+        )
         self.core_attention = DotProductAttention(
             num_attention_heads,
             kv_channels,
@@ -221,6 +264,14 @@ class MultiheadAttention(torch.nn.Module):
             parts = x.view(*lead, sum(groups), g, d).split(groups, dim=-3)
         return [p.reshape(*lead, n * g, d) for p, n in zip(parts, groups)]
 
+    def _qk_norm(self, q: torch.Tensor, k: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """q_norm(q), k_norm(k). The L2Normalization op is applied by its fuser_forward: one op
+        needs no op fuser, and skipping it keeps this module traceable by
+        torch.compile(fullgraph=True) (the fuser's autograd Function is not)."""
+        if isinstance(self.q_norm, L2Normalization):
+            return self.q_norm.fuser_forward(q, ())[0], self.k_norm.fuser_forward(k, ())[0]
+        return self.q_norm(q), self.k_norm(k)
+
     def forward(
         self,
         hidden_states: torch.Tensor,
@@ -272,6 +323,8 @@ class MultiheadAttention(torch.nn.Module):
             d = self.hidden_size_per_attention_head
             q = mixed.view(*mixed.shape[:-1], self.num_attention_heads_per_partition, d)
             k, v = self._heads(self.key_value(encoder_output, is_first_microbatch), [1, 1])
+        if self.q_norm is not None and self.qk_norm_before_rope:
+            q, k = self._qk_norm(q, k)
         if rotary_pos_emb is not None:
             if isinstance(rotary_pos_emb, (tuple, list)):
                 if len(rotary_pos_emb) != 2:
@@ -279,6 +332,8 @@ class MultiheadAttention(torch.nn.Module):
                 q_freqs, k_freqs = rotary_pos_emb
             else:
                 q_freqs = k_freqs = rotary_pos_emb
+            # TE's fused RoPE takes freqs of any float dtype and computes in fp32; ours wants fp32
+            q_freqs, k_freqs = q_freqs.float(), k_freqs.float()
             thd = self.qkv_format == "thd"
             q = apply_rotary_pos_emb(
                 q,
@@ -296,6 +351,8 @@ class MultiheadAttention(torch.nn.Module):
                 fused=True,
                 cu_seqlens=cu_seqlens_kv if thd else None,
             )
+        if self.q_norm is not None and not self.qk_norm_before_rope:
+            q, k = self._qk_norm(q, k)
         context = self.core_attention(
             q,
             k,

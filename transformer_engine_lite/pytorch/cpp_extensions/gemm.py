@@ -9,7 +9,7 @@ import torch
 from ..quantization import ops
 from ..tensor import Float8Tensor, MXFP8Tensor, QuantizedTensor, Quantizer
 
-__all__ = ["general_gemm"]
+__all__ = ["general_gemm", "generic_gemm"]
 
 _MX_GEMM_DTYPE = torch.bfloat16
 
@@ -136,3 +136,34 @@ def _general_gemm(
         d = quantization_params(d)
     gelu_input = pre_gelu if gelu and not grad else None
     return d, (bias_grad if grad and bias is not None else None), gelu_input, None
+
+
+def generic_gemm(
+    A: Any, transA: bool, B: Any, transB: bool, D: torch.Tensor | None, quantizer: Any,
+    output_dtype: Any, bias: torch.Tensor | None, bias_type: Any, gelu: bool,
+    gelu_in: torch.Tensor | None, grad: bool, workspace: torch.Tensor | None, workspace_size: int,
+    accumulate: bool, use_split_accumulator: bool, comm_overlap: Any = None, comm_type: Any = None,
+    extra_output: torch.Tensor | None = None, bulk_overlap: bool = False, alpha: float = 1.0,
+    beta: float | None = None,
+) -> list[Any]:
+    """TE's tex.generic_gemm (the pybind GEMM under general_gemm), same arguments in the same order:
+    D = op(B) @ op(A) in TE's column-major naming (transA=True, transB=False: B @ A^T), written
+    into D when given. output_dtype / bias_type are TE DTypes (bias_type must be the bias's dtype
+    when there is a bias). workspace / workspace_size are cuBLAS scratch, not needed here.
+    Returns [D, bias_grad, gelu_input, extra_output]."""
+    from ..tex import dtype_to_torch, torch_to_dtype
+
+    out_dtype = dtype_to_torch(output_dtype, "generic_gemm: output_dtype")
+    if bias is not None and bias.numel():
+        if dtype_to_torch(bias_type, "generic_gemm: bias_type") != bias.dtype:
+            raise ValueError(f"generic_gemm: bias_type: expected the bias dtype "
+                             f"{torch_to_dtype(bias.dtype)!r}, got {bias_type!r}")
+    else:
+        bias = None
+    layout = ("T" if transA else "N") + ("T" if transB else "N")
+    d, bias_grad, gelu_input, extra = _general_gemm(
+        A, B, out_dtype, quantizer, bool(gelu), gelu_in, alpha, beta, bool(accumulate), layout,
+        D, bias, bool(use_split_accumulator), bool(grad), comm_overlap, comm_type, extra_output,
+        bulk_overlap, workspace,
+    )
+    return [d, bias_grad, gelu_input, extra]

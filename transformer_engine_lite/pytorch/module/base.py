@@ -34,24 +34,24 @@ from ..distributed import (
     reduce_from_tp_region,
     reduce_scatter_along_first_dim,
 )
-from ..fp8 import FP8GlobalStateManager, get_fp8_torch_dtype
+from ..fp8 import FP8GlobalStateManager
 from ..quantization import fake_quantize, spec_for
-from ..tensor import (
-    Float8CurrentScalingQuantizer,
-    Float8Quantizer,
-    MXFP8Quantizer,
-    QuantizedTensor,
-    Quantizer,
-)
+from ..tensor import Float8Quantizer, QuantizedTensor
 from .._extra_state import (
     EXTRA_STATE_VERSION,
     check_fp8_meta,
     check_fp8_param_scales,
     check_schema,
     fp8_param_scales,
+    pickled_bytes,
+    should_load_extra_state_pickle,
 )
 from ..utils import get_default_init_method
+from .._recipe_state import build_fp8_meta
 from ._autograd import GemmConfig, WeightCast, cast_weight, linear
+from ._custom import builtin_quantizers, custom_gemm_config
+from ._params import _moved, materialize_params, weight_param_quantizer  # noqa: F401
+from ._recipe_checks import check_recipe_change
 
 __all__ = [
     "EXTRA_STATE_VERSION",
@@ -86,53 +86,6 @@ def get_dummy_wgrad(shape: list[int], dtype: torch.dtype, zero: bool = False) ->
     return t
 
 
-def weight_param_quantizer(owner: str, recipe: Recipe, weight: torch.Tensor) -> Quantizer:
-    """The quantizer of an FP8 weight parameter under quantized_model_init(recipe): the bytes it
-    produces are those the recipe's forward would quantize the weight to (delayed scaling: TE's
-    initial scale 1.0; current scaling: the recipe's fp8_quant_fwd_weight options). It is also
-    what re-quantizes the parameter after an in-place update (optimizer step, copy_); under
-    delayed scaling each re-quantization uses the scale (with the recipe's margin) computed from
-    the previous one's amax, as TE's weight amax history would give."""
-    fmt = getattr(recipe, "fp8_format", None)
-    if recipe.delayed():
-        dt = get_fp8_torch_dtype(fmt, True)
-        one = torch.ones(1, dtype=torch.float32, device=weight.device)
-        return Float8Quantizer(one, torch.zeros_like(one), dt, update_margin=float(recipe.margin))
-    if recipe.float8_current_scaling():
-        qp = recipe.fp8_quant_fwd_weight
-        dt = get_fp8_torch_dtype(fmt, True)
-        return Float8CurrentScalingQuantizer(
-            dt,
-            weight.device,
-            force_pow_2_scales=bool(qp.power_2_scale),
-            amax_epsilon=float(qp.amax_epsilon),
-        )
-    if recipe.mxfp8():
-        return MXFP8Quantizer(get_fp8_torch_dtype(fmt, True))
-    raise ValueError(
-        f"{owner}: quantized_model_init recipe: expected DelayedScaling, Float8CurrentScaling or "
-        f"MXFP8BlockScaling for FP8 weight parameters, got {type(recipe).__name__}"
-    )
-
-
-def _moved(param: QuantizedTensor, device: torch.device) -> torch.nn.Parameter:
-    """An FP8 parameter's copy on `device` (inner tensors and the quantizer's scale / amax)."""
-    new = param._shallow_copy()
-    for name in new._inner_names():
-        t = getattr(new, name)
-        setattr(new, name, None if t is None else t.to(device))
-    q = new._quantizer
-    if isinstance(q, Float8Quantizer):
-        new._quantizer = Float8Quantizer(
-            q.scale.to(device), q.amax.to(device), q.dtype, update_margin=q.update_margin
-        )
-    out = torch.nn.Parameter(new, requires_grad=param.requires_grad)
-    for k, v in param.__dict__.items():
-        if k not in new._inner_names() and k != "_quantizer":
-            setattr(out, k, v)
-    return out
-
-
 def default_device() -> torch.device:
     """TE defaults to "cuda"; here the CPU when no GPU is present."""
     return torch.device("cuda" if torch.cuda.is_available() else "cpu")
@@ -165,7 +118,10 @@ class TransformerEngineBaseModule(torch.nn.Module):
         mdev = dev if dev.type != "meta" else torch.device("cpu")
         f32 = {"dtype": torch.float32, "device": mdev}
         L = _DEFAULT_HISTORY_LEN
-        if FP8GlobalStateManager.with_fp8_parameters():
+        if FP8GlobalStateManager.is_fp8_enabled():  # built inside an autocast: its length (TE
+            r = FP8GlobalStateManager.get_fp8_recipe()  # sizes the meta at the first forward)
+            L = getattr(r, "amax_history_len", L)
+        elif FP8GlobalStateManager.with_fp8_parameters():
             r = FP8GlobalStateManager.get_model_init_recipe()
             L = getattr(r, "amax_history_len", L)
         self.register_buffer("fp8_fwd_amax_history", torch.zeros(L, 3 * num_gemms, **f32), False)
@@ -271,9 +227,8 @@ class TransformerEngineBaseModule(torch.nn.Module):
         m = FP8GlobalStateManager
         if m.is_fp8_enabled():
             r = m.get_fp8_recipe()
-            mode = (
-                "delayed" if r.delayed() else "current" if r.float8_current_scaling() else "mxfp8"
-            )
+            mode = ("delayed" if r.delayed() else "current" if r.float8_current_scaling()
+                    else "custom" if r.custom() else "mxfp8")
             return mode, r, m.get_recipe_code()
         if m.is_fp8_calibration() and m.get_fp8_recipe().delayed():
             return "calibrate", m.get_fp8_recipe(), m.get_recipe_code()
@@ -288,6 +243,10 @@ class TransformerEngineBaseModule(torch.nn.Module):
             return GemmConfig(mode, slot_fwd=3 * gemm, code=code, fuse_wgrad=fuse_wgrad,
                               delay_wgrad=delay, save_original_input=save_orig)
         assert recipe is not None
+        if mode == "custom":  # module/_custom.py: the recipe's qfactory decides per slot
+            return custom_gemm_config(self, gemm, recipe, code, fuse_wgrad, delay, save_orig)
+        if mode != "delayed":  # TE's module.quantizers, for inspection
+            builtin_quantizers(self, gemm, recipe)
         override = getattr(recipe, "backward_override", None)
         check_backward_override(type(recipe).__name__, override, delayed=recipe.delayed())
         if save_orig and mode == "delayed":
@@ -330,8 +289,29 @@ class TransformerEngineBaseModule(torch.nn.Module):
 
     def _note_recipe(self, recipe: Recipe | None) -> None:
         if recipe is not None and not torch.compiler.is_compiling():
+            check_recipe_change(self, recipe)
             self._last_recipe = recipe.to_dict()
             self._last_recipe_obj = recipe
+
+    @property
+    def fp8_meta(self) -> dict[str, Any]:
+        """TE's fp8_meta (see _recipe_state.build_fp8_meta): a new dict per access whose recipe
+        states are views of this module's FP8 buffers."""
+        return build_fp8_meta(self)
+
+    @property
+    def quantizers(self) -> dict[str, list[Any]]:
+        """TE's module.quantizers: {"scaling_fwd": [...], "scaling_bwd": [...]} of the recipe
+        this module last ran under (empty lists before any FP8 forward): delayed scaling's over
+        this module's scale / amax-history slots (views); otherwise those its GEMMs ran with
+        (kept by module/_custom.py in the instance dict), else built from the recipe."""
+        recipe = getattr(self, "_last_recipe_obj", None)
+        kept = self.__dict__.get("quantizers")
+        if recipe is not None and not recipe.delayed() and isinstance(kept, dict):
+            return kept
+        meta = build_fp8_meta(self)
+        return {k: meta[k].make_quantizers() if k in meta else []
+                for k in ("scaling_fwd", "scaling_bwd")}
 
     @staticmethod
     def _activation_dtype(owner: str, inp: torch.Tensor) -> torch.dtype:
@@ -432,7 +412,7 @@ class TransformerEngineBaseModule(torch.nn.Module):
             b = b.to(dtype)
         cfg = self._gemm_config(gemm, mode, recipe, code, main_grad is not None)
         meta = self._meta_args()
-        if mode == "delayed":
+        if cfg.mode == "delayed":
             # activation recompute: the recompute quantizes with the forward's scales
             meta = (stash_scales(self, meta[0]), *meta[1:])
         w_cast = self._weight_cast(gemm, w, cfg, meta[0], is_first_microbatch)
@@ -580,11 +560,19 @@ class TransformerEngineBaseModule(torch.nn.Module):
             return
         if isinstance(state, dict) and not state:
             return
+        if pickled_bytes(state) is not None:  # TE's form: a pickle in a uint8 tensor / BytesIO
+            if should_load_extra_state_pickle(pickled_bytes(state), owner):
+                raise NotImplementedError(
+                    f"{owner}: _extra_state: TE's pickled FP8 state (delayed scaling, or an "
+                    "unknown payload) is not loadable by transformer_engine_lite, which never "
+                    "unpickles; load it with TE and save it again without FP8 state, or start "
+                    "delayed scaling afresh by removing _extra_state from the state dict")
+            return  # stateless: nothing to load
         if not isinstance(state, dict):
             raise TypeError(
                 f"{owner}: _extra_state: expected a dict (schema version <= {EXTRA_STATE_VERSION}),"
-                f" None or an empty tensor, got {type(state).__name__} (TE's pickled extra state is"
-                " not loadable: it needs unsafe unpickling)"
+                f" None, an empty tensor or TE's pickled form (uint8 tensor / BytesIO), got "
+                f"{type(state).__name__}"
             )
         version = check_schema(owner, state, self.num_gemms)
         # Everything is checked before anything is assigned: a bad checkpoint changes nothing.

@@ -1,19 +1,22 @@
 """te.Fp8Padding / te.Fp8Unpadding: pad each GroupedLinear split to the quantization alignment
-(16 rows for per-tensor FP8, 32 for MXFP8, as TE) and remove the padding again. Zero rows are
-appended at the end of each split; both directions are differentiable torch ops."""
+(16 rows for per-tensor FP8, 32 for MXFP8, a CustomRecipe's quantization_alignment, as TE) and
+remove the padding again. Zero rows are appended at the end of each split; both directions are
+differentiable torch ops."""
 
 from __future__ import annotations
 
 import torch
 
 from ..fp8 import FP8GlobalStateManager
+from ..quantization import get_align_size_for_quantization
 
 __all__ = ["Fp8Padding", "Fp8Unpadding", "align_size_for_recipe"]
 
 
 def align_size_for_recipe() -> int:
-    """TE's rule: 32 rows for MXFP8, 16 for the other recipes (the active autocast's recipe)."""
-    return 32 if FP8GlobalStateManager.get_fp8_recipe().mxfp8() else 16
+    """TE's rule for the active autocast's recipe: 32 rows for MXFP8, 16 for per-tensor FP8, a
+    CustomRecipe's quantization_alignment (see quantization.get_align_size_for_quantization)."""
+    return get_align_size_for_quantization(FP8GlobalStateManager.get_fp8_recipe())
 
 
 def _check(owner: str, inp: torch.Tensor, m_splits: list[int], n: int, rows: int | None) -> None:

@@ -8,6 +8,7 @@ from typing import Any
 import torch
 
 from ..distributed import TPConfig, set_tensor_model_parallel_attributes, split_size
+from ._params import materialize_params
 from .base import TransformerEngineBaseModule, default_device, reject_unsupported
 from ..tensor import QuantizedTensor
 from ..utils import get_default_init_method
@@ -139,6 +140,8 @@ class GroupedLinear(TransformerEngineBaseModule):
     return_bias: returns (out, [bias_i]) without adding the biases.
     """
 
+    _role_module_type = "grouped_linear"  # CustomRecipe roles (module/_custom.py)
+
     def __init__(
         self,
         num_gemms: int,
@@ -231,7 +234,7 @@ class GroupedLinear(TransformerEngineBaseModule):
                 if b is not None:
                     b.sequence_parallel = row_sp
                 self.register_parameter(f"bias{g}", b)
-        self.reset_parameters()
+        self.reset_parameters(defer_init=device.type == "meta")  # TE: "meta" defers init
 
     def _weights(self) -> list[torch.Tensor]:
         if self.single_grouped_weight:
@@ -248,6 +251,7 @@ class GroupedLinear(TransformerEngineBaseModule):
     def reset_parameters(self, defer_init: bool = False) -> None:
         if defer_init:
             return
+        materialize_params(self)  # TE's deferred init: "meta" parameters are allocated here
         tracker = self.get_rng_state_tracker if self.tp.size > 1 else None
         if self.single_grouped_weight:
             if self.weight.device.type != "meta":

@@ -7,6 +7,7 @@ from typing import Any
 import torch
 
 from ._autograd import NormConfig, norm
+from ._params import materialize_params
 from .base import TransformerEngineBaseModule, default_device
 
 __all__ = ["LayerNorm", "RMSNorm", "check_normalization", "make_norm_params"]
@@ -132,10 +133,11 @@ class _Norm(torch.nn.Module):
             dev,
             self.sequence_parallel,
         )
-        self.reset_parameters()
+        self.reset_parameters(defer_init=dev.type == "meta")  # TE: "meta" defers init
 
     def reset_parameters(self, defer_init: bool = False) -> None:
         if not defer_init:
+            materialize_params(self)  # TE's deferred init: "meta" parameters are allocated here
             reset_norm_params(self, "", self.zero_centered_gamma)
 
     def forward(self, inp: torch.Tensor) -> torch.Tensor:

@@ -13,6 +13,7 @@ from ..distributed import (
     set_tensor_model_parallel_attributes,
     split_size,
 )
+from ._params import materialize_params
 from .base import (
     TransformerEngineBaseModule,
     default_device,
@@ -143,11 +144,12 @@ class LayerNormLinear(TransformerEngineBaseModule):
                 self.bias_names.append(bname)
             else:
                 self.register_parameter(bname, None)
-        self.reset_parameters()
+        self.reset_parameters(defer_init=device.type == "meta")  # TE: "meta" defers init
 
     def reset_parameters(self, defer_init: bool = False) -> None:
         if defer_init:
             return
+        materialize_params(self)  # TE's deferred init: "meta" parameters are allocated here
         reset_norm_params(self, "layer_norm_", self.zero_centered_gamma)
         tracker = self.get_rng_state_tracker if self.tp.size > 1 else None
         for wname in self.weight_names:

@@ -16,6 +16,7 @@ from ..distributed import (
     split_size,
 )
 from ._autograd import activation as apply_activation
+from ._params import materialize_params
 from .base import (
     TransformerEngineBaseModule,
     default_device,
@@ -102,6 +103,8 @@ class LayerNormMLP(TransformerEngineBaseModule):
     Parameters: layer_norm_weight, layer_norm_bias, fc1_weight, fc1_bias, fc2_weight, fc2_bias.
     Returns out, then fc2's bias if return_bias, then the norm output if return_layernorm_output.
     """
+
+    _role_gemm_names = ("fc1", "fc2")  # CustomRecipe role names "<name>.fc1" (module/_custom.py)
 
     def __init__(
         self,
@@ -203,11 +206,12 @@ class LayerNormMLP(TransformerEngineBaseModule):
         if self.fc2_bias is not None:
             # partial gradient under sequence parallelism (see Linear)
             self.fc2_bias.sequence_parallel = self.sequence_parallel
-        self.reset_parameters()
+        self.reset_parameters(defer_init=device.type == "meta")  # TE: "meta" defers init
 
     def reset_parameters(self, defer_init: bool = False) -> None:
         if defer_init:
             return
+        materialize_params(self)  # TE's deferred init: "meta" parameters are allocated here
         reset_norm_params(self, "layer_norm_", self.zero_centered_gamma)
         tracker = self.get_rng_state_tracker if self.tp.size > 1 else None
         self._init_weight(self.fc1_weight, self.init_method, tracker)

@@ -8,6 +8,7 @@ from typing import Any
 import torch
 
 from ..distributed import TPConfig, set_tensor_model_parallel_attributes, split_size
+from ._params import materialize_params
 from .base import (
     TransformerEngineBaseModule,
     default_device,
@@ -170,12 +171,13 @@ class Linear(TransformerEngineBaseModule):
             else:
                 self.register_parameter(bname, None)
         self.out_features_local = sum(self._split_sizes)
-        self.reset_parameters()
+        self.reset_parameters(defer_init=device.type == "meta")  # TE: "meta" defers init
 
     def reset_parameters(self, defer_init: bool = False) -> None:
         """(Re)initialize the parameters (after device="meta": materialize with to_empty first)."""
         if defer_init:
             return
+        materialize_params(self)  # TE's deferred init: "meta" parameters are allocated here
         for wname in self.weight_names:
             self._init_weight(
                 getattr(self, wname), self.init_method, self._rng_tracker(), self.rng_tracker_name

@@ -8,8 +8,17 @@ from typing import Any
 
 import torch
 
+from ..dynamo.quantizer_opaque import register_value_opaque_quantizer
 from ..quantization import ops
-from .quantized_tensor import QuantizedTensor, Quantizer, fp8_torch_dtype, to_dtype_enum
+from ..tex import DType
+from ._quantizer_value import flatten_context, unflatten_kwargs
+from .quantized_tensor import (
+    QuantizedTensor,
+    Quantizer,
+    fp8_torch_dtype,
+    infer_view_shape,
+    to_dtype_enum,
+)
 
 __all__ = ["Float8CurrentScalingQuantizer", "Float8Quantizer", "Float8Tensor"]
 
@@ -27,7 +36,7 @@ class Float8Tensor(QuantizedTensor):
         *,
         shape: Any = None,
         dtype: torch.dtype = torch.float32,
-        data: torch.Tensor,
+        data: torch.Tensor | None,
         fp8_scale_inv: torch.Tensor,
         fp8_dtype: Any,
         data_transpose: torch.Tensor | None = None,
@@ -35,9 +44,14 @@ class Float8Tensor(QuantizedTensor):
         requires_grad: bool = False,
         **_: Any,
     ) -> Float8Tensor:
+        if data is None and shape is None:
+            raise ValueError("Float8Tensor: shape: expected a shape when data is None, got None")
         shape = tuple(data.shape) if shape is None else tuple(shape)
-        self = super().__new__(cls, shape, dtype, device=data.device, requires_grad=requires_grad)
-        self._data = data if data.dtype == torch.uint8 else data.view(torch.uint8)
+        device = (data if data is not None else fp8_scale_inv).device
+        self = super().__new__(cls, shape, dtype, device=device, requires_grad=requires_grad)
+        if data is not None and data.dtype != torch.uint8:
+            data = data.view(torch.uint8)
+        self._data = data
         self._fp8_dtype = to_dtype_enum(fp8_torch_dtype("Float8Tensor", fp8_dtype))
         self._scale_inv = fp8_scale_inv
         self._transpose = data_transpose
@@ -53,37 +67,122 @@ class Float8Tensor(QuantizedTensor):
         """The FP8 values as a torch float8 tensor (a view of _data)."""
         return self._data.view(self.fp8_torch_dtype)
 
-    def dequantize(self, *, dtype: torch.dtype | None = None) -> torch.Tensor:
+    def _dequantize(self, dtype: torch.dtype | None) -> torch.Tensor:
+        if self._data is None:
+            raise RuntimeError(
+                "Float8Tensor.dequantize: this tensor holds no FP8 data (_data is None)"
+            )
         out = ops().dequantize(self.fp8_data().reshape(-1), self._scale_inv, dtype or self.dtype)
         return out.reshape(self.shape)
 
+    # ------------------------------------------------------------------ usages (TE's storage API)
+    # TE keeps a transposed copy (_transpose) only where FP8 GEMMs take the TN layout alone; the
+    # lite's GEMM takes any layout (utils.is_non_tn_fp8_gemm_supported() is True), so, as TE does
+    # there, _data serves both usages and no transpose is kept.
+    def get_data_tensors(
+        self, rowwise_data: bool = True, columnwise_data: bool = True
+    ) -> Any:
+        """TE's: (_data, _transpose), or the one asked for."""
+        if rowwise_data and columnwise_data:
+            return self._data, self._transpose
+        if rowwise_data:
+            return self._data
+        if columnwise_data:
+            return self._transpose
+        raise ValueError(
+            "Float8Tensor.get_data_tensors: expected rowwise_data or columnwise_data, got neither"
+        )
+
+    def get_usages(self) -> dict[str, bool]:
+        return {"rowwise": self._data is not None, "columnwise": self._data is not None}
+
+    def update_usage(
+        self, rowwise_usage: bool | None = None, columnwise_usage: bool | None = None
+    ) -> None:
+        """TE's, where the GEMM takes any layout: _data serves both usages, so it is kept
+        whatever is asked (TE drops it only where a transpose can serve column-wise use); asking
+        for a usage when _data is gone is an error (FP8 data cannot be regenerated)."""
+        if (rowwise_usage or columnwise_usage) and self._data is None:
+            raise RuntimeError(
+                "Float8Tensor.update_usage: cannot generate FP8 data, it was dropped"
+            )
+        self._transpose = None
+        self._transpose_invalid = True
+
+    # ----------------------------------------------------- ops that keep the quantized form
+    def _quantized_op(self, func: Any, args: Any, kwargs: Any) -> Any:
+        aten = torch.ops.aten
+        if self._data is None or func not in (aten.view.default, aten.split.Tensor):
+            return NotImplemented
+        if func is aten.view.default:
+            shape = infer_view_shape("Float8Tensor.view", args[1], self.numel())
+            return self._like(self._data.view(shape))
+        # split (chunk): the pieces view this tensor's bytes and share its scale, as torch's do.
+        split_size = args[1]
+        dim = kwargs.get("dim", args[2] if len(args) > 2 else 0)
+        return [self._like(d) for d in self._data.split(split_size, dim)]
+
+    def _like(self, data: torch.Tensor) -> Float8Tensor:
+        """This tensor's type, scale and quantizer over other bytes (a view or a piece)."""
+        return type(self)(
+            shape=data.shape,
+            dtype=self.dtype,
+            data=data,
+            fp8_scale_inv=self._scale_inv,
+            fp8_dtype=self._fp8_dtype,
+            quantizer=self._quantizer,
+        )
+
     def _assign_from(self, other: QuantizedTensor) -> None:
         assert isinstance(other, Float8Tensor)
-        self._data.copy_(other._data)
+        if self._data is None:  # dropped by update_usage: take the new bytes
+            self._data = other._data
+        else:
+            self._data.copy_(other._data)
         self._scale_inv.copy_(other._scale_inv)
         self._transpose_invalid = True
 
+    _INNER = ("_data", "_scale_inv")
+
     def _inner_names(self) -> list[str]:
-        return ["_data", "_scale_inv"]
+        return list(self._INNER)
+
+    def _with_inner(self, inner: dict[str, torch.Tensor | None]) -> Float8Tensor:
+        return type(self)(
+            shape=self.shape,
+            dtype=self.dtype,
+            data=inner["_data"],
+            fp8_scale_inv=inner["_scale_inv"],
+            fp8_dtype=self._fp8_dtype,
+            quantizer=self._quantizer,
+        )
 
     # torch.compile: a traceable wrapper subclass (AOTAutograd flattens it into these tensors).
-    def __tensor_flatten__(self) -> tuple[list[str], tuple[Any, ...]]:
-        return ["_data", "_scale_inv"], (self._fp8_dtype, self.dtype)
+    # The context is TE's dict; it carries the quantizer only when it is a value quantizer
+    # (current scaling): a delayed-scaling one holds buffers, and traced code never re-quantizes
+    # a parameter with it.
+    def __tensor_flatten__(self) -> tuple[list[str], dict[str, Any]]:
+        q = self._quantizer
+        kwargs = {
+            "fp8_dtype": self._fp8_dtype,
+            "fake_dtype": self.dtype,
+            "quantizer": None if q is None else q._context_quantizer(),
+        }
+        return ["_data", "_scale_inv"], flatten_context(self, kwargs)
 
     @staticmethod
     def __tensor_unflatten__(
-        inner: dict[str, torch.Tensor], ctx: tuple[Any, ...], outer_size: Any, outer_stride: Any
+        inner: dict[str, torch.Tensor], ctx: dict[str, Any], outer_size: Any, outer_stride: Any
     ) -> Float8Tensor:
-        # The quantizer stays out of the metadata (dynamo guards compare it by value); traced
-        # code never re-quantizes a parameter.
-        fp8_dtype, dtype = ctx
-        return Float8Tensor(
+        cls, kw, requires_grad = unflatten_kwargs("Float8Tensor", ctx)
+        return cls(
             shape=outer_size,
-            dtype=dtype,
+            dtype=kw["fake_dtype"],
             data=inner["_data"],
             fp8_scale_inv=inner["_scale_inv"],
-            fp8_dtype=fp8_dtype,
-            quantizer=None,
+            fp8_dtype=kw["fp8_dtype"],
+            quantizer=kw.get("quantizer"),
+            requires_grad=requires_grad,
         )
 
     def __reduce_ex__(self, protocol: int) -> Any:
@@ -103,7 +202,7 @@ class Float8Tensor(QuantizedTensor):
         )
 
     def _shallow_copy(self) -> Float8Tensor:
-        return Float8Tensor(
+        return type(self)(
             shape=self.shape,
             dtype=self.dtype,
             data=self._data,
@@ -172,7 +271,27 @@ def quantizer_from_state(state: dict[str, Any]) -> Quantizer:
     )
 
 
-class Float8Quantizer(Quantizer):
+class _PerTensorPrimitives:
+    """Data-free allocation of a Float8Tensor (one uint8 copy of the values, whatever the usages:
+    the transpose is made on demand; one fp32 scale_inv)."""
+
+    def inner_tensor_specs(
+        self, shape: tuple[int, ...]
+    ) -> dict[str, tuple[tuple[int, ...], torch.dtype]]:
+        return {"_data": (tuple(shape), torch.uint8), "_scale_inv": ((1,), torch.float32)}
+
+    def storage_metadata(self, fake_dtype: torch.dtype) -> dict[str, Any]:
+        return {
+            "cls": Float8Tensor,
+            "nontensor_kwargs": {
+                "fp8_dtype": self.dtype,
+                "fake_dtype": fake_dtype,
+                "quantizer": self._context_quantizer(),
+            },
+        }
+
+
+class Float8Quantizer(_PerTensorPrimitives, Quantizer):
     """Delayed scaling: quantize with the given `scale` ([1] or scalar fp32); the amax of each
     quantized tensor is folded into `amax` (running max, as TE's cast kernel does).
 
@@ -239,8 +358,16 @@ class Float8Quantizer(Quantizer):
         self.scale.copy_((scale / 2.0**self.update_margin).reshape(self.scale.shape))
 
 
-class Float8CurrentScalingQuantizer(Quantizer):
-    """Current scaling: scale = fp8_max / amax(tensor) (epsilon floor, optional power of two)."""
+class Float8CurrentScalingQuantizer(_PerTensorPrimitives, Quantizer):
+    """Current scaling: scale = fp8_max / amax(tensor) (epsilon floor, optional power of two).
+
+    A torch.compile value quantizer: its value is the annotated fields below (plus the usages);
+    device and amax_reduction_group are not part of it (a rebuilt one has neither)."""
+
+    dtype: DType
+    with_amax_reduction: bool
+    force_pow_2_scales: bool
+    amax_epsilon: float
 
     def __init__(
         self,
@@ -268,6 +395,21 @@ class Float8CurrentScalingQuantizer(Quantizer):
         self.force_pow_2_scales = bool(force_pow_2_scales)
         self.amax_epsilon = float(amax_epsilon)
 
+    def copy(self) -> Float8CurrentScalingQuantizer:
+        # Through the constructor: torch.compile traces that (TensorSpec copies inside graphs).
+        new = Float8CurrentScalingQuantizer(
+            self.dtype,
+            getattr(self, "device", None),
+            rowwise=self.rowwise_usage,
+            columnwise=self.columnwise_usage,
+            with_amax_reduction=self.with_amax_reduction,
+            amax_reduction_group=getattr(self, "amax_reduction_group", None),
+            force_pow_2_scales=self.force_pow_2_scales,
+            amax_epsilon=self.amax_epsilon,
+        )
+        new.internal, new.optimize_for_gemm = self.internal, self.optimize_for_gemm
+        return new
+
     def state(self) -> dict[str, Any]:
         return {
             **self._usage_state("current"),
@@ -286,8 +428,17 @@ class Float8CurrentScalingQuantizer(Quantizer):
             and torch.distributed.is_initialized()
         ):
             torch.distributed.all_reduce(
-                amax, op=torch.distributed.ReduceOp.MAX, group=self.amax_reduction_group
+                amax,
+                op=torch.distributed.ReduceOp.MAX,
+                group=getattr(self, "amax_reduction_group", None),
             )
         scale, _ = te.compute_scale_from_amax(amax, fp8, self.amax_epsilon, self.force_pow_2_scales)
         data, _, scale_inv = te.quantize(x, scale, fp8)
         return _wrap(tensor, data, scale_inv, fp8, self)
+
+    def _rebuild_derived_state(self) -> None:
+        # Rebuilt from a value key (__fx_repr__): the attributes outside the value.
+        self.device = None
+
+
+register_value_opaque_quantizer(Float8CurrentScalingQuantizer)

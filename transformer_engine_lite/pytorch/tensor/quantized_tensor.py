@@ -10,14 +10,16 @@ ordinary tensors. `detach()` keeps the quantized form (nn.Parameter needs it).
 from __future__ import annotations
 
 import copy
+import math
 from typing import Any
 
 import torch
 from torch.utils._pytree import tree_map
 
 from ..tex import DType, dtype_to_torch
+from ._quantizer_value import QuantizerValueBase
 
-__all__ = ["QuantizedTensor", "Quantizer"]
+__all__ = ["QuantizedTensor", "QuantizedTensorStorage", "Quantizer"]
 
 _HP = (torch.float32, torch.float16, torch.bfloat16)
 
@@ -47,14 +49,16 @@ def fp8_torch_dtype(owner: str, fp8_dtype: Any) -> torch.dtype:
     return dt
 
 
-class Quantizer:
+class Quantizer(QuantizerValueBase):
     """Builds quantized tensors of one recipe. rowwise / columnwise: which copies are produced
-    (TE's usages; per-tensor FP8 keeps one copy, its transpose is made on demand)."""
+    (TE's usages; per-tensor FP8 keeps one copy, its transpose is made on demand). Value
+    semantics and data-free allocation for torch.compile: see _quantizer_value.py."""
 
     def __init__(self, *, rowwise: bool = True, columnwise: bool = True) -> None:
         self.rowwise_usage = bool(rowwise)
         self.columnwise_usage = bool(columnwise)
         self.internal = False
+        self.optimize_for_gemm = False
 
     def set_usage(self, *, rowwise: bool | None = None, columnwise: bool | None = None) -> None:
         if rowwise is not None:
@@ -83,14 +87,29 @@ class Quantizer:
     ) -> QuantizedTensor:
         if out is not None:
             return self.update_quantized(tensor, out)
-        return self._quantize(check_hp_input(type(self).__name__, tensor))
+        check_hp_input(type(self).__name__, tensor)
+        if torch.is_grad_enabled() and tensor.requires_grad:
+            # TE: the quantized tensor joins the autograd graph (a straight-through cast), so a
+            # loss computed from its dequantized values reaches `tensor`.
+            return _QuantizeFunc.apply(tensor, self)
+        return self._quantize(tensor)
 
     def _quantize(self, tensor: torch.Tensor) -> QuantizedTensor:  # pragma: no cover - abstract
         raise NotImplementedError
 
-    def update_quantized(self, src: torch.Tensor, dst: QuantizedTensor) -> QuantizedTensor:
-        """Quantize src into dst's storage (same shape), in place."""
+    def update_quantized(
+        self,
+        src: torch.Tensor,
+        dst: QuantizedTensor,
+        *,
+        noop_flag: torch.Tensor | None = None,
+    ) -> QuantizedTensor:
+        """Quantize src into dst's storage (same shape), in place. noop_flag (TE's): a 1-element
+        fp32 tensor; when it holds 1.0 nothing is written (neither dst nor this quantizer's amax),
+        so a step can be skipped without leaving the caller's code path."""
         owner = f"{type(self).__name__}.update_quantized"
+        if noop_flag is not None and noop_skips(owner, noop_flag):
+            return dst
         check_hp_input(owner, src)
         if not isinstance(dst, QuantizedTensor) or tuple(dst.shape) != tuple(src.shape):
             got = tuple(dst.shape) if isinstance(dst, torch.Tensor) else type(dst).__name__
@@ -115,6 +134,48 @@ class Quantizer:
         return q
 
 
+class QuantizedTensorStorage:
+    """TE's storage base: the quantized buffers and their usages without the torch.Tensor wrapper
+    (what TE's internal quantizers return). A concrete storage answers get_data_tensors,
+    get_usages, update_usage and the FSDP2 buffer hooks; QuantizedTensor subclasses inherit them."""
+
+    def get_data_tensors(self, rowwise_data: bool = True, columnwise_data: bool = True) -> Any:
+        raise NotImplementedError(
+            f"{type(self).__name__} class does not implement get_data_tensors function"
+        )
+
+    def get_usages(self) -> dict[str, bool]:
+        raise NotImplementedError(f"{type(self).__name__} class does not implement get_usages")
+
+    def update_usage(
+        self, rowwise_usage: bool | None = None, columnwise_usage: bool | None = None
+    ) -> None:
+        raise NotImplementedError(f"{type(self).__name__} class does not implement update_usage")
+
+    def fsdp_buffer_fields(self) -> tuple[str, ...]:
+        raise NotImplementedError(
+            f"{type(self).__name__} class does not implement fsdp_buffer_fields"
+        )
+
+    def fsdp_extract_buffers(self) -> tuple[tuple[torch.Tensor | None, ...], dict[str, Any]]:
+        """The buffers FSDP2 all-gathers along dim 0, and the metadata to put them back."""
+        names = self.fsdp_buffer_fields()
+        return tuple(getattr(self, n) for n in names), {"field_names": names}
+
+    def fsdp_assign_gathered(
+        self, gathered: tuple[torch.Tensor | None, ...], meta: dict[str, Any]
+    ) -> None:
+        """Inverse of fsdp_extract_buffers: adopt the gathered buffers."""
+        names = meta["field_names"]
+        if len(names) != len(gathered):
+            raise ValueError(
+                f"{type(self).__name__}.fsdp_assign_gathered: gathered: expected {len(names)} "
+                f"buffers (one per field {names}), got {len(gathered)}"
+            )
+        for name, buf in zip(names, gathered):
+            setattr(self, name, buf)
+
+
 class QuantizedTensor(torch.Tensor):
     """Base of Float8Tensor and MXFP8Tensor (see the module docstring)."""
 
@@ -134,9 +195,6 @@ class QuantizedTensor(torch.Tensor):
             cls, tuple(shape), dtype=dtype, device=device, requires_grad=requires_grad
         )
 
-    def dequantize(self, *, dtype: torch.dtype | None = None) -> torch.Tensor:  # pragma: no cover
-        raise NotImplementedError
-
     def _assign_from(self, other: QuantizedTensor) -> None:  # pragma: no cover - abstract
         raise NotImplementedError
 
@@ -149,11 +207,31 @@ class QuantizedTensor(torch.Tensor):
             f"data={self.dequantize()})"
         )
 
-    def quantize_(self, tensor: torch.Tensor) -> QuantizedTensor:
-        """Overwrite with `tensor` quantized by this tensor's quantizer."""
+    def quantize_(
+        self, tensor: torch.Tensor, *, noop_flag: torch.Tensor | None = None
+    ) -> QuantizedTensor:
+        """Overwrite with `tensor` quantized by this tensor's quantizer (skipped when noop_flag
+        holds 1.0, see Quantizer.update_quantized)."""
         if self._quantizer is None:
             raise RuntimeError(f"{type(self).__name__}.quantize_: this tensor has no quantizer")
-        return self._quantizer.update_quantized(tensor, self)
+        return self._quantizer.update_quantized(tensor, self, noop_flag=noop_flag)
+
+    def dequantize(self, *, dtype: torch.dtype | None = None) -> torch.Tensor:
+        """The values this tensor represents (dtype: the nominal dtype unless given). Under
+        autograd the result is differentiable: its gradient passes to this tensor unchanged."""
+        if torch.is_grad_enabled() and self.requires_grad:
+            return _DequantizeFunc.apply(self, dtype)
+        return self._dequantize(dtype)
+
+    def _dequantize(self, dtype: torch.dtype | None) -> torch.Tensor:
+        raise NotImplementedError(
+            f"{type(self).__name__} class does not implement dequantize function"
+        )
+
+    def _quantized_op(self, func: Any, args: Any, kwargs: Any) -> Any:
+        """A subclass's quantized implementation of `func` (views, splits), or NotImplemented
+        (the op then runs on the dequantized values)."""
+        return NotImplemented
 
     # -------------------------------------------------------------- parameters (fp8_model_init)
     def get_high_precision_init_val(self) -> torch.Tensor | None:
@@ -166,6 +244,13 @@ class QuantizedTensor(torch.Tensor):
 
     def _inner_names(self) -> list[str]:  # pragma: no cover - abstract
         raise NotImplementedError
+
+    def _with_inner(self, inner: dict[str, torch.Tensor | None]) -> QuantizedTensor:
+        """A tensor of this type, shape, dtype and quantizer over other inner buffers (named as
+        _inner_names()); its device is theirs."""
+        raise NotImplementedError(
+            f"{type(self).__name__} class does not implement _with_inner"
+        )  # pragma: no cover - abstract
 
     def __deepcopy__(self, memo: dict[int, Any]) -> QuantizedTensor:
         # A wrapper subclass has no storage for Tensor.__deepcopy__ to copy: copy the inner tensors,
@@ -231,6 +316,31 @@ class QuantizedTensor(torch.Tensor):
         kwargs = kwargs or {}
         if func is torch.ops.aten.detach.default:
             return args[0]._shallow_copy()
+        if args and isinstance(args[0], QuantizedTensor):
+            out = args[0]._quantized_op(func, args, kwargs)
+            if out is not NotImplemented:
+                return out
+        if func is torch.ops.aten.view.default:
+            # TE: a view shares the quantized bytes, so only a subclass that knows its layout
+            # can make one (Float8Tensor, MXFP8Tensor); dequantizing would silently copy.
+            raise NotImplementedError(f"{cls.__name__} class does not support tensor views")
+        if func is torch.ops.aten._to_copy.default and kwargs.get("dtype") in (
+            None,
+            args[0].dtype,
+        ):
+            # .to(device) / .cpu() (TE's): the same quantized tensor with its buffers moved; a
+            # change of dtype leaves the quantized form (the dequantized values are converted).
+            src = args[0]
+            device = torch.device(kwargs.get("device") or src.device)
+            moved = {}
+            for name in src._inner_names():
+                t = getattr(src, name)
+                if t is not None:
+                    t = t.to(device, non_blocking=bool(kwargs.get("non_blocking")), copy=True)
+                    if kwargs.get("pin_memory") and device.type == "cpu":
+                        t = t.pin_memory()
+                moved[name] = t
+            return src._with_inner(moved)
         if func is torch.ops.aten.clone.default:
             new = args[0]._shallow_copy()
             for name in new._inner_names():
@@ -242,7 +352,7 @@ class QuantizedTensor(torch.Tensor):
             if type(src) is type(dst) and src._same_layout(dst):
                 dst._assign_from(src)  # load_state_dict: the same bytes and scales, no re-cast
                 return dst
-            src = src.dequantize() if isinstance(src, QuantizedTensor) else src
+            src = _unwrap(src)
             q = dst._quantizer
             if q is None:
                 raise RuntimeError(f"{type(dst).__name__}.copy_: this tensor has no quantizer")
@@ -264,7 +374,7 @@ class QuantizedTensor(torch.Tensor):
                     f"{type(dst).__name__}: in-place {func._schema.name} needs a quantizer to "
                     "write the result back; this tensor has none"
                 )
-            hp = dst.dequantize()
+            hp = dst._dequantize(None)
             rest = tree_map(_unwrap, (args[1:], kwargs))
             func(hp, *rest[0], **rest[1])
             dst._quantizer.update_quantized(hp, dst)
@@ -305,7 +415,62 @@ class QuantizedTensor(torch.Tensor):
 
 
 def _unwrap(t: Any) -> Any:
-    return t.dequantize() if isinstance(t, QuantizedTensor) else t
+    # Inside __torch_dispatch__ autograd has already recorded the op: no graph here.
+    return t._dequantize(None) if isinstance(t, QuantizedTensor) else t
+
+
+def noop_skips(owner: str, noop_flag: Any) -> bool:
+    """Whether TE's noop_flag (a 1-element float32 tensor) says to skip: it holds 1.0."""
+    if (
+        not isinstance(noop_flag, torch.Tensor)
+        or noop_flag.numel() != 1
+        or noop_flag.dtype != torch.float32
+    ):
+        got = (
+            f"{noop_flag.dtype} with {noop_flag.numel()} elements"
+            if isinstance(noop_flag, torch.Tensor)
+            else type(noop_flag).__name__
+        )
+        raise ValueError(f"{owner}: noop_flag: expected a 1-element float32 tensor, got {got}")
+    return bool(noop_flag.reshape(()).item() == 1.0)
+
+
+def infer_view_shape(owner: str, shape: Any, numel: int) -> tuple[int, ...]:
+    """aten.view's size argument with its one -1 resolved (the error torch gives otherwise)."""
+    shape = [int(d) for d in shape]
+    known = math.prod(d for d in shape if d != -1)
+    if shape.count(-1) > 1 or (shape.count(-1) == 0 and known != numel):
+        raise RuntimeError(f"{owner}: shape {shape} is invalid for input of size {numel}")
+    if -1 in shape:
+        if known == 0 or numel % known:
+            raise RuntimeError(f"{owner}: shape {shape} is invalid for input of size {numel}")
+        shape[shape.index(-1)] = numel // known
+    return tuple(shape)
+
+
+class _QuantizeFunc(torch.autograd.Function):
+    """quantizer(tensor) under autograd: the gradient passes straight through (TE's)."""
+
+    @staticmethod
+    def forward(ctx: Any, tensor: torch.Tensor, quantizer: Quantizer) -> QuantizedTensor:
+        return quantizer._quantize(tensor)
+
+    @staticmethod
+    def backward(ctx: Any, grad: torch.Tensor) -> tuple[torch.Tensor, None]:
+        return _unwrap(grad), None
+
+
+class _DequantizeFunc(torch.autograd.Function):
+    """tensor.dequantize() under autograd: the gradient passes to the quantized tensor."""
+
+    @staticmethod
+    def forward(ctx: Any, tensor: QuantizedTensor, dtype: torch.dtype | None) -> torch.Tensor:
+        ctx.dtype = tensor.dtype
+        return tensor._dequantize(dtype)
+
+    @staticmethod
+    def backward(ctx: Any, grad: torch.Tensor) -> tuple[torch.Tensor, None]:
+        return _unwrap(grad).to(ctx.dtype), None
 
 
 def to_dtype_enum(dt: torch.dtype) -> DType:

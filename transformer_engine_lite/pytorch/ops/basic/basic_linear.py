@@ -142,6 +142,18 @@ class BasicLinear(TransformerEngineBaseModule, BasicOperation):
     ) -> tuple[torch.Tensor, tuple[torch.Tensor, ...]]:
         return self.linear_forward(input_), ()
 
+    @property
+    def _fp8_metas(self) -> dict[str, dict[str, Any]]:
+        """TE's BasicOperation._fp8_metas: {"forward": fp8_meta, "backward": fp8_meta} (each with
+        its direction's recipe state; views of this op's buffers, see module.fp8_meta)."""
+        meta = self.fp8_meta
+        out = {}
+        for mode, key in (("forward", "scaling_fwd"), ("backward", "scaling_bwd")):
+            out[mode] = {k: v for k, v in meta.items() if k not in ("scaling_fwd", "scaling_bwd")}
+            if key in meta:
+                out[mode][key] = meta[key]
+        return out
+
     def num_quantizers(self, mode: str) -> int:
         """TE's count: forward (input, weight), backward (grad output)."""
         if mode not in ("forward", "backward"):
@@ -162,6 +174,8 @@ class BasicLinear(TransformerEngineBaseModule, BasicOperation):
         fwd = mode == "forward"
         if fwd and index == 1 and isinstance(getattr(self.weight, "_quantizer", None), Quantizer):
             return self.weight._quantizer  # an FP8 weight parameter quantizes itself
+        if recipe.custom():  # what the recipe's qfactory gave this slot (module/_custom.py)
+            return self.quantizers["scaling_fwd" if fwd else "scaling_bwd"][index]
         dtype = get_fp8_torch_dtype(recipe.fp8_format, fwd)
         if recipe.delayed():
             scale = self.fp8_fwd_scale if fwd else self.fp8_bwd_scale

@@ -1,0 +1,7 @@
+"""TE's quantized-tensor storages (transformer_engine.pytorch.tensor.storage): the buffers of a
+quantized tensor without the torch.Tensor wrapper."""
+
+from ..quantized_tensor import QuantizedTensorStorage
+from .mxfp8_tensor_storage import MXFP8TensorStorage
+
+__all__ = ["MXFP8TensorStorage", "QuantizedTensorStorage"]
