@@ -75,8 +75,9 @@ def test_grouped_linear_matches_per_expert_linears(name, dtype):
     torch.manual_seed(1)
     n, k, o = 3, 64, 32
     g = te.GroupedLinear(n, k, o, params_dtype=dtype)
-    assert [p for p, _ in g.named_parameters()] == [f"weight{i}" for i in range(n)] + [
-        f"bias{i}" for i in range(n)
+    # TE's registration order (parameters(), state_dict): weight0, bias0, weight1, bias1, ...
+    assert [p for p, _ in g.named_parameters()] == [
+        f"{kind}{i}" for i in range(n) for kind in ("weight", "bias")
     ]
     with torch.no_grad():
         for i in range(n):

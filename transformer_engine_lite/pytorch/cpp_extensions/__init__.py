@@ -2,5 +2,6 @@
 torch.ops.te_lite."""
 
 from .gemm import general_gemm
+from .grouped_gemm import general_grouped_gemm
 
-__all__ = ["general_gemm"]
+__all__ = ["general_gemm", "general_grouped_gemm"]

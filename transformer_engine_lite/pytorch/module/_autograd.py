@@ -14,8 +14,16 @@ from typing import Any, NamedTuple
 import torch
 
 from ..fp8 import FP8GlobalStateManager
+from ..quantized_tensor import SavedFloat8, SavedMXFP8
 from ..quantization import Operand, QuantSpec, mx_dequantized, ops, quantize_per_tensor
-from ..tensor import Float8Tensor, MXFP8Tensor, QuantizedTensor
+from ..tensor import (
+    Float8CurrentScalingQuantizer,
+    Float8Quantizer,
+    Float8Tensor,
+    MXFP8Quantizer,
+    MXFP8Tensor,
+    QuantizedTensor,
+)
 from ..tensor.quantized_tensor import to_dtype_enum
 
 
@@ -160,7 +168,9 @@ class _LinearFn(torch.autograd.Function):
                 # an FP8 weight is saved as its bytes and dequantized by the backward
                 w_saved = (wq.data, wq.scale_inv) if w_op is not None else (w, None)
                 saved = (x2, None, *w_saved)
-            elif cfg.save_original_input:
+            elif cfg.save_original_input and cfg.bwd_override is None:
+                # ("dequantized" ignores save_original_input: the backward must consume the
+                # FP8 input the forward used, as TE)
                 saved = (x2, None, wq.data, wq.scale_inv)
             else:
                 saved = (xq.data, xq.scale_inv, wq.data, wq.scale_inv)
@@ -171,10 +181,20 @@ class _LinearFn(torch.autograd.Function):
             dt = cfg.inp.dtype
             quant_bwd = cfg.bwd_override is None
             x_col = need_wgrad and quant_bwd and not cfg.save_original_input
-            xr, xc = mx_dequantized(x2, dt, True, x_col)
+            deq = cfg.bwd_override == "dequantized"
+            # "dequantized" saves the row-wise MXFP8 bytes and scales the forward used
+            x_mx = te.quantize_mxfp8(x2, dt, True, False)[:2] if deq else None
+            if deq:
+                xr, xc = te.dequantize_mxfp8(*x_mx, False, torch.bfloat16), None
+            else:
+                xr, xc = mx_dequantized(x2, dt, True, x_col)
+            w_rows = None
             if w_mx is not None:
                 wr, wc = w_mx
                 w = wr  # what hp_bwd uses: the parameter's (exact) values
+            elif deq:
+                w_rows = te.quantize_mxfp8(w.contiguous(), dt, True, False)[:2]
+                wr, wc = te.dequantize_mxfp8(*w_rows, False, torch.bfloat16), None
             else:
                 wr, wc = mx_dequantized(w, dt, True, need_dgrad and quant_bwd)
             b = bias.to(torch.bfloat16) if bias is not None else None
@@ -182,8 +202,8 @@ class _LinearFn(torch.autograd.Function):
             amax = _empty_amax(inp)
             if hp_bwd:
                 saved = (x2, None, w, None)
-            elif cfg.bwd_override == "dequantized":
-                saved = (xr, None, wr, None)
+            elif deq:
+                saved = (*x_mx, *(w_rows if w_rows is not None else (wr, None)))
             else:
                 saved = (x2 if cfg.save_original_input else xc, None, wc, None)
         else:
@@ -195,6 +215,8 @@ class _LinearFn(torch.autograd.Function):
             saved = (x2, None, w, None)
         ctx.cfg = cfg
         ctx.alpha = alpha
+        if not torch.compiler.is_compiling():
+            _expose_backward_state(ctx, cfg, bwd_scale, bwd_hist)
         ctx.inp_shape = inp.shape
         ctx.w_dtype = weight.dtype
         ctx.has_bias = bias is not None
@@ -208,6 +230,15 @@ class _LinearFn(torch.autograd.Function):
         ctx.wgrad_store = wgrad_store
         ctx.save_for_backward(*[t for t in saved if t is not None])
         ctx.saved_mask = tuple(t is not None for t in saved)
+        if not torch.compiler.is_compiling():
+            # TE's ctx.tensor_objects: how restore_from_saved rebuilds (input, weight) from
+            # ctx.saved_tensors: a per-tensor FP8 operand is its (bytes, scale_inv) pair.
+            kind = SavedMXFP8 if cfg.mode == "mxfp8" else SavedFloat8
+            ctx.tensor_objects = [
+                kind(shape, out_dtype, cfg.inp.dtype if i == 0 else cfg.weight.dtype)
+                if saved[2 * i + 1] is not None else None
+                for i, shape in enumerate((x2.shape, tuple(weight.shape)))
+            ]
         ctx.mark_non_differentiable(amax)
         if acc is not None:
             return acc, amax  # the sum was written into acc's storage (fused residual add)
@@ -260,9 +291,14 @@ class _LinearFn(torch.autograd.Function):
         else:
             # High precision, or a backward_override: dequantize what the forward saved (exact)
             # and run both GEMMs on the unquantized gradient.
-            if x_si is not None:
+            if cfg.mode == "mxfp8":  # row-wise MXFP8 bytes ("dequantized"), to bf16 as the fwd
+                x_data = x_data if x_si is None else \
+                    te.dequantize_mxfp8(x_data, x_si, False, torch.bfloat16)
+                w_data = w_data if w_si is None else \
+                    te.dequantize_mxfp8(w_data, w_si, False, torch.bfloat16)
+            if x_si is not None and cfg.mode != "mxfp8":
                 x_data = te.dequantize(x_data, x_si, act_dtype)
-            if w_si is not None:
+            if w_si is not None and cfg.mode != "mxfp8":
                 w_data = te.dequantize(w_data, w_si, act_dtype)
             x_data = x_data if x_data.dtype == act_dtype else x_data.to(act_dtype)
             w_data = w_data if w_data.dtype == act_dtype else w_data.to(act_dtype)
@@ -294,6 +330,29 @@ class _LinearFn(torch.autograd.Function):
             dgrad = dgrad.reshape(ctx.inp_shape)
         dacc = grad_out if ctx.needs_input_grad[11] else None
         return dgrad, wgrad, dbias, None, None, None, None, None, None, None, None, dacc, None
+
+
+def _expose_backward_state(
+    ctx: Any, cfg: GemmConfig, bwd_scale: torch.Tensor, bwd_hist: torch.Tensor
+) -> None:
+    """TE's backward-context attributes, for introspection (the backward reads cfg): fp8 (the
+    backward GEMMs run quantized), backward_override (the recipe's, None without FP8),
+    grad_output_quantizer (how the backward casts the output gradient; None when it does not) and
+    reduce_and_update_bwd_fp8_tensors (the backward records the gradient's scaling state)."""
+    fp8 = cfg.mode in ("delayed", "current", "mxfp8")
+    ctx.backward_override = cfg.bwd_override if fp8 else None
+    ctx.fp8 = fp8 and cfg.bwd_override is None
+    ctx.reduce_and_update_bwd_fp8_tensors = ctx.fp8
+    q = None
+    if ctx.fp8 and cfg.mode == "mxfp8":
+        q = MXFP8Quantizer(cfg.grad.dtype)
+    elif ctx.fp8 and cfg.mode == "current":
+        q = Float8CurrentScalingQuantizer(cfg.grad.dtype, force_pow_2_scales=cfg.grad.pow2,
+                                          amax_epsilon=cfg.grad.eps)
+    elif ctx.fp8:
+        s = cfg.slot_bwd
+        q = Float8Quantizer(bwd_scale[s : s + 1], bwd_hist[0, s : s + 1], cfg.grad.dtype)
+    ctx.grad_output_quantizer = q
 
 
 class WeightCast(NamedTuple):

@@ -396,19 +396,11 @@ class TransformerEngineBaseModule(torch.nn.Module):
         w = weight if keep else weight.to(dtype)
         row = tp.size > 1 and parallel_mode == "row"
         b = bias if (add_bias and not row and bias is not None) else None
-        if b is not None and b.dtype != dtype:
-            b = b.to(dtype)
-        cfg = self._gemm_config(gemm, mode, recipe, code, main_grad is not None)
-        meta = self._meta_args()
-        if cfg.mode == "delayed":
-            # activation recompute: the recompute quantizes with the forward's scales
-            meta = (stash_scales(self, meta[0]), *meta[1:])
-        w_cast = self._weight_cast(gemm, w, cfg, meta[0], is_first_microbatch)
+        w, b, meta, cfg, w_cast = self._linear_args(
+            w, b, dtype, gemm, fp8, main_grad, is_first_microbatch
+        )
         y, amax = linear(x, w, b, meta, main_grad, cfg, self._wgrad_store, w_cast, acc, alpha)
-        if not recomputing():  # a recompute repeats a step that was already recorded
-            self._record_forward(cfg, amax)
-            if cfg.mode == "delayed" and isinstance(getattr(weight, "_quantizer", None), Float8Quantizer):
-                weight._quantizer.update_scale()  # an FP8 parameter's recipe update (see there)
+        self._linear_done(cfg, amax, weight)
         if row:
             y = (
                 reduce_scatter_along_first_dim(y, tp.group)
@@ -418,6 +410,29 @@ class TransformerEngineBaseModule(torch.nn.Module):
             if add_bias and bias is not None:
                 y = y + bias.to(dtype)
         return y
+
+    def _linear_args(self, w: torch.Tensor, b: torch.Tensor | None, dtype: torch.dtype,
+                     gemm: int, fp8: tuple[str, Recipe | None, int],
+                     main_grad: torch.Tensor | None, is_first_microbatch: bool | None) -> tuple:
+        """GEMM `gemm`'s (weight, bias in the activation dtype, FP8 meta, config, weight cast)."""
+        mode, recipe, code = fp8
+        if b is not None and b.dtype != dtype:
+            b = b.to(dtype)
+        cfg = self._gemm_config(gemm, mode, recipe, code, main_grad is not None)
+        meta = self._meta_args()
+        if cfg.mode == "delayed":
+            # activation recompute: the recompute quantizes with the forward's scales
+            meta = (stash_scales(self, meta[0]), *meta[1:])
+        w_cast = self._weight_cast(gemm, w, cfg, meta[0], is_first_microbatch)
+        return w, b, meta, cfg, w_cast
+
+    def _linear_done(self, cfg: GemmConfig, amax: torch.Tensor, weight: torch.Tensor) -> None:
+        """After a GEMM's forward: its amaxes into the history, an FP8 parameter's scale update."""
+        if not recomputing():  # a recompute repeats a step that was already recorded
+            self._record_forward(cfg, amax)
+            q = getattr(weight, "_quantizer", None)
+            if cfg.mode == "delayed" and isinstance(q, Float8Quantizer):
+                q.update_scale()  # an FP8 parameter's recipe update (see there)
 
     def _weight_cast(
         self,

@@ -10,9 +10,119 @@ import torch
 from ..distributed import TPConfig, set_tensor_model_parallel_attributes, split_size
 from ._params import materialize_params
 from .base import TransformerEngineBaseModule, default_device, reject_unsupported
+from ..tensor import QuantizedTensor
 from ..utils import get_default_init_method
+from ...common.recipe import Recipe
+from ._autograd import _LinearFn
 
-__all__ = ["GroupedLinear"]
+__all__ = ["GroupedLinear", "is_module_grouped_tensor_path_supported"]
+
+
+def is_module_grouped_tensor_path_supported(recipe: Recipe | None, dtype: torch.dtype) -> bool:
+    """TE's predicate for GroupedLinear's native GroupedTensor path (one grouped GEMM over a
+    GroupedTensor, device-side m_splits). transformer_engine_lite has no such path, so the answer
+    is False for every recipe and dtype: GroupedLinear(use_grouped_tensor=True) runs the
+    split path, as TE does where the predicate is False."""
+    if recipe is not None and not isinstance(recipe, Recipe):
+        raise TypeError("is_module_grouped_tensor_path_supported: recipe: expected a Recipe or "
+                        f"None, got {type(recipe).__name__}")
+    if not isinstance(dtype, torch.dtype):
+        raise TypeError("is_module_grouped_tensor_path_supported: dtype: expected a torch.dtype, "
+                        f"got {dtype!r}")
+    return False
+
+
+class _SubCtx:
+    """One group's stand-in for _LinearFn's autograd ctx inside _GroupedLinear: the attributes
+    _LinearFn.forward sets land here, and its backward reads them back."""
+
+    def __init__(self, needs_input_grad: tuple[bool, ...]) -> None:
+        self.needs_input_grad = needs_input_grad
+        self.saved_tensors: tuple[torch.Tensor, ...] = ()
+
+    def save_for_backward(self, *tensors: torch.Tensor) -> None:
+        self.saved_tensors = tensors
+
+    def mark_non_differentiable(self, *_: torch.Tensor) -> None:
+        pass
+
+
+class _GroupedLinear(torch.autograd.Function):
+    """All groups of a GroupedLinear as one autograd node (TE's _GroupedLinear): each group runs
+    _LinearFn's forward / backward on its rows. The node saves the groups' operands as TE orders
+    them (every group's input, then every group's weight; see ctx.tensor_objects and
+    pytorch.quantized_tensor.restore_from_saved) and exposes TE's backward state
+    (backward_override, fp8, reduce_and_update_bwd_fp8_tensors)."""
+
+    @staticmethod
+    def forward(  # type: ignore[override]
+        ctx: Any, x2: torch.Tensor, splits: tuple[int, ...], groups: list[tuple[Any, ...]],
+        out: torch.Tensor | None, dgrad_out: torch.Tensor | None, *params: torch.Tensor | None,
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        n = len(splits)
+        subs, outs, amaxes = [], [], []
+        for g, part in enumerate(torch.split(x2, list(splits), dim=0)):
+            meta, main_grad, cfg, store, w_cast = groups[g]
+            need = (ctx.needs_input_grad[0], ctx.needs_input_grad[5 + g],
+                    ctx.needs_input_grad[5 + n + g]) + (False,) * 10
+            sub = _SubCtx(need)
+            y, amax = _LinearFn.forward(sub, part, params[g], params[n + g], *meta, main_grad,
+                                        cfg, store, w_cast)
+            subs.append(sub)
+            outs.append(y)
+            amaxes.append(amax)
+        # TE's order of the saved operands: inputs of all groups, then weights of all groups
+        pieces = [_split_saved(s) for s in subs]
+        flat = [t for p in pieces for t in p[0]] + [t for p in pieces for t in p[1]]
+        ctx.save_for_backward(*flat)
+        ctx.counts = [(len(p[0]), len(p[1])) for p in pieces]
+        ctx.subs = subs
+        amax = torch.stack(amaxes)
+        ctx.mark_non_differentiable(amax)
+        if not torch.compiler.is_compiling():
+            objs = [getattr(s, "tensor_objects", [None, None]) for s in subs]
+            ctx.tensor_objects = [o[0] for o in objs] + [o[1] for o in objs]
+            for attr in ("backward_override", "fp8", "reduce_and_update_bwd_fp8_tensors"):
+                setattr(ctx, attr, getattr(subs[0], attr))
+            ctx.grad_output_quantizers = [s.grad_output_quantizer for s in subs]
+        ctx.dgrad_out = dgrad_out
+        if out is None:
+            return torch.cat(outs, 0), amax
+        torch.cat(outs, 0, out=out)  # the caller's buffer is the output (TE's `out`)
+        ctx.mark_dirty(out)
+        return out, amax
+
+    @staticmethod
+    def backward(ctx: Any, grad_out: torch.Tensor, _grad_amax: torch.Tensor):  # type: ignore[override]
+        n = len(ctx.subs)
+        saved = list(ctx.saved_tensors)
+        n_in = sum(c[0] for c in ctx.counts)
+        ins, ws = saved[:n_in], saved[n_in:]
+        splits = [s.inp_shape[0] for s in ctx.subs]
+        dx, dws, dbs = [], [None] * n, [None] * n
+        for g, (sub, dy) in enumerate(zip(ctx.subs, torch.split(grad_out, splits, dim=0))):
+            ci, cw = ctx.counts[g]
+            sub.saved_tensors = tuple(ins[:ci]) + tuple(ws[:cw])
+            ins, ws = ins[ci:], ws[cw:]
+            grads = _LinearFn.backward(sub, dy, None)
+            sub.saved_tensors = ()
+            dx.append(grads[0] if grads[0] is not None else torch.zeros(
+                dy.shape[0], sub.inp_shape[-1], dtype=dy.dtype, device=dy.device))
+            dws[g], dbs[g] = grads[1], grads[2]
+        dgrad = None
+        if ctx.needs_input_grad[0]:
+            dgrad = torch.cat(dx, 0, out=ctx.dgrad_out) if ctx.dgrad_out is not None else \
+                torch.cat(dx, 0)
+        return (dgrad, None, None, None, None, *dws, *dbs)
+
+
+def _split_saved(sub: _SubCtx) -> tuple[list[torch.Tensor], list[torch.Tensor]]:
+    """A group's saved tensors as (input pieces, weight pieces), from its saved_mask."""
+    it = iter(sub.saved_tensors)
+    mask = sub.saved_mask
+    x = [next(it) for m in mask[:2] if m]
+    w = [next(it) for m in mask[2:] if m]
+    return x, w
 
 
 class GroupedLinear(TransformerEngineBaseModule):
@@ -21,7 +131,9 @@ class GroupedLinear(TransformerEngineBaseModule):
     forward(inp [tokens, in_features] (or [..., in_features]), m_splits): m_splits gives the rows of
     each group in order (a list of ints or a 1-D integer tensor, summing to the rows of inp; zeros
     allowed). Each group is its own GEMM with its own FP8 meta slots (forward 3*i.., backward
-    2*i..), so every recipe applies per expert.
+    2*i..), so every recipe applies per expert. out / dgrad_out (TE's): caller buffers
+    [tokens, out_features] / [tokens, in_features] the output / input gradient are written into
+    (the output returned is `out` itself).
     Parameters: weight0..weight{n-1} [out, in] and bias0..bias{n-1} [out] (TE's names); with
     single_grouped_weight / single_grouped_bias one `weight` [n, out, in] / `bias` [n, out].
     Other arguments as Linear (parallel_mode "column"/"row" splits out/in features per rank).
@@ -73,6 +185,9 @@ class GroupedLinear(TransformerEngineBaseModule):
                 f"{owner}: sequence_parallel=True is not supported by transformer_engine_lite "
                 "(per-expert token splits are not sequence-sharded here); leave it False"
             )
+        if use_grouped_tensor is not None and not isinstance(use_grouped_tensor, bool):
+            raise TypeError(f"{owner}: use_grouped_tensor: expected a bool or None, got "
+                            f"{use_grouped_tensor!r}")
         device = torch.device(device) if device is not None else default_device()
         super().__init__(num_gemms=num_gemms, device=device, name=name)
         self.tp = TPConfig(owner, parallel_mode, tp_group, tp_size, sequence_parallel)
@@ -87,6 +202,9 @@ class GroupedLinear(TransformerEngineBaseModule):
         self.params_dtype = params_dtype or torch.get_default_dtype()
         self.init_method = init_method or get_default_init_method()
         self.get_rng_state_tracker, self.rng_tracker_name = get_rng_state_tracker, rng_tracker_name
+        # TE's request for the GroupedTensor path; is_module_grouped_tensor_path_supported() is
+        # False here, so the module runs the split path either way (TE's fallback)
+        self.use_grouped_tensor = bool(use_grouped_tensor)
         self.single_grouped_weight = bool(single_grouped_weight)
         self.single_grouped_bias = bool(single_grouped_bias) and bias
         tp = max(1, self.tp.size)
@@ -103,15 +221,15 @@ class GroupedLinear(TransformerEngineBaseModule):
         n, o, i, dt = num_gemms, self.out_features_local, self.in_features_local, self.params_dtype
         if self.single_grouped_weight:
             self.weight = self._new_param((n, o, i), dt, device)
-        else:
-            for g in range(n):
-                self.register_parameter(f"weight{g}", self._new_param((o, i), dt, device))
         row_sp = parallel_mode == "row" and self.sequence_parallel
         if self.single_grouped_bias:
             self.bias = self._new_param((n, o), dt, device)
             self.bias.sequence_parallel = row_sp
-        else:
-            for g in range(n):
+        # TE's registration order: weight0, bias0, weight1, bias1, ... (parameters(), state_dict)
+        for g in range(n):
+            if not self.single_grouped_weight:
+                self.register_parameter(f"weight{g}", self._new_param((o, i), dt, device))
+            if not self.single_grouped_bias:
                 b = self._new_param((o,), dt, device) if bias else None
                 if b is not None:
                     b.sequence_parallel = row_sp
@@ -190,12 +308,33 @@ class GroupedLinear(TransformerEngineBaseModule):
         inp: torch.Tensor,
         m_splits: Any,
         is_first_microbatch: bool | None = None,
+        out: torch.Tensor | None = None,
+        dgrad_out: torch.Tensor | None = None,
     ) -> torch.Tensor | tuple[torch.Tensor, list[torch.Tensor | None]]:
         owner = "GroupedLinear"
         x, fp8 = self._prepare_input(owner, inp, self.in_features_local, "in_features per TP rank")
         x2 = x.reshape(-1, x.shape[-1])
         splits = self._splits(owner, m_splits, x2.shape[0], self.num_gemms)
         weights, biases = self._weights(), self._biases()
+        rows = x2.shape[0]
+        for arg, buf, feat in (("out", out, self.out_features_local),
+                               ("dgrad_out", dgrad_out, self.in_features_local)):
+            if buf is None:
+                continue
+            ok = (isinstance(buf, torch.Tensor) and tuple(buf.shape) == (rows, feat)
+                  and buf.dtype == x2.dtype and buf.is_contiguous() and not buf.requires_grad)
+            if not ok:
+                got = (f"{tuple(buf.shape)} {buf.dtype}, contiguous={buf.is_contiguous()}, "
+                       f"requires_grad={buf.requires_grad}" if isinstance(buf, torch.Tensor)
+                       else type(buf).__name__)
+                raise ValueError(f"{owner}: {arg}: expected a contiguous {x2.dtype} tensor of "
+                                 f"shape {(rows, feat)} without requires_grad, got {got}")
+        if self.tp.size <= 1:
+            return self._forward_one_node(x, x2, splits, weights, biases, fp8,
+                                          is_first_microbatch, out, dgrad_out)
+        if out is not None or dgrad_out is not None:
+            raise NotImplementedError(f"{owner}: out / dgrad_out with tensor parallelism are not "
+                                      "supported by transformer_engine_lite")
         outs = []
         for g, part in enumerate(torch.split(x2, splits, dim=0)):
             main_grad = self._main_grad(owner, self.fuse_wgrad_accumulation, weights[g])
@@ -217,3 +356,31 @@ class GroupedLinear(TransformerEngineBaseModule):
         if self.return_bias:
             return y, [b.to(x.dtype) if b is not None else None for b in biases]
         return y
+
+    def _forward_one_node(self, x, x2, splits, weights, biases, fp8, is_first_microbatch, out,
+                          dgrad_out):
+        """No tensor parallelism: every group in one _GroupedLinear node (TE's structure)."""
+        owner = "GroupedLinear"
+        dtype = x2.dtype
+        groups, ws, bs = [], [], []
+        for g in range(self.num_gemms):
+            weight = weights[g]
+            main_grad = self._main_grad(owner, self.fuse_wgrad_accumulation, weight)
+            keep = weight.dtype == dtype or isinstance(weight, QuantizedTensor)
+            w = weight if keep else weight.to(dtype)
+            b = biases[g] if not self.return_bias else None
+            w, b, meta, cfg, w_cast = self._linear_args(w, b, dtype, g, fp8, main_grad,
+                                                        is_first_microbatch)
+            groups.append((meta, main_grad, cfg, self._wgrad_store, w_cast))
+            ws.append(w)
+            bs.append(b)
+        y, amax = _GroupedLinear.apply(x2.contiguous(), tuple(splits), groups, out, dgrad_out,
+                                       *ws, *bs)
+        for g in range(self.num_gemms):
+            self._linear_done(groups[g][2], amax[g], weights[g])
+        if x.dim() != 2:  # (a same-shape reshape would still hide the node behind a view)
+            y = y.reshape(*x.shape[:-1], y.shape[-1])
+        if self.return_bias:
+            return y, [b.to(x.dtype) if b is not None else None for b in biases]
+        return y
+

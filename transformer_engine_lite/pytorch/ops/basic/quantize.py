@@ -54,7 +54,10 @@ class _QuantizeFn(torch.autograd.Function):
 
     @staticmethod
     def backward(ctx: Any, dy: torch.Tensor):  # type: ignore[override]
-        if ctx.bwd and ctx.recipe is not None:
+        # A recipe's backward_override ("high_precision" / "dequantized") keeps the backward in
+        # high precision, so the gradient is not quantized here either (TE's Quantize op).
+        override = getattr(ctx.recipe, "backward_override", None)
+        if ctx.bwd and ctx.recipe is not None and override is None:
             dy = _quantize(dy, ctx.recipe, False)
         return dy, None, None, None
 
