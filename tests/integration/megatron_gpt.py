@@ -59,7 +59,72 @@ def count_calls() -> collections.Counter:
         return forward(self, *args, **kwargs)
 
     ops.Sequential.forward = sequential_forward
+    # TE's ZeRO helpers, which Megatron's fp8_utils calls (the first by name at each call, the
+    # second imported at Megatron's import: wrapped before)
+    import transformer_engine_lite.pytorch.tensor.utils as tensor_utils
+
+    counted(tensor_utils, "cast_master_weights_to_fp8")
+    counted(tensor_utils, "post_all_gather_processing")
     return calls
+
+
+class ZeroFP8:
+    """What Megatron's distributed optimizer does with fp8_param_gather, which cannot run on the
+    CPU itself (optimizer.py / distrib_optimizer.py / clip_grads.py make tensors on device='cuda'
+    and check param.type() == 'torch.cuda.BFloat16Tensor'): each data-parallel rank keeps an fp32
+    master copy of its flat piece of every FP8 weight, takes an SGD step on it, writes the FP8 bytes
+    of its piece with Megatron's own fp8_utils.quantize_param_shard (-> TE's
+    cast_master_weights_to_fp8), all-gathers the pieces' bytes (Megatron's param all-gather) and
+    runs Megatron's fp8_utils.post_all_gather_processing. Other parameters: plain SGD."""
+
+    def __init__(self, model, lr: float):
+        import torch.distributed as dist
+        from megatron.core import parallel_state
+
+        from transformer_engine_lite.pytorch.tensor import QuantizedTensor
+
+        self.group = parallel_state.get_data_parallel_group()
+        self.world, self.rank = dist.get_world_size(self.group), dist.get_rank(self.group)
+        self.lr = lr
+        self.fp8 = [p for p in model.parameters() if isinstance(p, QuantizedTensor)]
+        assert self.fp8, "--zero: the model has no FP8 weights (use --fp8-param)"
+        ids = {id(p) for p in self.fp8}
+        self.other = torch.optim.SGD([p for p in model.parameters() if id(p) not in ids], lr=lr)
+        self.ranges, self.masters = [], []
+        for p in self.fp8:
+            n = p.numel()
+            a, b = n * self.rank // self.world, n * (self.rank + 1) // self.world
+            self.ranges.append((a, b))
+            self.masters.append(p.dequantize().float().reshape(-1)[a:b].clone())
+
+    def step(self) -> None:
+        import torch.distributed as dist
+        from megatron.core.fp8_utils import post_all_gather_processing, quantize_param_shard
+
+        for p, m, (a, b) in zip(self.fp8, self.masters, self.ranges):
+            g = p.grad.float()
+            dist.all_reduce(g, group=self.group)
+            m -= self.lr * (g / self.world).reshape(-1)[a:b]
+        quantize_param_shard(self.fp8, self.masters, [a for a, _ in self.ranges], self.group)
+        for p in self.fp8:
+            for name in ("_data", "_rowwise_data", "_columnwise_data"):
+                buf = getattr(p, name, None)
+                if buf is None:
+                    continue
+                flat = buf.view(torch.uint8).reshape(-1)
+                parts = [torch.empty_like(flat) for _ in range(self.world)]
+                dist.all_gather(parts, flat.contiguous(), group=self.group)
+                n = flat.numel()
+                for r, part in enumerate(parts):
+                    a, b = n * r // self.world, n * (r + 1) // self.world
+                    flat[a:b] = part[a:b]
+        post_all_gather_processing(self.fp8)
+        self.other.step()
+
+    def zero_grad(self) -> None:
+        for p in self.fp8:
+            p.grad = None
+        self.other.zero_grad()
 
 
 def main() -> None:
@@ -73,6 +138,8 @@ def main() -> None:
     p.add_argument("--permute-fusion", action="store_true")  # MoE: TE's fused permutation
     p.add_argument("--op-fuser", action="store_true")  # Megatron's use_te_op_fuser
     p.add_argument("--ce-fusion", action="store_true")  # TE's parallel_cross_entropy for the loss
+    # ZeRO-1 over the data-parallel ranks with FP8 weights (needs --fp8-param): see zero_step
+    p.add_argument("--zero", action="store_true")
     p.add_argument("--tp", type=int, default=1)
     p.add_argument("--steps", type=int, default=3)
     a = p.parse_args()
@@ -132,7 +199,7 @@ def main() -> None:
     labels = torch.randint(0, 256, (2, 64), generator=g)
     position_ids = torch.arange(64).unsqueeze(0).expand(2, -1)
     mask = torch.tril(torch.ones(64, 64, dtype=torch.bool)).logical_not().view(1, 1, 64, 64)
-    opt = torch.optim.SGD(model.parameters(), lr=0.1)
+    opt = ZeroFP8(model, lr=0.1) if a.zero else torch.optim.SGD(model.parameters(), lr=0.1)
     tp_group = parallel_state.get_tensor_model_parallel_group()
     losses = []
     for _ in range(a.steps):

@@ -11,7 +11,10 @@ patches. What is compared:
 - use_te_op_fuser: the MLP as TE fusible ops (ops.Sequential runs) equals the module MLP;
 - cross_entropy_loss_fusion with the "te" impl: TE's parallel_cross_entropy (ours) gives the losses
   of Megatron's unfused vocab-parallel cross entropy, at TP=1 and vocab-parallel at TP=2;
-- TP=2 with sequence parallelism under torchrun (gloo): the losses of TP=1.
+- TP=2 with sequence parallelism under torchrun (gloo): the losses of TP=1;
+- FP8 weights under ZeRO (what Megatron's distributed optimizer does with fp8_param_gather, through
+  Megatron's own fp8_utils.quantize_param_shard / post_all_gather_processing -> TE's
+  cast_master_weights_to_fp8): DP=2 gives exactly the losses of DP=1, for each FP8 recipe.
 """
 
 from __future__ import annotations
@@ -97,6 +100,19 @@ def test_fp8_params():
     fp8p = run("--dtype", "bf16", "--fp8", "delayed", "--fp8-param")["losses"]
     assert fp8p[-1] < fp8p[0] - 0.3, fp8p
     assert _close(fp8p, run("--dtype", "bf16")["losses"], 5e-2), fp8p
+
+
+@pytest.mark.parametrize("recipe", ["delayed", "tensorwise", "mxfp8"])
+def test_zero_fp8_param_gather_dp2_equals_dp1(recipe):
+    # each rank steps its fp32 master piece and writes its piece's FP8 bytes; gathered, they are
+    # the bytes of the whole weights: DP=2 == DP=1 exactly (same data on both ranks)
+    args = ("--dtype", "bf16", "--fp8", recipe, "--fp8-param", "--zero")
+    one, two = run(*args), run(*args, nproc=2)
+    assert one["calls"]["cast_master_weights_to_fp8"] == 3, one["calls"]
+    assert one["calls"]["post_all_gather_processing"] == 3, one["calls"]
+    assert two["losses"] == one["losses"], (two["losses"], one["losses"])
+    assert one["losses"][-1] < one["losses"][0] - 0.3, one["losses"]
+    assert _close(one["losses"], run("--dtype", "bf16")["losses"], 5e-2), one["losses"]
 
 
 def test_blockwise_recipe_says_not_implemented():

@@ -242,3 +242,55 @@ def test_multihead_attention(sp, fused):
     assert_close(y, _shard(y_ref, 0) if sp else y_ref, torch.float32, "output")
     assert_close(dx, _shard(dx_ref, 0) if sp else dx_ref, torch.float32, "input grad")
     _check_grads(tp, ref, dims)
+
+
+@pytest.mark.parametrize("kind", ["delayed", "current", "mxfp8"])
+def test_cast_master_weights_to_fp8_shards_equal_one_process(kind):
+    # ZeRO: each rank owns a flat piece of the fp32 master weights (cut inside rows and MXFP8
+    # blocks; one weight entirely on rank 0); after the cast and a gather of the owned bytes every
+    # rank has the bytes and scales of the whole weights quantized in one process.
+    from transformer_engine_lite.common import recipe as r
+    from transformer_engine_lite.pytorch.tensor.float8_tensor import Float8Quantizer
+    from transformer_engine_lite.pytorch.tensor.utils import cast_master_weights_to_fp8
+
+    rec = {"delayed": r.DelayedScaling, "current": r.Float8CurrentScaling,
+           "mxfp8": r.MXFP8BlockScaling}[kind]
+    shapes = [(70, 45), (32, 64)]
+    with te.quantized_model_init(enabled=True, recipe=rec()):
+        ws = [te.Linear(k, n, params_dtype=torch.bfloat16).weight for n, k in shapes]
+    g = torch.Generator().manual_seed(5)
+    masters = [torch.randn(*s, generator=g) * torch.logspace(-2, 2, s[0]).unsqueeze(1)
+               for s in shapes]
+    refs = [w._quantizer.copy()(m.bfloat16()) if kind != "delayed" else None
+            for w, m in zip(ws, masters)]
+    if kind == "delayed":
+        for w in ws:
+            w._quantizer.scale.fill_(0.5)
+        refs = [Float8Quantizer(
+            torch.full((1,), 0.5), torch.zeros(1), torch.float8_e4m3fn)(m.bfloat16())
+            for m in masters]
+    rank = dist.get_rank()
+    cuts = [(0, 1001), (0, 32 * 64)] if rank == 0 else [(1001, 70 * 45), None]
+    mine = [None if c is None else m.reshape(-1)[c[0]:c[1]] for m, c in zip(masters, cuts)]
+    cast_master_weights_to_fp8(ws, mine, [None if c is None else c[0] for c in cuts], None)
+    names = ["_data", "_scale_inv"] if kind != "mxfp8" else [
+        "_rowwise_data", "_columnwise_data", "_rowwise_scale_inv", "_columnwise_scale_inv"]
+    for w, ref, c in zip(ws, refs, cuts):
+        for name in names:
+            got, want = getattr(w, name).view(torch.uint8), getattr(ref, name).view(torch.uint8)
+            if name.endswith("_data"):
+                # the owned bytes of each rank, gathered (rank 0's where it owns them)
+                own = torch.zeros(got.numel(), dtype=torch.uint8)
+                if c is not None:
+                    own[c[0]:c[1]] = 1
+                parts = [torch.zeros_like(got.reshape(-1)) for _ in range(2)]
+                owns = [torch.zeros_like(own) for _ in range(2)]
+                dist.all_gather(parts, got.reshape(-1).contiguous())
+                dist.all_gather(owns, own)
+                got = torch.where(owns[0].bool(), parts[0], parts[1])
+                want = want.reshape(-1)
+            assert torch.equal(got, want), (kind, name)
+    if kind == "delayed":  # the amaxes are reduced over the ranks
+        for w, m in zip(ws, masters):
+            assert w._quantizer.amax.item() == m.bfloat16().abs().max().item()
+            assert w._scale_inv.item() == 2.0

@@ -327,24 +327,31 @@ def test_cpu_offload_context():
 
     lin = te.Linear(16, 16)
     x = torch.randn(4, 16, requires_grad=True)
-    ref = lin(x).square().sum()
+    ref = lin(lin(x)).square().sum()
     ref.backward()
     gx, gw = x.grad.clone(), lin.weight.grad.clone()
     x.grad, lin.weight.grad = None, None
-    ctx, sync = cpu_offload.get_cpu_offload_context(enabled=True, num_layers=1, model_layers=2)
-    with ctx:
-        assert cpu_offload.is_cpu_offload_enabled()
-        y = sync(lin(x))
+    # TE's v2 schedule: model_layers forwards, each in the context, then the backward
+    with pytest.warns(UserWarning, match="not recommended"):
+        ctx, sync = cpu_offload.get_cpu_offload_context(enabled=True, num_layers=1, model_layers=2)
+    y = x
+    for _ in range(2):
+        with ctx:
+            assert cpu_offload.is_cpu_offload_enabled()
+            y = lin(y)
+        y = sync(y)
     assert not cpu_offload.is_cpu_offload_enabled()
     y.square().sum().backward()
     assert torch.equal(x.grad, gx) and torch.equal(lin.weight.grad, gw)
     with pytest.raises(ValueError, match="what to offload"):
         cpu_offload.get_cpu_offload_context(True, offload_activations=False, offload_weights=False)
-    with pytest.warns(DeprecationWarning, match="offload_weights"):
-        ctx, sync = cpu_offload.get_cpu_offload_context(True, offload_weights=True)
-    # host tensors stay where they are; an accelerator tensor would be copied to the host and back
-    t = torch.randn(3)
-    assert cpu_offload._unpack(cpu_offload._pack(t)) is t
+    with pytest.raises(ValueError, match="Cannot offload all layers"):
+        cpu_offload.get_cpu_offload_context(True, num_layers=1, model_layers=1)
+    with pytest.warns(DeprecationWarning, match="Offloading weights is deprecated"):
+        ctx, sync = cpu_offload.get_cpu_offload_context(
+            True, offload_weights=True, offload_activations=False)
+    # host tensors stay where they are (tests/pytorch/test_cpu_offload.py: the copies)
+    assert sync(x) is x
 
 
 @pytest.mark.parametrize("fmt", ["sbhd", "bshd"])

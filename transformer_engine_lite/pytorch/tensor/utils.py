@@ -4,9 +4,19 @@ from __future__ import annotations
 
 import torch
 
+from ._master_weights import (
+    cast_master_weights_to_fp8,
+    post_all_gather_processing,
+    quantize_master_weights,
+)
 from .float8_tensor import Float8Tensor
 
-__all__ = ["replace_raw_data"]
+__all__ = [
+    "cast_master_weights_to_fp8",
+    "post_all_gather_processing",
+    "quantize_master_weights",
+    "replace_raw_data",
+]
 
 
 def replace_raw_data(tensor: Float8Tensor, new_raw_data: torch.Tensor) -> None:
