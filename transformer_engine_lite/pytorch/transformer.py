@@ -43,8 +43,8 @@ class TransformerLayer(torch.nn.Module):
     residual branch (encoder, pre-norm only, as TE). drop_path_rate in [0, 1] (1: the branch is
     always dropped in training). activation_params: passed to LayerNormMLP (clamped_swiglu).
     Not supported (NotImplementedError): ub_tp_comm_overlap (the ub_* flags only matter with it,
-    as in TE), qk_norm_type, softmax_type other than 'vanilla'. seq_length / micro_batch_size:
-    TE's userbuffer shape hints, unused.
+    as in TE), qk_norm_type. softmax_type goes to the attention modules (attention sinks).
+    seq_length / micro_batch_size: TE's userbuffer shape hints, unused.
     """
 
     def __init__(

@@ -43,8 +43,9 @@ class MultiheadAttention(torch.nn.Module):
     embedding's pair layout). Tensor parallelism: set_parallel_mode=True with tp_group / tp_size
     (QKV column-parallel, output row-parallel, heads split over ranks), sequence_parallel,
     get_rng_state_tracker, fuse_wgrad_accumulation as in the GEMM modules.
-    Not supported (NotImplementedError): userbuffer overlap (ub_*), qk_norm_type,
-    softmax_type other than 'vanilla'. seq_length / micro_batch_size: TE's userbuffer shape
+    softmax_type: passed to DotProductAttention (attention sinks; its softmax_offset is
+    self.core_attention.softmax_offset). Not supported (NotImplementedError): userbuffer overlap
+    (ub_*), qk_norm_type. seq_length / micro_batch_size: TE's userbuffer shape
     hints, unused here as in TE without userbuffers.
     """
 
