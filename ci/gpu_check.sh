@@ -83,6 +83,7 @@ declare -A SAN_FILTER=(
   [test_gpu_cast]='*QuantizeGpu.*/bfloat16_float8_e4m3_129x257_both_mx:*CastTransposeGpu.*/bfloat16_float8_e4m3_129x257'
   [test_gpu_cross_entropy]='*GpuCrossEntropyTest.*/3x1000_bfloat16_w2'
   [test_gpu_fused_attn]='*GpuFusedAttn.*/bfloat16_bshd_causal_b2h4g2_s70x70_d128x128'
+  [test_gpu_fused_attn_sinks]='*GpuSinks.*/11'
   [test_gpu_fused_rope]='*GpuFusedRopeTest.*/sbhd_bfloat16_s7b3h2d16r16:*GpuFusedRopePositions.*/thd_bfloat16_start_cp2r0'
   [test_gpu_fused_router]='*GpuFusedRouterTest.*/sigmoid_bias_33x64_k6_g8of3_bfloat16:*GpuFusedRouterAuxLoss.*'
   [test_gpu_gemm]='*GpuGemmTest.*/plain_float8_e4m3_x_float8_e4m3_to_bfloat16_*_TN_129x257x65:*GpuGemmTest.*/plain_float8_e5m2_x_float8_e5m2_to_bfloat16_*_TN_129x257x65'

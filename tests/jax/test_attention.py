@@ -503,12 +503,6 @@ ERRORS = [
     ("padding-no-descriptor", ValueError, "argument 'sequence_descriptor'", {"mask": "padding"}),
     ("thd-no-descriptor", ValueError, "argument 'sequence_descriptor'", {"layout": "thd_thd_thd"}),
     ("dropout-no-seed", ValueError, "argument 'seed'", {"dropout": 0.1}),
-    (
-        "softmax-off-by-one",
-        NotImplementedError,
-        "argument 'softmax_type'",
-        {"softmax": "off_by_one"},
-    ),
     ("softmax-unknown", ValueError, "argument 'softmax_type'", {"softmax": "soft"}),
     (
         "cp-strategy",

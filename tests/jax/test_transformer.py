@@ -554,7 +554,7 @@ def test_dropout_streams(field):
 
 # ------------------------------------------------------------------------------ errors
 @pytest.mark.parametrize("kw, err, match", [
-    ({"softmax_type": "off-by-one"}, NotImplementedError, "softmax_type"),
+    ({"softmax_type": "off-by-one"}, ValueError, "softmax_type"),  # TE-JAX spells off_by_one
     ({"score_mod": lambda s: s}, NotImplementedError, "score_mod"),
     ({"context_parallel_axis": "cp"}, NotImplementedError, "context_parallel_axis"),
     ({"context_parallel_strategy": "RING"}, NotImplementedError, "context_parallel_strategy"),
@@ -577,7 +577,7 @@ def test_dpa_refused_and_bad_inputs(kw, err, match):
     ({"hidden_size": 30}, (2, 8, 32), {}, ValueError, "hidden_size"),
     ({}, (2, 8, 32), {"decode": True}, ValueError, "decode"),
     ({"layer_type": DEC}, (2, 8, 32), {}, ValueError, "encoded"),
-    ({"softmax_type": "learnable"}, (2, 8, 32), {}, NotImplementedError, "softmax_type"),
+    ({"softmax_type": "sink"}, (2, 8, 32), {}, ValueError, "softmax_type"),
     ({"low_rank_adaptation_scope": "some"}, (2, 8, 32), {}, ValueError,
      "low_rank_adaptation_scope"),
     ({"rotary_pos_emb_group_method": "spiral", "enable_rotary_pos_emb": True}, (2, 8, 32), {},

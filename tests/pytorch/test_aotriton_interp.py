@@ -224,7 +224,7 @@ def _cpu(run: Run, s: dict):
     )
     out, lse = ops.fused_attn_fwd(s["q"], s["k"], s["v"], *common, True)
     dout = s["dout"].reshape(out.shape)
-    dq, dk, dv, _ = ops.fused_attn_bwd(s["q"], s["k"], s["v"], out, dout, lse, *common, True)
+    dq, dk, dv, _, _ = ops.fused_attn_bwd(s["q"], s["k"], s["v"], out, dout, lse, *common, True)
     return out, lse, dq, dk, dv
 
 

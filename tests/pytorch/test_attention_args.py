@@ -131,7 +131,7 @@ BAD_INPUTS = [
         "cu_seqlens_q_padded",
     ),
     ("cp_group", lambda: _dpa(cp_group=object()), NotImplementedError, "cp_group"),
-    ("softmax_type", lambda: _dpa(softmax_type="off-by-one"), NotImplementedError, "softmax_type"),
+    ("softmax_type", lambda: _dpa(softmax_type="off_by_one"), ValueError, "softmax_type"),
     ("gqa groups", lambda: _dpa(num_gqa_groups=3), ValueError, "num_gqa_groups"),
     ("dropout", lambda: _dpa(attention_dropout=1.0), ValueError, "attention_dropout"),
 ]

@@ -117,7 +117,7 @@ def test_configuration_rules(kw, available):
     "kw",
     [
         dict(inference_params=object()),
-        dict(softmax_type="off-by-one"),
+        dict(softmax_type="off_by_one"),  # TE-JAX's spelling: not the PyTorch name
         dict(context_parallel=True),
         dict(num_splits=2),
         dict(return_max_logit=True),
@@ -356,3 +356,9 @@ def test_padded_offsets_equal_to_cu_seqlens_and_fast_zero_fill():
         dpa(q, k, v, **base, num_splits=2)
     with pytest.raises(ValueError, match="fast_zero_fill"):
         dpa(q, k, v, **base, fast_zero_fill=1)
+
+
+@pytest.mark.parametrize("softmax_type", ["off-by-one", "learnable"])
+def test_sinks_run_on_flash_and_unfused_on_the_cpu(softmax_type):
+    # attention sinks: the CPU flash kernel and the unfused math take them, the fused slot not
+    assert get_attention_backend(params(softmax_type=softmax_type))[5] == [True, False, True]

@@ -239,7 +239,7 @@ def test_aotriton_kernels_match_flash_kernel(device, monkeypatch, capfd):
         _attn_mode(monkeypatch, mode)
         t = [x.to(dev) for x in (q, k, v, dout)]
         out, lse = ops.fused_attn_fwd(*t[:3], *common, True)
-        dq, dk, dv, _ = ops.fused_attn_bwd(*t[:3], out, t[3], lse, *common, False)
+        dq, dk, dv, _, _ = ops.fused_attn_bwd(*t[:3], out, t[3], lse, *common, False)
         return [x.cpu() for x in (out, dq, dk, dv)]
 
     monkeypatch.setenv("NVTE_LOG_AOTRITON_CONFIG", "1")

@@ -162,5 +162,5 @@ def test_fused_attn_packed_empty_batch(layout, pack):
     args = (layout, None, None, None, 6, 6, 0.35, 0.0, None, "no_bias", "causal", -1, -1)
     out, lse = ops.fused_attn_fwd(q, k, v, *args, True)
     assert out.shape == (0, 6, 2, 8) and lse.shape == (0, 2, 6)
-    dq, dk, dv, _ = ops.fused_attn_bwd(q, k, v, out, torch.zeros_like(out), lse, *args, False)
+    dq, dk, dv, _, _ = ops.fused_attn_bwd(q, k, v, out, torch.zeros_like(out), lse, *args, False)
     assert dq.shape == q.shape and dk.shape == k.shape and dv.shape == v.shape

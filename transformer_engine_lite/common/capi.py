@@ -119,6 +119,12 @@ _SIGNATURES["nvte_fused_attn_fwd"] = [
 _SIGNATURES["nvte_fused_attn_bwd"] = [
     _T, _T, _T, _T, _T, _T, _T, _T, _T, _T, _T, _T, _T, _T, _z, _z, _f, _f, _i, _i, _i, _l, _l,
     _b, _T, _S]
+# *_softmax: TE's SoftmaxOffset / dSoftmaxOffset tensors and softmax_type (attention sinks).
+_SIGNATURES["nvte_fused_attn_fwd_softmax"] = [
+    _T, _T, _T, _T, _T, _T, _T, _T, _T, _T, _z, _z, _b, _f, _f, _i, _i, _i, _i, _l, _l, _T, _S]
+_SIGNATURES["nvte_fused_attn_bwd_softmax"] = [
+    _T, _T, _T, _T, _T, _T, _T, _T, _T, _T, _T, _T, _T, _T, _T, _T, _z, _z, _f, _f, _i, _i, _i,
+    _i, _l, _l, _b, _T, _S]
 _SIGNATURES["nvte_fused_attn_fwd_qkvpacked"] = [
     _T, _T, _T, _T, _T, _T, _z, _b, _f, _f, _i, _i, _i, _l, _l, _T, _S]
 _SIGNATURES["nvte_fused_attn_bwd_qkvpacked"] = [

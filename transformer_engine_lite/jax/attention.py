@@ -379,19 +379,32 @@ def _seed_words(seed):
     return words
 
 
+def _sink(softmax_type, softmax_offset, h):
+    """Attention sinks: the sink logit per head as fp32 [1, h, 1, 1] (0 for off-by-one, TE's
+    softmax_offset [1, h, 1, 1] or [h] for learnable), or None for vanilla."""
+    st = _enum(AttnSoftmaxType, softmax_type, "softmax_type")
+    if st is AttnSoftmaxType.VANILLA_SOFTMAX:
+        return None
+    if st is AttnSoftmaxType.OFF_BY_ONE_SOFTMAX:
+        return jnp.zeros((1, h, 1, 1), jnp.float32)
+    if softmax_offset is None or int(np.prod(softmax_offset.shape)) != h:
+        raise ValueError(f"fused_attn: argument 'softmax_offset': softmax_type 'learnable' needs "
+                         f"one value per head ({h}), got "
+                         f"{None if softmax_offset is None else softmax_offset.shape}")
+    return jnp.reshape(softmax_offset, (1, h, 1, 1)).astype(jnp.float32)
+
+
 def _refuse_extras(softmax_type, context_parallel_strategy, context_parallel_causal_load_balanced,
                    context_parallel_axis, softmax_offset, stripe_size, score_mod):
-    if _enum(AttnSoftmaxType, softmax_type, "softmax_type") is not AttnSoftmaxType.VANILLA_SOFTMAX:
-        raise NotImplementedError(f"fused_attn: argument 'softmax_type': only 'vanilla' is "
-                                  f"supported, got {softmax_type!r}")
+    _enum(AttnSoftmaxType, softmax_type, "softmax_type")  # any flavour (sinks: unfused math)
+    del softmax_offset
     cp = _enum(CPStrategy, context_parallel_strategy, "context_parallel_strategy")
     if cp is not CPStrategy.DEFAULT or context_parallel_causal_load_balanced or \
             context_parallel_axis:
         raise NotImplementedError("fused_attn: context parallelism (context_parallel_strategy, "
                                   "context_parallel_causal_load_balanced, context_parallel_axis) "
                                   "is not supported; shard batch and heads instead")
-    for name, value in (("softmax_offset", softmax_offset), ("stripe_size", stripe_size),
-                        ("score_mod", score_mod)):
+    for name, value in (("stripe_size", stripe_size), ("score_mod", score_mod)):
         if value is not None:
             raise NotImplementedError(f"fused_attn: argument '{name}' is not supported, got "
                                       f"{type(value).__name__}")
@@ -464,6 +477,9 @@ def fused_attn(qkv, bias, sequence_descriptor, seed, attn_bias_type, attn_mask_t
     cfg, dims, args = _prepare(qkv, bias, sequence_descriptor, seed, attn_bias_type,
                                attn_mask_type, qkv_layout, scaling_factor, dropout_probability,
                                is_training, max_segments_per_seq, window_size)
+    sink = _sink(softmax_type, softmax_offset, dims.h)
+    if sink is not None:  # the flash primitives take no sink yet: the unfused math runs it
+        return _unfused(cfg, *args, sink=sink)
     backend = attention_backend(args[0].dtype, cfg.layout, cfg.bias, attn_mask_type, cfg.dropout,
                                 dims.h, dims.h_kv, dims.s_q, dims.s_kv, dims.d_qk, dims.d_v,
                                 cfg.window)
@@ -480,10 +496,10 @@ def unfused_attn(qkv, bias, sequence_descriptor, seed, attn_bias_type, attn_mask
                    kwargs.get("context_parallel_causal_load_balanced", False),
                    kwargs.get("context_parallel_axis", ""), kwargs.get("softmax_offset"),
                    kwargs.get("stripe_size"), kwargs.get("score_mod"))
-    cfg, _, args = _prepare(qkv, bias, sequence_descriptor, seed, attn_bias_type, attn_mask_type,
-                            qkv_layout, scaling_factor, dropout_probability, is_training,
-                            max_segments_per_seq, window_size)
-    return _unfused(cfg, *args)
+    cfg, dims, args = _prepare(qkv, bias, sequence_descriptor, seed, attn_bias_type,
+                               attn_mask_type, qkv_layout, scaling_factor, dropout_probability,
+                               is_training, max_segments_per_seq, window_size)
+    return _unfused(cfg, *args, sink=_sink(softmax_type, kwargs.get("softmax_offset"), dims.h))
 
 
 # -- flash: the fused primitives under custom_vjp
@@ -518,14 +534,23 @@ _fused.defvjp(_fused_fwd, _fused_bwd)
 
 
 # -- unfused: JAX GEMMs around the core's fused softmax ops (differentiable through jax)
-def _unfused(cfg: _Config, q, k, v, bias, seqs, seed):
+def _unfused(cfg: _Config, q, k, v, bias, seqs, seed, sink=None):
     empty = jnp.zeros((0,), q.dtype)
     none = jnp.zeros((0,), _I32)
     p = problem(cfg.layout, q, empty if k is None else k, empty if v is None else v,
                 *(none if x is None else x for x in seqs), cfg.mask, cfg.window)
     x, scale = logits(p, cfg.scale, cfg.bias, bias)
     kind = SoftmaxFusionType
-    if p.keep is None:
+    if sink is not None:
+        # Attention sinks: softmax over the kept keys plus the sink logit (no value row); plain
+        # jnp (autodiff gives the offset's gradient); a row with no key kept puts all its mass on
+        # the sink, so its output is 0.
+        y = x.astype(jnp.float32) * scale
+        if p.keep is not None:
+            y = jnp.where(p.keep, y, -jnp.inf)
+        col = jnp.broadcast_to(sink, (*y.shape[:-1], 1))
+        probs = jax.nn.softmax(jnp.concatenate((y, col), axis=-1), axis=-1)[..., :-1]
+    elif p.keep is None:
         probs = _softmax(x, None, scale, kind.SCALED)
     elif cfg.mask == "causal" and cfg.window[0] < 0 and x.shape[-2] == x.shape[-1]:
         probs = _softmax(x, None, scale, kind.SCALED_UPPER_TRIANG_MASKED)

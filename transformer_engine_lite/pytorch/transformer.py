@@ -45,9 +45,9 @@ class TransformerLayer(torch.nn.Module):
     qk_norm_type / qk_norm_eps / qk_norm_before_rope: QK normalization in the self- and the
     cross-attention (see MultiheadAttention).
     Not supported (NotImplementedError): ub_tp_comm_overlap (the ub_* flags only matter with it,
-    as in TE), softmax_type other than 'vanilla'. seq_length / micro_batch_size: passed to
-    LayerNormMLP and the attentions (TE's JIT warm-up sizes, used by qk_norm_type
-    'L2Normalization').
+    as in TE). softmax_type goes to the attention modules (attention sinks). seq_length /
+    micro_batch_size: passed to LayerNormMLP and the attentions (TE's JIT warm-up sizes, used by
+    qk_norm_type 'L2Normalization').
     """
 
     def __init__(

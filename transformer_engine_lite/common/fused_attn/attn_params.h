@@ -59,6 +59,12 @@ struct AttnParams {
   int64_t slopes_stride_b = 0;
 
   float scale = 1.0f;
+  // Attention sink (fused_attn.h, NVTE_Softmax_Type): off-by-one = a sink logit 0, learnable =
+  // softmax_offset[hi] (fp32 [h]). The online softmax starts from it (m = sink, l = 1), so the LSE
+  // includes it. d_softmax_offset (fp32 [h], learnable backward only) receives its gradient.
+  NVTE_Softmax_Type softmax_type = NVTE_VANILLA_SOFTMAX;
+  const float *softmax_offset = nullptr;
+  float *d_softmax_offset = nullptr;
   // Dropout: probability p, threshold of util/philox.h, seed/offset read from rng_state.
   float dropout = 0.0f;
   uint32_t dropout_thresh = 0;
@@ -67,6 +73,10 @@ struct AttnParams {
   // host cannot read it); when set, the GPU kernels take seed and offset from it instead.
   const int64_t *rng_state = nullptr;
 
+  NVTE_HOST_DEVICE bool has_sink() const { return softmax_type != NVTE_VANILLA_SOFTMAX; }
+  NVTE_HOST_DEVICE float sink(int64_t hi) const {
+    return softmax_type == NVTE_LEARNABLE_SOFTMAX ? softmax_offset[hi] : 0.0f;
+  }
   NVTE_HOST_DEVICE int64_t len_q(int64_t bi) const {
     return cu_q ? static_cast<int64_t>(cu_q[bi + 1] - cu_q[bi]) : s_q;
   }

@@ -193,9 +193,13 @@ void fwd(const AttnParams &p) {
       pack_a<E, T>(qa.data(), ldq, Q, off, rows, rows, static_cast<int>(p.d_qk));
       int64_t ulo, uhi;
       tile_key_ranges(p, tk.q0, rows, sq, skv, lo, hi, &ulo, &uhi);
+      // A sink (off-by-one / learnable softmax) is one more logit with no value row: the running
+      // max and sum start from it (l = exp(sink - sink) = 1) and every block rescales it as usual.
+      const bool sink = p.has_sink();
+      const float sink_logit = sink ? p.sink(tk.hi) : 0.0f;
       for (int r = 0; r < rows; ++r) {
-        m[r] = kNegInf;
-        l[r] = 0.0f;
+        m[r] = sink ? sink_logit : kNegInf;
+        l[r] = sink ? 1.0f : 0.0f;
       }
       std::fill(acc.begin(), acc.end(), 0.0f);
       for (int64_t blk = ulo / kBlockKV; blk * kBlockKV < uhi; ++blk) {
@@ -217,7 +221,8 @@ void fwd(const AttnParams &p) {
                          kv.v_at(p, tk.bi, g, blk), static_cast<size_t>(kBlockKV * tile::kPanel),
                          acc.data(), ldo, true);
       }
-      // Normalize and store; a row with no kept key gets O = 0 and LSE = -inf.
+      // Normalize and store; a row with no kept key gets O = 0 and LSE = -inf (the sink's logit
+      // with a sink: all its mass on the sink).
       token_offsets_q(p, p.so_, tk.bi, tk.hi, tk.q0, rows, off);
       for (int r = 0; r < rows; ++r) {
         const float inv = l[r] > 0.0f ? 1.0f / l[r] : 0.0f;

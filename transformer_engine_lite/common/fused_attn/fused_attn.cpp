@@ -345,6 +345,7 @@ std::vector<std::pair<const SimpleTensor *, const char *>> side_inputs(const Cal
   if (p.cu_kv) r.push_back({&c.cu_kv->data, "cu_seqlens_kv"});
   if (p.bias || p.alibi_slopes) r.push_back({&c.bias->data, "Bias"});
   if (p.dropout > 0.0f && c.rng != nullptr) r.push_back({&c.rng->data, "rng_state"});
+  if (p.softmax_offset != nullptr) r.push_back({&c.softmax_offset->data, "SoftmaxOffset"});
   return r;
 }
 
@@ -411,6 +412,7 @@ void run_fwd(const CallArgs &c, const Tensor *o, Tensor *lse, bool is_training,
   NVTEDevice device;
   NVTEFusedAttnConfig cfg;
   AttnParams p = make_params(c, &device, &cfg);
+  set_softmax(c, nullptr, device, &p);
   check_output(o, "O", *c.q, static_cast<size_t>(p.d_v), p.dtype, device);
   std::vector<std::pair<const Tensor *, const char *>> inputs = {
       {c.q, "Q"}, {c.k, "K"}, {c.v, "V"}};
@@ -445,7 +447,7 @@ void run_fwd(const CallArgs &c, const Tensor *o, Tensor *lse, bool is_training,
 #ifdef NVTE_WITH_AOTRITON
     int dev = 0;
     std::string arch;
-    if (use_aotriton(cfg, p, &dev, &arch)) {
+    if (!p.has_sink() && use_aotriton(cfg, p, &dev, &arch)) {  // AOTriton has no sinks
       aotriton::run_fwd(p, dev, arch, stream);
       return;
     }
@@ -465,6 +467,7 @@ void run_bwd(const CallArgs &c, const BwdTensors &t, bool deterministic, NVTETen
   NVTEDevice device;
   NVTEFusedAttnConfig cfg;
   AttnParams p = make_params(c, &device, &cfg);
+  set_softmax(c, t.d_softmax_offset, device, &p);
   check_output(t.o, "O", *c.q, static_cast<size_t>(p.d_v), p.dtype, device);
   check_output(t.d_o, "dO", *c.q, static_cast<size_t>(p.d_v), p.dtype, device);
   check_lse(t.lse, p, device);
@@ -493,7 +496,8 @@ void run_bwd(const CallArgs &c, const BwdTensors &t, bool deterministic, NVTETen
   if (c.packed != nullptr) inputs.push_back({c.packed, c.packed_name});
   for (auto [g, gn] : {std::pair{(const Tensor *)t.dq, "dQ"}, {t.dk, "dK"}, {t.dv, "dV"},
                        {want_dbias ? t.dbias : nullptr, "dBias"},
-                       {t.packed_grad, t.packed_grad_name}}) {
+                       {t.packed_grad, t.packed_grad_name},
+                       {p.d_softmax_offset ? t.d_softmax_offset : nullptr, "dSoftmaxOffset"}}) {
     if (g == nullptr) continue;
     for (auto [in, n] : inputs) check_no_overlap(in->data, n, g->data, gn);
     for (const auto &[in, n] : side_inputs(c, p)) check_no_overlap(*in, n, g->data, gn);
@@ -524,13 +528,22 @@ void run_bwd(const CallArgs &c, const BwdTensors &t, bool deterministic, NVTETen
       (p.dbias == nullptr || t.dbias->data.numel() == 0)) {  // nothing to write: as the forward
     (void)use_gpu(device, "nvte_fused_attn_bwd");
     cpu_workspace(workspace);
+    if (p.d_softmax_offset != nullptr) {  // no query rows: the offset's gradient is 0
+#ifdef NVTE_WITH_GPU
+      if (device == kNVTEDeviceGPU) {
+        gpu::zero_softmax_offset_grad(p, stream);
+        return;
+      }
+#endif
+      softmax_offset_grad_cpu(p);
+    }
     return;
   }
   if (use_gpu(device, "nvte_fused_attn_bwd")) {
 #ifdef NVTE_WITH_AOTRITON
     int dev = 0;
     std::string arch;
-    if (use_aotriton(cfg, p, &dev, &arch)) {
+    if (!p.has_sink() && use_aotriton(cfg, p, &dev, &arch)) {
       void *delta = nullptr;
       if (!gpu_workspace(workspace, aotriton::bwd_workspace_bytes(p), &delta)) return;
       aotriton::run_bwd(p, dev, arch, delta, stream);
@@ -547,6 +560,7 @@ void run_bwd(const CallArgs &c, const BwdTensors &t, bool deterministic, NVTETen
   (void)stream, (void)deterministic;  // the CPU backward is always deterministic
   cpu_workspace(workspace);
   flash_attn_bwd_cpu(p);
+  if (p.d_softmax_offset != nullptr) softmax_offset_grad_cpu(p);
 }
 
 // A view of one slice of a packed tensor: Q/K/V of [.., 3, h, d] / [.., h, 3, d] (or KV of 2).

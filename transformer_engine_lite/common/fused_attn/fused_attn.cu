@@ -119,8 +119,10 @@ __global__ void NVTE_LAUNCH_BOUNDS(kFwdThreads, kFwdMinBlocks)
     } else {
       row_lo[r] = row_hi[r] = 0;  // no key kept: contributes nothing, never stored as a row
     }
-    m_run[r] = -INFINITY;
-    l_run[r] = 0.0f;
+    // Attention sink (off-by-one / learnable softmax): one more logit without a value row; the
+    // running max and sum start from it (l = exp(sink - sink) = 1).
+    m_run[r] = p.has_sink() ? p.sink(hi) : -INFINITY;
+    l_run[r] = p.has_sink() ? 1.0f : 0.0f;
 #pragma unroll
     for (int c = 0; c < kOC; ++c) acc[r][c] = make_float4(0, 0, 0, 0);
   }

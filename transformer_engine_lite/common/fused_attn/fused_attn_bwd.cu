@@ -227,6 +227,33 @@ __global__ void __launch_bounds__(kRowThreads)
   }
 }
 
+// ---------------------------------------------------------------- d softmax_offset
+// Learnable softmax: d a_h = -sum over (batch, query rows) of exp(a_h - lse) * delta. One block per
+// head; each thread sums a fixed stride of rows in fp64, then a fixed tree over the block: the
+// result does not depend on scheduling (deterministic).
+__global__ void __launch_bounds__(kRowThreads)
+    flash_attn_bwd_offset_kernel(const AttnParams p, const float *delta) {
+  __shared__ double part[kRowThreads];
+  const int64_t hi = blockIdx.x;
+  const double a = static_cast<double>(p.sink(hi));
+  double acc = 0.0;
+  for (int64_t r = threadIdx.x; r < p.b * p.s_q; r += kRowThreads) {
+    const int64_t bi = r / p.s_q, i = r % p.s_q;
+    if (i >= p.len_q(bi)) continue;
+    const int64_t row = (bi * p.h + hi) * p.s_q + i;
+    const float lse = p.lse[row];
+    if (lse == -INFINITY) continue;
+    acc -= exp(a - static_cast<double>(lse)) * static_cast<double>(delta[row]);
+  }
+  part[threadIdx.x] = acc;
+  __syncthreads();
+  for (int w = kRowThreads / 2; w > 0; w /= 2) {
+    if (static_cast<int>(threadIdx.x) < w) part[threadIdx.x] += part[threadIdx.x + w];
+    __syncthreads();
+  }
+  if (threadIdx.x == 0) p.d_softmax_offset[hi] = static_cast<float>(part[0]);
+}
+
 // ---------------------------------------------------------------- dK, dV (and dQ atomics)
 template <typename T, int D>
 __global__ void NVTE_LAUNCH_BOUNDS(BwdTile<D>::kThreads, BwdTile<D>::kMinBlocks)
@@ -461,6 +488,12 @@ size_t flash_attn_bwd_workspace_bytes(const AttnParams &p) {
   return delta_bytes(p) + dq_acc_bytes(p);
 }
 
+void zero_softmax_offset_grad(const AttnParams &p, void *stream) {
+  if (p.d_softmax_offset == nullptr || p.h == 0) return;
+  NVTE_CHECK_CUDA(cudaMemsetAsync(p.d_softmax_offset, 0, static_cast<size_t>(p.h) * sizeof(float),
+                                  as_stream(stream)));
+}
+
 void launch_flash_attn_bwd(const AttnParams &p, bool deterministic, void *workspace,
                            void *stream) {
   attn::check_gpu_limits(p);
@@ -468,7 +501,10 @@ void launch_flash_attn_bwd(const AttnParams &p, bool deterministic, void *worksp
   NVTE_CHECK_SUPPORTED(p.dtype == kNVTEFloat16 || p.dtype == kNVTEBFloat16,
                        "GPU flash attention: expected Q/K/V dtype float16 or bfloat16, got ",
                        dtype_name(p.dtype));
-  if (p.b == 0 || p.h == 0) return;
+  if (p.b == 0 || p.h == 0) {
+    zero_softmax_offset_grad(p, stream);
+    return;
+  }
   NVTE_CHECK(workspace != nullptr || flash_attn_bwd_workspace_bytes(p) == 0,
              "argument 'workspace': expected ", flash_attn_bwd_workspace_bytes(p),
              " bytes of device memory, got none");
@@ -490,6 +526,10 @@ void launch_flash_attn_bwd(const AttnParams &p, bool deterministic, void *worksp
       const int64_t rows = p.b * p.h * p.s_q;
       if (rows > 0) {
         flash_attn_bwd_delta_kernel<T><<<row_blocks(rows), kRowThreads, 0, s>>>(p, delta);
+        NVTE_CHECK_LAUNCH();
+      }
+      if (p.d_softmax_offset != nullptr) {
+        flash_attn_bwd_offset_kernel<<<static_cast<unsigned>(p.h), kRowThreads, 0, s>>>(p, delta);
         NVTE_CHECK_LAUNCH();
       }
       if (!deterministic && rows > 0) {

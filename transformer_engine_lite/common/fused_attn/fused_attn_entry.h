@@ -25,6 +25,9 @@ struct CallArgs {
   // the outputs are made against this whole tensor too.
   const Tensor *packed = nullptr;
   const char *packed_name = nullptr;
+  // nvte_fused_attn_*_softmax: the softmax flavour and its offset (fp32, h elements).
+  NVTE_Softmax_Type softmax_type = NVTE_VANILLA_SOFTMAX;
+  const Tensor *softmax_offset = nullptr;
 };
 
 struct BwdTensors {
@@ -33,6 +36,7 @@ struct BwdTensors {
   bool packed_grads;  // dQ/dK/dV are views of one packed buffer (the *_packed entry points)
   const Tensor *packed_grad = nullptr;  // that whole dQKV / dKV buffer (see CallArgs::packed)
   const char *packed_grad_name = nullptr;
+  Tensor *d_softmax_offset = nullptr;  // learnable softmax: d offset (fp32, h elements), may be null
 };
 
 // Validates everything, then runs the flash kernel on the tensors' device.
@@ -40,6 +44,12 @@ void run_fwd(const CallArgs &c, const Tensor *o, Tensor *lse, bool is_training,
              NVTETensor workspace, NVTEStream stream);
 void run_bwd(const CallArgs &c, const BwdTensors &t, bool deterministic, NVTETensor workspace,
              NVTEStream stream);
+
+// Validates the softmax flavour and its offset (fused_attn_sinks.cpp) and sets p's sink fields;
+// d_offset (backward) may be null. Both the CPU and the GPU flash kernels take sinks.
+void set_softmax(const CallArgs &c, const Tensor *d_offset, NVTEDevice device, AttnParams *p);
+// CPU: d softmax_offset of a learnable softmax from O, dO and the LSE (fp64 accumulation).
+void softmax_offset_grad_cpu(const AttnParams &p);
 
 // {seed, offset} of an int64 [2] rng_state: read on the host when it is in host memory; a
 // GPU-tagged one stays in device memory (p->rng_state) and the GPU kernels read it there.

@@ -83,10 +83,12 @@ class _DPABackend(nn.Module):
     float32_logits: bool = False
     softmax_type: AttnSoftmaxType = AttnSoftmaxType.VANILLA_SOFTMAX
 
-    def _run(self, fn, qkv, layout, sequence_descriptor, bias, dropout_rng, deterministic):
+    def _run(self, fn, qkv, layout, sequence_descriptor, bias, dropout_rng, deterministic,
+             softmax_offset=None):
         if self.transpose_batch_sequence:  # the backends are batch-first
             qkv = tuple(jnp.swapaxes(t, 0, 1) for t in qkv)
-        x = fn(qkv, bias, sequence_descriptor, dropout_rng, attn_bias_type=self.attn_bias_type,
+        x = fn(qkv, bias, sequence_descriptor, dropout_rng, softmax_offset=softmax_offset,
+               attn_bias_type=self.attn_bias_type,
                attn_mask_type=self.attn_mask_type, qkv_layout=layout,
                softmax_type=self.softmax_type, scaling_factor=self.scale_factor,
                # no dropout (and no seed) at inference: the API wants a seed whenever p > 0
@@ -99,7 +101,7 @@ class _DPABackend(nn.Module):
 class _FusedDotProductAttention(_DPABackend):
     @nn.compact
     def __call__(self, query, key, value, sequence_descriptor=None, bias=None, *,
-                 dropout_rng=None, deterministic=False):
+                 dropout_rng=None, deterministic=False, softmax_offset=None):
         if self.qkv_layout.is_qkvpacked():
             qkv = (query,)  # [b, s, 3, h, d]; key / value unused
         elif self.qkv_layout.is_kvpacked():
@@ -107,13 +109,13 @@ class _FusedDotProductAttention(_DPABackend):
         else:
             qkv = (query, key, value)
         return self._run(fused_attn, qkv, self.qkv_layout, sequence_descriptor, bias,
-                         dropout_rng, deterministic)
+                         dropout_rng, deterministic, softmax_offset)
 
 
 class _UnfusedDotProductAttention(_DPABackend):
     @nn.compact
     def __call__(self, query, key, value, sequence_descriptor=None, bias=None, *,
-                 dropout_rng=None, deterministic=False):
+                 dropout_rng=None, deterministic=False, softmax_offset=None):
         # The unfused backend takes separate q, k, v (as TE's): split the packed dim (-3).
         if self.qkv_layout.is_qkvpacked():
             query, key, value = (query[..., i, :, :] for i in range(3))
@@ -125,7 +127,7 @@ class _UnfusedDotProductAttention(_DPABackend):
             # keeps P.V at least as precise. The result comes back in the input dtype.
             query, key, value = (t.astype(jnp.float32) for t in (query, key, value))
         x = self._run(unfused_attn, (query, key, value), self.qkv_layout.to_separate(),
-                      sequence_descriptor, bias, dropout_rng, deterministic)
+                      sequence_descriptor, bias, dropout_rng, deterministic, softmax_offset)
         return x.astype(dtype)
 
 
@@ -165,8 +167,7 @@ class DotProductAttention(nn.Module):
             raise ValueError(f"DotProductAttention: field 'context_parallel_strategy': expected "
                              f"one of {list(_CP_STRATEGIES)} (case insensitive), got "
                              f"{self.context_parallel_strategy!r}")
-        _refuse(self, softmax_type=(self.softmax_type, self.softmax_type == "vanilla"),
-                score_mod=(self.score_mod, self.score_mod is None),
+        _refuse(self, score_mod=(self.score_mod, self.score_mod is None),
                 score_mod_bprop=(self.score_mod_bprop, self.score_mod_bprop is None),
                 context_parallel_causal_load_balanced=(
                     self.context_parallel_causal_load_balanced,
@@ -263,8 +264,16 @@ class DotProductAttention(nn.Module):
             backend = _FusedDotProductAttention(**kwargs)
         else:
             backend = _UnfusedDotProductAttention(float32_logits=self.float32_logits, **kwargs)
+        # Attention sinks (TE's param: 'softmax_offset' fp32 [1, h, 1, 1], zeros, for
+        # 'learnable'; off-by-one's sink is 0). They run on the unfused math.
+        softmax_offset = None
+        if softmax_type == AttnSoftmaxType.LEARNABLE_SOFTMAX:
+            softmax_offset = self.param(
+                "softmax_offset",
+                nn.with_logical_partitioning(nn.initializers.zeros, (None, HEAD_AXES, None, None)),
+                (1, self.num_attention_heads, 1, 1), jnp.float32)
         x = backend(query, key, value, sequence_descriptor, bias, dropout_rng=dropout_rng,
-                    deterministic=deterministic)
+                    deterministic=deterministic, softmax_offset=softmax_offset)
         x = checkpoint_name(x, self.context_checkpoint_name)
         if x.dtype != dtype:
             raise AssertionError(f"DotProductAttention: output dtype {x.dtype} != input {dtype}")

@@ -181,13 +181,16 @@ class FlashAttention(torch.nn.Module):
         core_attention_bias: torch.Tensor | None = None,
         alibi_slopes: torch.Tensor | None = None,
         rng_state: torch.Tensor | None = None,
+        softmax_type: str = "vanilla",
+        softmax_offset: torch.Tensor | None = None,
     ) -> torch.Tensor:
         p = self.attention_dropout if self.training else 0.0
         if p > 0 and rng_state is None:
             rng_state = draw_rng_state(q.device)
         bias = alibi_slopes if core_attention_bias_type == "alibi" else core_attention_bias
+        offset = softmax_offset if softmax_type == "learnable" else None
         grad = torch.is_grad_enabled() and any(
-            t is not None and t.requires_grad for t in (q, k, v, bias)
+            t is not None and t.requires_grad for t in (q, k, v, bias, offset)
         )
         out, _ = _ops.fused_attn_fwd(
             q,
@@ -207,6 +210,8 @@ class FlashAttention(torch.nn.Module):
             window_size[0],
             window_size[1],
             grad,
+            softmax_type,
+            offset,
         )
         return _merge_heads(out)
 
@@ -328,6 +333,8 @@ class UnfusedDotProductAttention(torch.nn.Module):
         alibi_slopes: torch.Tensor | None = None,
         rng_state: torch.Tensor | None = None,
         attention_mask: torch.Tensor | None = None,
+        softmax_type: str = "vanilla",
+        softmax_offset: torch.Tensor | None = None,
     ) -> torch.Tensor:
         fmt = qkv_format_of(qkv_layout)
         p = self.attention_dropout if self.training else 0.0
@@ -346,6 +353,7 @@ class UnfusedDotProductAttention(torch.nn.Module):
             attention_mask,
             p,
             rng_state,
+            _sink_logits(softmax_type, softmax_offset, q.shape[-2], q.device),
         )
         if fmt != "thd":
             out = self._attend(
@@ -377,8 +385,10 @@ class UnfusedDotProductAttention(torch.nn.Module):
         attention_mask: torch.Tensor | None,
         p: float,
         rng_state: torch.Tensor | None,
+        sink: torch.Tensor | None = None,
     ) -> torch.Tensor:
-        """q [b, h, sq, d], k / v [b, h_kv, skv, d] -> [b, h, sq, d_v]."""
+        """q [b, h, sq, d], k / v [b, h_kv, skv, d] -> [b, h, sq, d_v]; sink: fp32 [1, h, 1, 1]
+        sink logits (off-by-one / learnable softmax) or None."""
         b, h, sq, _ = q.shape
         h_kv, skv = k.shape[1], k.shape[2]
         if h_kv != h:  # GQA / MQA: each KV head serves h / h_kv query heads
@@ -399,12 +409,15 @@ class UnfusedDotProductAttention(torch.nn.Module):
             mask_type, window, sq, skv, lens_q is not None, attention_mask is not None
         )
         keep = None
-        if variant == "masked":
+        if variant == "masked" or sink is not None:
             keep = keep_mask(mask_type, window, sq, skv, lens_q, lens_kv, q.device)
             if attention_mask is not None:  # 'arbitrary': True = masked, [b|1, h|1, sq, skv]
                 user = ~attention_mask.to(torch.bool)
                 keep = user if keep is None else keep & user
-        probs = _softmax(x.contiguous(), variant, keep, scale)
+        if sink is not None:
+            probs = _softmax_with_sink(x * scale, keep, sink)
+        else:
+            probs = _softmax(x.contiguous(), variant, keep, scale)
         if p > 0:
             kept = _ops.fused_attn_dropout_mask(rng_state, b, h, sq, skv, p)
             probs = probs * (kept.float() * (1.0 / (1.0 - p)))
@@ -450,3 +463,30 @@ def _softmax(
     # The masked op gives a fully masked row uniform weights (TE's convention); attention's
     # (fused_attn.h) is output 0 there, which also zeroes the row's gradient.
     return y * keep.any(dim=-1, keepdim=True).float()
+
+
+def _sink_logits(
+    softmax_type: str, offset: torch.Tensor | None, h: int, device: torch.device
+) -> torch.Tensor | None:
+    """The sink logit per head as fp32 [1, h, 1, 1]: None for 'vanilla', 0 for 'off-by-one',
+    the (differentiable) softmax_offset for 'learnable'."""
+    if softmax_type == "vanilla":
+        return None
+    if softmax_type == "off-by-one":
+        return torch.zeros((1, h, 1, 1), dtype=torch.float32, device=device)
+    return offset.float().reshape(1, h, 1, 1)
+
+
+def _softmax_with_sink(
+    x: torch.Tensor, keep: torch.Tensor | None, sink: torch.Tensor
+) -> torch.Tensor:
+    """Softmax of the scaled logits x (fp32 [b, h, sq, skv]) over the kept keys plus one sink
+    logit per head that takes probability mass and has no value (fused_attn.h, attention sinks).
+    Plain torch ops (autograd gives the sink's gradient); a row with no key kept puts all its
+    mass on the sink, so its output is 0."""
+    b, h, sq, skv = x.shape
+    if keep is not None:
+        x = x.masked_fill(~keep, float("-inf"))
+    col = sink.expand(b, h, sq, 1)
+    probs = torch.softmax(torch.cat((x, col), dim=-1), dim=-1)
+    return probs[..., :skv]

@@ -80,8 +80,9 @@ class MultiheadAttention(torch.nn.Module):
     ops.L2Normalization shared by q and k), 'RMSNorm' or 'LayerNorm' (separate te.RMSNorm /
     te.LayerNorm over the head dim, submodules q_norm and k_norm), qk_norm_eps, applied to each
     head of q and k after the rotary embedding, or before it with qk_norm_before_rope=True.
-    Not supported (NotImplementedError): userbuffer overlap (ub_*), softmax_type other than
-    'vanilla'. seq_length / micro_batch_size: TE's JIT warm-up sizes, passed to L2Normalization
+    softmax_type: passed to DotProductAttention (attention sinks; its softmax_offset is
+    self.core_attention.softmax_offset). Not supported (NotImplementedError): userbuffer overlap
+    (ub_*). seq_length / micro_batch_size: TE's JIT warm-up sizes, passed to L2Normalization
     (userbuffer shape hints otherwise, unused as in TE without userbuffers).
     """
 

@@ -40,6 +40,23 @@ NVTE_Mask_Type parse_mask(const char *op, const std::string &s) {
                                     nvte_mask_type_name);
 }
 
+NVTE_Softmax_Type parse_softmax(const char *op, const std::string &s) {
+  return parse_enum<NVTE_Softmax_Type>(op, "softmax_type", s, 3, nvte_softmax_type_name);
+}
+
+// softmax_offset: fp32 on q's device, dense (h values: [h] or TE's [1, h, 1, 1]); the core checks
+// the shape. Required for 'learnable'; for the other flavours not read (and not passed on).
+std::optional<at::Tensor> offset_input(const char *op, NVTE_Softmax_Type st,
+                                       const std::optional<at::Tensor> &t, const at::Tensor &q) {
+  if (st != NVTE_LEARNABLE_SOFTMAX) return std::nullopt;
+  TORCH_CHECK(t.has_value(), op, ": argument 'softmax_offset': required for softmax_type "
+              "'learnable'");
+  check_same_device(op, q, "q", *t, "softmax_offset");
+  TORCH_CHECK(t->scalar_type() == at::kFloat, op, ": argument 'softmax_offset': expected float32, "
+              "got ", dtype_name(t->scalar_type()));
+  return t->contiguous();
+}
+
 // ------------------------------------------------------------------------------------ layouts
 // One attention call's Q, K, V as the core takes them: dense-shaped handles over each view's first
 // element. `alias` keeps the dense aliases (at::from_blob, no copy) alive for the handles.
@@ -213,7 +230,8 @@ std::tuple<at::Tensor, at::Tensor> fused_attn_fwd(
     const std::optional<at::Tensor> &cu_seqlens_kv, int64_t max_seqlen_q, int64_t max_seqlen_kv,
     double attn_scale, double dropout, const std::optional<at::Tensor> &rng_state,
     const std::string &bias_type, const std::string &mask_type, int64_t window_left,
-    int64_t window_right, bool is_training) {
+    int64_t window_right, bool is_training, const std::string &softmax_type,
+    const std::optional<at::Tensor> &softmax_offset) {
   constexpr const char *kOp = "te_lite::fused_attn_fwd";
   TORCH_CHECK(max_seqlen_q >= 0 && max_seqlen_kv >= 0, kOp,
               ": arguments 'max_seqlen_q', 'max_seqlen_kv': expected >= 0, got ", max_seqlen_q,
@@ -221,6 +239,10 @@ std::tuple<at::Tensor, at::Tensor> fused_attn_fwd(
   Call c;
   parse_call(kOp, &c, q_, qkv_layout, bias, cu_seqlens_q, cu_seqlens_kv, rng_state, bias_type,
              mask_type);
+  const NVTE_Softmax_Type st = parse_softmax(kOp, softmax_type);
+  const std::optional<at::Tensor> offset = offset_input(kOp, st, softmax_offset, q_);
+  TensorWrapper toffset;
+  if (offset) toffset.data(*offset);
   const DeviceContext ctx(q_);
   QKV t = layout_views(kOp, c.layout, q_, k_, v_);
   const int64_t b = batch_of(kOp, nvte_get_qkv_format(c.layout), q_, cu_seqlens_q);
@@ -234,24 +256,25 @@ std::tuple<at::Tensor, at::Tensor> fused_attn_fwd(
   to.data(out);
   if (is_training) tlse.data(lse);
   check_nvte(
-      nvte_fused_attn_fwd(t.tq.get(), t.tk.get(), t.tv.get(), c.tbias.get(), to.get(), tlse.get(),
-                          c.tcu_q.get(), c.tcu_kv.get(), c.trng.get(),
-                          static_cast<size_t>(max_seqlen_q), static_cast<size_t>(max_seqlen_kv),
-                          is_training, static_cast<float>(attn_scale), static_cast<float>(dropout),
-                          c.layout, c.bias_type, c.mask, window_left, window_right,
-                          /*workspace=*/nullptr, ctx.stream()),
+      nvte_fused_attn_fwd_softmax(
+          t.tq.get(), t.tk.get(), t.tv.get(), c.tbias.get(), toffset.get(), to.get(), tlse.get(),
+          c.tcu_q.get(), c.tcu_kv.get(), c.trng.get(), static_cast<size_t>(max_seqlen_q),
+          static_cast<size_t>(max_seqlen_kv), is_training, static_cast<float>(attn_scale),
+          static_cast<float>(dropout), c.layout, c.bias_type, c.mask, st, window_left,
+          window_right, /*workspace=*/nullptr, ctx.stream()),
       kOp);
   return {out, lse};
 }
 
-std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor> fused_attn_bwd(
+std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor, at::Tensor> fused_attn_bwd(
     const at::Tensor &q_, const at::Tensor &k_, const at::Tensor &v_, const at::Tensor &out_,
     const at::Tensor &d_out_, const at::Tensor &softmax_lse, const std::string &qkv_layout,
     const std::optional<at::Tensor> &bias, const std::optional<at::Tensor> &cu_seqlens_q,
     const std::optional<at::Tensor> &cu_seqlens_kv, int64_t max_seqlen_q, int64_t max_seqlen_kv,
     double attn_scale, double dropout, const std::optional<at::Tensor> &rng_state,
     const std::string &bias_type, const std::string &mask_type, int64_t window_left,
-    int64_t window_right, bool deterministic) {
+    int64_t window_right, bool deterministic, const std::string &softmax_type,
+    const std::optional<at::Tensor> &softmax_offset) {
   constexpr const char *kOp = "te_lite::fused_attn_bwd";
   TORCH_CHECK(max_seqlen_q >= 0 && max_seqlen_kv >= 0, kOp,
               ": arguments 'max_seqlen_q', 'max_seqlen_kv': expected >= 0, got ", max_seqlen_q,
@@ -259,6 +282,16 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor> fused_attn_bwd(
   Call c;
   parse_call(kOp, &c, q_, qkv_layout, bias, cu_seqlens_q, cu_seqlens_kv, rng_state, bias_type,
              mask_type);
+  const NVTE_Softmax_Type st = parse_softmax(kOp, softmax_type);
+  const std::optional<at::Tensor> offset = offset_input(kOp, st, softmax_offset, q_);
+  // d softmax_offset: the offset's shape (learnable), else empty.
+  at::Tensor doffset = offset ? at::empty(offset->sizes(), offset->options())
+                              : at::empty({0}, q_.options().dtype(at::kFloat));
+  TensorWrapper toffset, tdoffset;
+  if (offset) {
+    toffset.data(*offset);
+    tdoffset.data(doffset);
+  }
   // (An empty q has an empty LSE: nothing to check then.)
   TORCH_CHECK(softmax_lse.numel() > 0 || q_.numel() == 0, kOp,
               ": argument 'softmax_lse': empty; the forward must run with is_training=True for a "
@@ -291,14 +324,15 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor> fused_attn_bwd(
   tdv.data(dv);
   if (want_dbias) tdbias.data(dbias);
   with_optional_workspace(kOp, q_, [&](const TensorWrapper &ws) {
-    return nvte_fused_attn_bwd(
+    return nvte_fused_attn_bwd_softmax(
         t.tq.get(), t.tk.get(), t.tv.get(), to.get(), tdo.get(), tlse.get(), c.tbias.get(),
-        tdq.get(), tdk.get(), tdv.get(), tdbias.get(), c.tcu_q.get(), c.tcu_kv.get(), c.trng.get(),
-        static_cast<size_t>(max_seqlen_q), static_cast<size_t>(max_seqlen_kv),
-        static_cast<float>(attn_scale), static_cast<float>(dropout), c.layout, c.bias_type, c.mask,
-        window_left, window_right, deterministic, ws.get(), ctx.stream());
+        toffset.get(), tdq.get(), tdk.get(), tdv.get(), tdbias.get(), tdoffset.get(),
+        c.tcu_q.get(), c.tcu_kv.get(), c.trng.get(), static_cast<size_t>(max_seqlen_q),
+        static_cast<size_t>(max_seqlen_kv), static_cast<float>(attn_scale),
+        static_cast<float>(dropout), c.layout, c.bias_type, c.mask, st, window_left, window_right,
+        deterministic, ws.get(), ctx.stream());
   });
-  return {dq, dk, dv, dbias};
+  return {dq, dk, dv, dbias, doffset};
 }
 
 // uint8 [b, h, s_q, s_kv] keep mask (1 = kept) of dropout p under rng_state = {seed, offset}.

@@ -101,13 +101,15 @@ TORCH_LIBRARY(te_lite, m) {
       "fused_attn_fwd(Tensor q, Tensor k, Tensor v, str qkv_layout, Tensor? bias, "
       "Tensor? cu_seqlens_q, Tensor? cu_seqlens_kv, int max_seqlen_q, int max_seqlen_kv, "
       "float attn_scale, float dropout, Tensor? rng_state, str bias_type, str mask_type, "
-      "int window_left, int window_right, bool is_training) -> (Tensor out, Tensor softmax_lse)");
+      "int window_left, int window_right, bool is_training, str softmax_type=\"vanilla\", "
+      "Tensor? softmax_offset=None) -> (Tensor out, Tensor softmax_lse)");
   m.def(
       "fused_attn_bwd(Tensor q, Tensor k, Tensor v, Tensor out, Tensor d_out, Tensor softmax_lse, "
       "str qkv_layout, Tensor? bias, Tensor? cu_seqlens_q, Tensor? cu_seqlens_kv, "
       "int max_seqlen_q, int max_seqlen_kv, float attn_scale, float dropout, Tensor? rng_state, "
-      "str bias_type, str mask_type, int window_left, int window_right, bool deterministic) -> "
-      "(Tensor dq, Tensor dk, Tensor dv, Tensor dbias)");
+      "str bias_type, str mask_type, int window_left, int window_right, bool deterministic, "
+      "str softmax_type=\"vanilla\", Tensor? softmax_offset=None) -> "
+      "(Tensor dq, Tensor dk, Tensor dv, Tensor dbias, Tensor d_softmax_offset)");
   m.def(
       "fused_attn_dropout_mask(Tensor rng_state, int b, int h, int s_q, int s_kv, float dropout) "
       "-> Tensor");

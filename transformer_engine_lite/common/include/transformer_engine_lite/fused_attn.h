@@ -97,6 +97,20 @@ typedef enum NVTE_Mask_Type NVTE_ENUM_INT {
   NVTE_PADDING_CAUSAL_BOTTOM_RIGHT_MASK = 5
 } NVTE_Mask_Type;
 
+/*! Softmax flavours (TE's NVTE_Softmax_Type, same values; attention sinks, arXiv 2309.17453).
+ *  Per query row of head h, over the kept keys j with logits x_j:
+ *  vanilla      p_j = exp(x_j) / sum_k exp(x_k);
+ *  off-by-one   p_j = exp(x_j) / (1 + sum_k exp(x_k))       (a sink logit 0);
+ *  learnable    p_j = exp(x_j) / (exp(a_h) + sum_k exp(x_k)) (a sink logit a_h = softmax_offset[h]).
+ *  The sink takes probability mass but has no value row; it is neither scaled, biased, masked nor
+ *  dropped. softmax_lse then includes it: lse = log(exp(sink) + sum_k exp(x_k)), so a row with no
+ *  kept key has lse = sink (not -inf) and output 0. */
+typedef enum NVTE_Softmax_Type NVTE_ENUM_INT {
+  NVTE_VANILLA_SOFTMAX = 0,
+  NVTE_OFF_BY_ONE_SOFTMAX = 1,
+  NVTE_LEARNABLE_SOFTMAX = 2
+} NVTE_Softmax_Type;
+
 /*! Attention backends, in order of preference ck > aotriton > flash > unfused. The first three
  *  values are ROCm TE's; flash and unfused are ours. */
 typedef enum NVTE_Fused_Attn_Backend NVTE_ENUM_INT {
@@ -118,6 +132,8 @@ NVTE_API const char *nvte_qkv_layout_name(NVTE_QKV_Layout qkv_layout);
 NVTE_API const char *nvte_mask_type_name(NVTE_Mask_Type mask_type);
 NVTE_API const char *nvte_bias_type_name(NVTE_Bias_Type bias_type);
 NVTE_API const char *nvte_fused_attn_backend_name(NVTE_Fused_Attn_Backend backend);
+/*! "vanilla", "off-by-one", "learnable" (TE's Python spelling); "unknown" out of range. */
+NVTE_API const char *nvte_softmax_type_name(NVTE_Softmax_Type softmax_type);
 
 /*! One attention problem, as the selection sees it. */
 typedef struct NVTEFusedAttnConfig {
@@ -198,6 +214,33 @@ NVTE_API NVTEStatus nvte_fused_attn_bwd(
     const NVTETensor cu_seqlens_kv, const NVTETensor rng_state, size_t max_seqlen_q,
     size_t max_seqlen_kv, float attn_scale, float dropout, NVTE_QKV_Layout qkv_layout,
     NVTE_Bias_Type bias_type, NVTE_Mask_Type attn_mask_type, int64_t window_size_left,
+    int64_t window_size_right, bool deterministic, NVTETensor workspace, NVTEStream stream);
+
+/*! nvte_fused_attn_fwd / _bwd with TE's softmax_type and its tensors, in TE's argument positions
+ *  (SoftmaxOffset after Bias, dSoftmaxOffset after dBias, softmax_type after attn_mask_type).
+ *  SoftmaxOffset: fp32, h elements ([h] or TE's [1, h, 1, 1]), on the inputs' device; required for
+ *  learnable, may be NULL otherwise (off-by-one's sink is 0 and a given offset is not read).
+ *  dSoftmaxOffset (backward, learnable only; may be NULL): SoftmaxOffset's shape, written (not
+ *  accumulated) with d loss / d a_h = -sum over batch and query rows of exp(a_h - lse) * delta,
+ *  delta = rowsum(dO * O), accumulated in fp64 in a fixed order (deterministic on every device).
+ *  Vanilla calls are exactly the plain entry points. The flash kernels (CPU, CUDA, ROCm) take every
+ *  flavour; AOTriton takes vanilla only (a sink call runs on the flash kernel). */
+NVTE_API NVTEStatus nvte_fused_attn_fwd_softmax(
+    const NVTETensor Q, const NVTETensor K, const NVTETensor V, const NVTETensor Bias,
+    const NVTETensor SoftmaxOffset, NVTETensor O, NVTETensor softmax_lse,
+    const NVTETensor cu_seqlens_q, const NVTETensor cu_seqlens_kv, const NVTETensor rng_state,
+    size_t max_seqlen_q, size_t max_seqlen_kv, bool is_training, float attn_scale, float dropout,
+    NVTE_QKV_Layout qkv_layout, NVTE_Bias_Type bias_type, NVTE_Mask_Type attn_mask_type,
+    NVTE_Softmax_Type softmax_type, int64_t window_size_left, int64_t window_size_right,
+    NVTETensor workspace, NVTEStream stream);
+NVTE_API NVTEStatus nvte_fused_attn_bwd_softmax(
+    const NVTETensor Q, const NVTETensor K, const NVTETensor V, const NVTETensor O,
+    const NVTETensor dO, const NVTETensor softmax_lse, const NVTETensor Bias,
+    const NVTETensor SoftmaxOffset, NVTETensor dQ, NVTETensor dK, NVTETensor dV, NVTETensor dBias,
+    NVTETensor dSoftmaxOffset, const NVTETensor cu_seqlens_q, const NVTETensor cu_seqlens_kv,
+    const NVTETensor rng_state, size_t max_seqlen_q, size_t max_seqlen_kv, float attn_scale,
+    float dropout, NVTE_QKV_Layout qkv_layout, NVTE_Bias_Type bias_type,
+    NVTE_Mask_Type attn_mask_type, NVTE_Softmax_Type softmax_type, int64_t window_size_left,
     int64_t window_size_right, bool deterministic, NVTETensor workspace, NVTEStream stream);
 
 /*! Packed forms. QKV: [b, s, 3, h, d] (bs3hd), [b, s, h, 3, d] (bsh3d), [s, b, 3, h, d], [s, b, h, 3,

@@ -19,7 +19,7 @@ from torch.utils.checkpoint import checkpoint
 
 from ...distributed import get_distributed_world_size
 from ...fp8 import FP8GlobalStateManager
-from ...module.base import reject_unsupported
+from ...module.base import default_device, reject_unsupported
 from ..backends import (
     FlashAttention,
     UnfusedDotProductAttention,
@@ -39,6 +39,8 @@ from ..inputs import (
 
 __all__ = ["DotProductAttention", "_attention_backends"]
 
+SOFTMAX_TYPES = ("vanilla", "off-by-one", "learnable")
+
 
 class DotProductAttention(torch.nn.Module):
     """Scaled dot-product attention (TE's `transformer_engine.pytorch.DotProductAttention`).
@@ -50,8 +52,10 @@ class DotProductAttention(torch.nn.Module):
     get_rng_state_tracker (dropout seeds are drawn inside its fork()), layer_number,
     attention_type ('self' or 'cross': how a padding attention_mask is given), softmax_scale
     (default 1 / sqrt(d_qk)). sequence_parallel is accepted for TE compatibility: core attention
-    works on whole sequences either way. Context parallelism (cp_*), softmax_type other than
-    'vanilla' and return_max_logit are not supported.
+    works on whole sequences either way. softmax_type: 'vanilla', 'off-by-one' or 'learnable'
+    (attention sinks: one extra sink logit per head, 0 or the parameter `softmax_offset` fp32
+    [h], TE's name and shape; flash on the CPU and the unfused backend on any device). Context
+    parallelism (cp_*) and return_max_logit are not supported.
     """
 
     def __init__(
@@ -90,9 +94,9 @@ class DotProductAttention(torch.nn.Module):
             raise NotImplementedError(
                 f"{owner}: cp_comm_type={cp_comm_type!r}: no context parallelism"
             )
-        if softmax_type != "vanilla":
-            raise NotImplementedError(
-                f"{owner}: softmax_type={softmax_type!r} is not supported (only 'vanilla')"
+        if softmax_type not in SOFTMAX_TYPES:
+            raise ValueError(
+                f"{owner}: softmax_type: expected one of {SOFTMAX_TYPES}, got {softmax_type!r}"
             )
         if isinstance(kv_channels, int):
             kv_channels = (kv_channels, kv_channels)
@@ -151,6 +155,16 @@ class DotProductAttention(torch.nn.Module):
             1.0 / math.sqrt(kv_channels[0]) if softmax_scale is None else float(softmax_scale)
         )
         self.attention_dropout_ctx = get_rng_state_tracker().fork if get_rng_state_tracker else None
+        # Attention sinks (TE's names and shapes): one fp32 sink logit per local head; a fixed
+        # zero buffer for 'off-by-one' (not saved: TE's is a plain attribute), a parameter
+        # initialised to 0 for 'learnable'.
+        self.softmax_type = softmax_type
+        self.softmax_offset = None
+        h_local = self.num_attention_heads_per_partition
+        if softmax_type == "off-by-one":
+            self.softmax_offset = torch.zeros(h_local, device=default_device())
+        elif softmax_type == "learnable":
+            self.softmax_offset = torch.nn.Parameter(torch.zeros(h_local, device=default_device()))
         self.flash_attention = FlashAttention(self.softmax_scale, self.attention_dropout)
         self.unfused_attention = UnfusedDotProductAttention(
             self.softmax_scale, self.attention_dropout
@@ -297,6 +311,17 @@ class DotProductAttention(torch.nn.Module):
         else:
             mask_arg = {}
         run = self.flash_attention if backend == "flash" else self.unfused_attention
+        sink_arg = {}
+        if self.softmax_type != "vanilla":
+            offset = self.softmax_offset
+            if offset.device != q.device:
+                offset = offset.to(q.device)  # the off-by-one buffer follows q (a parameter moves with .to())
+            if backend == "flash" and q.device.type != "cpu":
+                raise NotImplementedError(
+                    f"{owner}: softmax_type={self.softmax_type!r} on the GPU: the flash kernels "
+                    "take sinks on the CPU only; set NVTE_FLASH_ATTN=0 for the unfused backend"
+                )
+            sink_arg = {"softmax_type": self.softmax_type, "softmax_offset": offset}
 
         def core(q, k, v, bias, slopes):
             return run(
@@ -315,6 +340,7 @@ class DotProductAttention(torch.nn.Module):
                 slopes,
                 rng_state,
                 **mask_arg,
+                **sink_arg,
             )
 
         if checkpoint_core_attention and torch.is_grad_enabled():

@@ -272,8 +272,8 @@ def _unsupported(p: AttentionParams) -> list[str]:
         why.append("KV caching (inference_params) is not supported")
     if p.pad_between_seqs:
         why.append("pad_between_seqs is not supported")
-    if p.softmax_type != "vanilla":
-        why.append(f"softmax_type = {p.softmax_type!r} (only 'vanilla')")
+    if p.softmax_type not in ("vanilla", "off-by-one", "learnable"):
+        why.append(f"softmax_type = {p.softmax_type!r} (vanilla, off-by-one, learnable)")
     if p.return_max_logit:
         why.append("return_max_logit is not supported")
     if p.num_splits != 1:
@@ -422,6 +422,11 @@ def get_attention_backend(
     )  # fmt: skip
     ok = {name: not reasons[value] for name, value in selection.PREFERENCE}
     available = [ok["flash"], fused != int(FusedAttnBackend.No_Backend), ok["unfused"]]
+    if p.softmax_type != "vanilla":  # attention sinks: ck / aotriton take vanilla only, and the
+        available[1] = False  # GPU flash path of DotProductAttention refuses them (CPU only)
+        if dev != 0:
+            available[0] = False
+            logger.debug("Disabling FlashAttention due to softmax_type %r on a GPU", p.softmax_type)
     for name, value in selection.PREFERENCE:
         if reasons[value]:
             logger.debug("Disabling %s due to %s", selection.BACKEND_NAMES[name], reasons[value])
