@@ -333,7 +333,8 @@ def test_probe_traces_under_compile(monkeypatch):
     assert compiled(x, params()).tolist() == [1.0, 1.0]
     monkeypatch.setenv("NVTE_FLASH_ATTN", "0")  # dynamo guards os.environ: recompiles
     assert compiled(x, params()).tolist() == [4.0, 4.0]
-    assert compiled(x, params(softmax_type="off-by-one")).tolist() == [0.0, 0.0]
+    assert compiled(x, params(softmax_type="off-by-one")).tolist() == [4.0, 4.0]  # sinks: unfused
+    assert compiled(x, params(return_max_logit=True)).tolist() == [0.0, 0.0]  # nothing runs it
 
 
 def test_padded_offsets_equal_to_cu_seqlens_and_fast_zero_fill():
