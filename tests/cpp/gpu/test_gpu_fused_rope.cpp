@@ -219,7 +219,7 @@ TEST(GpuFusedRopeEdge, StartPositionPastFreqsIsNaN) {
                                          nullptr));
   d_y.download(y, kNVTERowwiseData);
   for (size_t i = 0; i < s * b * d; ++i) {
-    const bool past = i / d == 2 * b - 1;  // position 2 of batch entry 1
+    const bool past = i / d == 2 * b + 1;  // sbhd: (position 2) * b + (batch entry 1)
     EXPECT_EQ(std::isnan(y.get(i)), past) << "element " << i;
   }
 }
