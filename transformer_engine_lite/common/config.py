@@ -94,9 +94,10 @@ ENV_VARS: tuple[EnvVar, ...] = (
     EnvVar("NVTE_ALLOW_UNSAFE_PICKLE_EXTRA_STATE", "0", "runtime",
            "TE's opt-in to unpickling a checkpoint's pickled _extra_state (TE's uint8-tensor / "
            "BytesIO form). TE-lite loads stateless pickled payloads without unpickling either way; "
-           "a stateful one (TE 1.x delayed scaling, unknown) raises TE's security advisory when "
-           "unset and NotImplementedError when 1 (TE-lite never unpickles; "
-           "pytorch/_extra_state.py)"),
+           "a stateful one (TE's delayed scaling, unknown) raises TE's security advisory when "
+           "unset, and when 1 is unpickled with TE's class paths mapped to ours and its amax "
+           "histories / scales loaded (pytorch/_extra_state.py). Our own extra state never needs "
+           "it"),
     EnvVar("TE_LITE_AS_TRANSFORMER_ENGINE", "0", "runtime",
            "1: at interpreter start (the transformer_engine_lite_as_te.pth hook the package "
            "installs) map `transformer_engine`, `transformer_engine.<sub>` and "
