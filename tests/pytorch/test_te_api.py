@@ -497,3 +497,20 @@ def test_transformer_layer_under_torch_autocast_outputs_autocast_dtype():
     y.float().sum().backward()
     assert x.grad.dtype == torch.float32
     assert all(p.grad.dtype == torch.float32 for p in layer.parameters())
+
+
+def test_userbuffers_onnx_and_torch_version_names():
+    # TE 2.8's transformer_engine.pytorch names: present; what we do not implement says so.
+    assert te.UserBufferQuantizationMode("fp8") is te.UserBufferQuantizationMode.FP8
+    with pytest.raises(NotImplementedError, match="Userbuffers"):
+        te.initialize_ub([4096, 1024], tp_size=2)
+    te.destroy_ub()  # nothing to tear down
+    with te.onnx_export(enabled=False):
+        pass
+    with pytest.raises(NotImplementedError, match="enabled=True"):
+        with te.onnx_export(enabled=True):
+            pass
+    with pytest.raises(ValueError, match="enabled"):
+        with te.onnx_export(enabled="yes"):
+            pass
+    assert te.torch_version()[:2] == tuple(int(x) for x in torch.__version__.split(".")[:2])

@@ -48,7 +48,9 @@ from .module import (
     RMSNorm,
     TransformerEngineBaseModule,
 )
+from .export import onnx_export
 from .graph import make_graphed_callables
+from .module.userbuffers import UserBufferQuantizationMode, destroy_ub, initialize_ub
 from .module.fp8_padding import Fp8Padding, Fp8Unpadding
 from .tensor import (
     Float8CurrentScalingQuantizer,
@@ -61,9 +63,14 @@ from .tensor import (
 )
 from .tex import DType
 from .transformer import TransformerLayer
-from .utils import get_device_compute_capability, is_bf16_available
+from .utils import get_device_compute_capability, is_bf16_available, torch_version
 
 __all__ = [
+    "UserBufferQuantizationMode",
+    "destroy_ub",
+    "initialize_ub",
+    "onnx_export",
+    "torch_version",
     "get_cpu_offload_context",
     "parallel_cross_entropy",
     "moe_permute",

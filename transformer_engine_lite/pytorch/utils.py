@@ -174,3 +174,10 @@ def get_cudnn_version() -> tuple[int, int, int]:
     fused attention is its own kernels), so the answer is (0, 0, 0) on every machine, with or
     without cuDNN installed: TE's gates such as `get_cudnn_version() >= (8, 9, 1)` read False."""
     return (0, 0, 0)
+
+
+def torch_version() -> tuple[int, ...]:
+    """TE's torch_version(): torch's (major, minor, patch) as ints (local suffixes dropped)."""
+    from packaging.version import Version
+
+    return Version(str(torch.__version__)).release
