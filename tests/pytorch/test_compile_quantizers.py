@@ -130,7 +130,10 @@ def test_quantizer_argument_compiles_and_guards_by_value(kind):
     q1 = make()
     q2 = te.MXFP8Quantizer(E5M2) if kind == "mxfp8" else _current(force_pow_2_scales=True)
     op = _QDQ[type(q1)]
-    x = torch.randn(64, 128, dtype=torch.bfloat16) * 3.7
+    g = torch.Generator().manual_seed(3)
+    x = torch.randn(64, 128, generator=g).to(torch.bfloat16) * 3.7
+    # Seeded: the two current-scaling values quantize alike when 448 / amax is already a power
+    # of 2 (an unseeded bf16 input hit amax = 14.0 = 448 / 32 once in CI).
 
     def fn(inp, q):
         return op(inp, q) * 2
