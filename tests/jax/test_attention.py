@@ -125,13 +125,13 @@ def backend_spy(monkeypatch):
     used: list[str] = []
     fused, unfused = A._fused, A._unfused
 
-    def spy_fused(*args):
+    def spy_fused(*args, **kwargs):
         used.append("flash")
-        return fused(*args)
+        return fused(*args, **kwargs)
 
-    def spy_unfused(*args):
+    def spy_unfused(*args, **kwargs):  # sink= (attention sinks) is a keyword
         used.append("unfused")
-        return unfused(*args)
+        return unfused(*args, **kwargs)
 
     monkeypatch.setattr(A, "_fused", spy_fused)
     monkeypatch.setattr(A, "_unfused", spy_unfused)
