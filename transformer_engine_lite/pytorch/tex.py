@@ -9,6 +9,8 @@ from typing import Any
 
 import torch
 
+from ..common.te_dtype import DType as _TEDType
+
 # TE's extension exposes these as module functions; ours live in optimizers._ops and are looked up
 # lazily (module __getattr__) because optimizers imports this module's package at import time.
 _MULTI_TENSOR = (
@@ -34,20 +36,7 @@ __all__ = [
 ]
 
 
-class DType(IntEnum):
-    kByte = 0
-    kInt16 = 1
-    kInt32 = 2
-    kInt64 = 3
-    kFloat32 = 4
-    kFloat16 = 5
-    kBFloat16 = 6
-    kFloat8E4M3 = 7
-    kFloat8E5M2 = 8
-    kFloat8E8M0 = 9
-    # NVFP4's element type (TE's value). Named so that TE code comparing against it runs; no op of
-    # ours takes it yet (the NVFP4 recipe is not implemented): dtype_to_torch refuses it.
-    kFloat4E2M1 = 10
+DType = _TEDType  # TE's enum, shared with the JAX front end (common/te_dtype.py)
 
 
 class FP8FwdTensors(IntEnum):

@@ -3,11 +3,12 @@
 from __future__ import annotations
 
 from collections.abc import Sequence
-from enum import IntEnum
 from typing import Any
 
 import jax.numpy as jnp
 import numpy as np
+
+from ...common.te_dtype import DType as _TEDType
 
 FP8_DTYPES = (jnp.float8_e4m3fn, jnp.float8_e5m2, jnp.float8_e4m3fnuz, jnp.float8_e5m2fnuz)
 HIGH_PRECISION = (jnp.float32, jnp.float16, jnp.bfloat16)
@@ -87,22 +88,8 @@ def as_scalar(x):
     return x.reshape(1) if int(np.prod(x.shape)) == 1 else x
 
 
-class DType(IntEnum):
-    """TE-JAX's `transformer_engine_jax.DType` (values are TE's C enum, which tests and user code
-    compare against). kFloat4E2M1 is named so that such code runs; no lite JAX op takes it (NVFP4 is
-    not implemented), so te_dtype_to_jax_dtype refuses it."""
-
-    kByte = 0
-    kInt16 = 1
-    kInt32 = 2
-    kInt64 = 3
-    kFloat32 = 4
-    kFloat16 = 5
-    kBFloat16 = 6
-    kFloat8E4M3 = 7
-    kFloat8E5M2 = 8
-    kFloat8E8M0 = 9
-    kFloat4E2M1 = 10
+DType = _TEDType  # TE-JAX's transformer_engine_jax.DType (common/te_dtype.py); te_dtype_to_jax_dtype
+# refuses kFloat4E2M1 (NVFP4 is not implemented)
 
 
 _TE_TO_JAX = {
