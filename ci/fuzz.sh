@@ -11,7 +11,7 @@
 # Tags:
 #   fuzz.build        the sanitized core + the harnesses
 #   fuzz.<harness>    one per tests/fuzz/fuzz_*.cpp (replay, then the timed run)
-# Environment: NVTE_FUZZ_SECONDS (default 45; 0 = replay only), NVTE_CI_FUZZ=0 skips the suite (for
+# Environment: NVTE_FUZZ_SECONDS (default 20; 0 = replay only), NVTE_CI_FUZZ=0 skips the suite (for
 # machines without clang; CI installs it through ci/install_deps.sh).
 set -u
 source "$(dirname "${BASH_SOURCE[0]}")/_utils.sh"
@@ -21,7 +21,7 @@ LIB_BUILD=$FUZZ_DIR/lib
 HARNESS_BUILD=$FUZZ_DIR/harnesses
 RUN_DIR=$FUZZ_DIR/run
 CORPUS=$REPO_ROOT/tests/fuzz/corpus
-FUZZ_SECONDS=${NVTE_FUZZ_SECONDS:-45}
+FUZZ_SECONDS=${NVTE_FUZZ_SECONDS:-20}
 CORE_FLAGS="-fsanitize=fuzzer-no-link,address,undefined -fno-sanitize-recover=all -fno-omit-frame-pointer -g1"
 # Reports of the harness processes: leaks on, and the first error ends the run.
 export ASAN_OPTIONS=${ASAN_OPTIONS:-detect_leaks=1:halt_on_error=1:strict_string_checks=1}

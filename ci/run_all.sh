@@ -5,7 +5,8 @@
 # (ci/sanitize.sh), the libFuzzer harnesses of the C API (ci/fuzz.sh), the GPU kernels executed on
 # the CPU at warp 32 and 64 (ci/gpusim.sh), then compiles the CUDA and ROCm backends with warnings as
 # errors (build.cuda.*, build.rocm.*, incl. ci/gpu_check.sh --dry-run: no GPU needed); exits non-zero
-# on any failure. TEST_FILTER / TEST_LEVEL (see ci/_utils.sh) narrow what runs.
+# on any failure. pytorch || jax and integration || fuzz run two at a time (suite_pair).
+# TEST_FILTER / TEST_LEVEL (see ci/_utils.sh) narrow what runs.
 set -u
 REPO_ROOT=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
 start=$SECONDS
@@ -17,14 +18,39 @@ suite() {  # suite NAME: runs ci/NAME.sh, records its time
   bash "$REPO_ROOT/ci/$1.sh" || rc=1
   times+=("$1 $((SECONDS - start)) s")
 }
+# suite_pair A B: two suites at once, when each leaves a core idle (pytest processes run the
+# core's kernels on one OpenMP thread, libFuzzer is single-threaded). Their output is kept in
+# build/ci_logs/NAME.log and printed after both end, A first, so the log reads as if sequential;
+# each suite's own time is recorded. NVTE_CI_SERIAL=1 runs them one after the other.
+suite_pair() {
+  if [ "${NVTE_CI_SERIAL:-0}" = 1 ]; then
+    suite "$1"
+    suite "$2"
+    return
+  fi
+  local logs=$REPO_ROOT/build/ci_logs start=$SECONDS name pid
+  local -A pids
+  mkdir -p "$logs"
+  for name in "$1" "$2"; do
+    (s=$SECONDS; bash "$REPO_ROOT/ci/$name.sh" > "$logs/$name.log" 2>&1; r=$?
+      echo "$((SECONDS - s))" > "$logs/$name.time"; exit $r) &
+    pids[$name]=$!
+  done
+  for name in "$1" "$2"; do
+    wait "${pids[$name]}" || rc=1
+  done
+  for name in "$1" "$2"; do
+    cat "$logs/$name.log"
+    times+=("$name $(cat "$logs/$name.time") s")
+  done
+  times+=("($1 || $2: $((SECONDS - start)) s)")
+}
 suite core
 suite python
-suite pytorch
-suite jax
-suite integration
+suite_pair pytorch jax
+suite_pair integration fuzz
 suite isa_matrix
 suite sanitize
-suite fuzz
 suite gpusim
 suite build_cuda
 suite build_rocm
