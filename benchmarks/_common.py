@@ -29,6 +29,25 @@ class NotAvailable(Exception):
     """The reference side does not exist in this PyTorch build."""
 
 
+class TooSlow(Exception):
+    """One call of a side takes longer than the per-call limit (--max-call-s): the case is reported
+    with the measured (or predicted) seconds per call instead of a ratio, and left out of the JSON.
+    E.g. torch._scaled_mm on a CPU where it falls into oneDNN's reference matmul."""
+
+
+# Bounds on one case's time (set by cli): a side whose single call exceeds MAX_CALL_S is reported
+# as too slow; otherwise warmup + repeats are cut so the timed pairs fit in CASE_BUDGET_S.
+LIMITS = {"max_call_s": 20.0, "case_budget_s": 60.0}
+
+
+def check_call_time(what: str, seconds: float, predicted: bool = False) -> None:
+    """Raises TooSlow when one call of `what` takes (or is predicted to take) over the limit."""
+    if seconds > LIMITS["max_call_s"]:
+        kind = "predicted" if predicted else "measured"
+        raise TooSlow(f"{what}: {seconds:.1f} s per call ({kind}; limit {LIMITS['max_call_s']:g} s, "
+                      "--max-call-s)")
+
+
 @dataclass
 class Case:
     ours: Callable[[], object]
@@ -44,13 +63,29 @@ def time_pair_ms(
     warmup: int,
     repeat: int,
     settle_s: float = 0.0,
+    notes: list[str] | None = None,
 ) -> tuple[float, float]:
     """Median ms of each side. The two alternate call by call, so a load change on a shared machine
     hits both alike instead of skewing the ratio. settle_s: a pause before every timed call (both
     sides, untimed), for a side that frees gigabytes per call: on a VM the call after such a free
     runs 1.3-1.5x slower for ~0.2 s, and alternation would always hand that penalty to the other
-    side."""
-    for _ in range(warmup):
+    side. Bounded: one call of each side is timed first (it is the first warmup call); a side over
+    LIMITS["max_call_s"] raises TooSlow, and the remaining warmup and the repeats are cut (to at
+    least 3 timed pairs) so the case fits LIMITS["case_budget_s"]; a cut is noted in `notes`."""
+    first = []
+    for fn, what in ((ours, "ours"), (ref, "reference")):
+        t0 = time.perf_counter()
+        fn()
+        first.append(time.perf_counter() - t0)
+        check_call_time(what, first[-1])
+    pair_s = sum(first) + 2 * settle_s
+    fits = max(3, int(LIMITS["case_budget_s"] / max(pair_s, 1e-9)))
+    if fits < repeat + warmup - 1:
+        warmup, repeat = 1, min(repeat, fits)
+        if notes is not None:
+            notes.append(f"repeats cut to {repeat} ({pair_s:.1f} s per pair, budget "
+                         f"{LIMITS['case_budget_s']:g} s)")
+    for _ in range(warmup - 1):
         ours()
         ref()
     times: tuple[list[float], list[float]] = ([], [])
@@ -145,8 +180,8 @@ def run_cases(
                 row["status"] = f"NUMERICS MISMATCH: {problem}"
                 ok = False
                 continue
-            row["ours_ms"], row["ref_ms"] = time_pair_ms(case.ours, case.ref, warmup, repeat,
-                                                          case.settle_s)
+            row["ours_ms"], row["ref_ms"] = time_pair_ms(case.ours, case.ref, max(warmup, 1),
+                                                          repeat, case.settle_s, row["notes"])
             row["ratio"] = row["ref_ms"] / row["ours_ms"]
             if target is None:
                 row["status"] = "report only"
@@ -158,6 +193,9 @@ def run_cases(
         except NotAvailable as e:
             row["status"] = "n/a (reference unavailable)"
             row["notes"].append(f"{e}; omitted from JSON")
+        except TooSlow as e:
+            row["status"] = f"too slow: {e}"
+            row["notes"].append("omitted from JSON")
         except fatal as e:
             row["status"] = describe(e)
             ok = False
@@ -241,7 +279,14 @@ def cli(
         help=f"timed runs (default {default_repeat[0]}, quick {default_repeat[1]})",
     )
     p.add_argument("--strict", action="store_true", help="exit 1 when a case misses its target")
+    p.add_argument("--max-call-s", type=float, default=LIMITS["max_call_s"],
+                   help="a side whose one call takes longer is reported as too slow, not timed "
+                        f"(default {LIMITS['max_call_s']:g})")
+    p.add_argument("--case-budget-s", type=float, default=LIMITS["case_budget_s"],
+                   help="repeats are cut so one case's timed calls fit this many seconds "
+                        f"(default {LIMITS['case_budget_s']:g})")
     args = p.parse_args(argv)
+    LIMITS.update(max_call_s=args.max_call_s, case_budget_s=args.case_budget_s)
 
     if args.list:
         for name, (_, target) in cases.items():
