@@ -5,7 +5,8 @@
 # (ci/sanitize.sh), the libFuzzer harnesses of the C API (ci/fuzz.sh), the GPU kernels executed on
 # the CPU at warp 32 and 64 (ci/gpusim.sh), then compiles the CUDA and ROCm backends with warnings as
 # errors (build.cuda.*, build.rocm.*, incl. ci/gpu_check.sh --dry-run: no GPU needed); exits non-zero
-# on any failure. pytorch || jax and integration || fuzz run two at a time (suite_pair).
+# on any failure. pytorch || jax, integration || fuzz and isa_matrix || sanitize run two at a time
+# (suite_pair).
 # TEST_FILTER / TEST_LEVEL (see ci/_utils.sh) narrow what runs.
 set -u
 REPO_ROOT=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
@@ -18,8 +19,9 @@ suite() {  # suite NAME: runs ci/NAME.sh, records its time
   bash "$REPO_ROOT/ci/$1.sh" || rc=1
   times+=("$1 $((SECONDS - start)) s")
 }
-# suite_pair A B: two suites at once, when each leaves a core idle (pytest processes run the
-# core's kernels on one OpenMP thread, libFuzzer is single-threaded). Their output is kept in
+# suite_pair A B: two suites at once, where each leaves a core idle much of the time (pytest
+# processes run the core's kernels on one OpenMP thread, libFuzzer is single-threaded, qemu and the
+# level matrix's Python start-ups are serial); none of them times anything. Their output is kept in
 # build/ci_logs/NAME.log and printed after both end, A first, so the log reads as if sequential;
 # each suite's own time is recorded. NVTE_CI_SERIAL=1 runs them one after the other.
 suite_pair() {
@@ -49,8 +51,7 @@ suite core
 suite python
 suite_pair pytorch jax
 suite_pair integration fuzz
-suite isa_matrix
-suite sanitize
+suite_pair isa_matrix sanitize
 suite gpusim
 suite build_cuda
 suite build_rocm
