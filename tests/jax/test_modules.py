@@ -44,7 +44,7 @@ class RefMLP(nn.Module):
         n = len(self.act)
         h = nn.DenseGeneral((n, self.inter), use_bias=self.use_bias, precision=HI,
                             dtype=jnp.float32, name="wi")(h)
-        a = te.cpp_extensions._jax_act_lu(h if n == 2 else h[..., 0, :], self.act)
+        a = te.cpp_extensions._jax_act_lu_f32(h if n == 2 else h[..., 0, :], self.act)
         return nn.Dense(self.hidden, use_bias=self.use_bias, precision=HI, dtype=jnp.float32,
                         name="wo")(a)
 
@@ -169,7 +169,7 @@ def test_fp8_state_names_and_update(rc):
     new = te.update_collections(others, vs)
     if isinstance(rc, recipe.DelayedScaling):
         # x_0 quantizes the GEMM input: the layernorm output (scale 1, bias 0 at init).
-        z = te.cpp_extensions._jax_layernorm(x, jnp.ones(32), jnp.zeros(32), 1e-6, False)[0]
+        z = te.cpp_extensions._jax_layernorm_f32(x, jnp.ones(32), jnp.zeros(32), 1e-6, False)[0]
         m = new[te.NVTE_FP8_COLLECTION_NAME]
         amax = float(m["x_0_amax_history"][-1])
         np.testing.assert_allclose(amax, float(jnp.max(jnp.abs(z))), rtol=1e-5)

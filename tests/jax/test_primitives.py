@@ -35,7 +35,7 @@ def test_quantize_bytes(shape, dtype, q_dtype):
     x = _special(randn(0, shape, dtype, 3.0))
     scale = jnp.array([2.5], jnp.float32)
     q, amax, si = tex.quantize(x, scale, q_dtype)
-    rq, ramax, rsi = tex._jax_quantize(x, scale, q_dtype)
+    rq, ramax, rsi = tex._jax_quantize_scaled(x, scale, q_dtype)
     assert_bytes_equal(q, rq)
     np.testing.assert_array_equal(np.asarray(amax), np.asarray(ramax))
     np.testing.assert_array_equal(np.asarray(si), np.asarray(rsi))
@@ -139,7 +139,7 @@ def test_norm_fwd_bwd(shape, dtype, norm, zcg):
     assert_close(z, _ln_ref(x, g, b, 1e-5, zcg, rms), dtype)
 
     def ref(x, g, b):
-        return tex._jax_rmsnorm(x, g, 1e-5, zcg)[0] if rms else tex._jax_layernorm(
+        return tex._jax_rmsnorm_f32(x, g, 1e-5, zcg)[0] if rms else tex._jax_layernorm_f32(
             x, g, b, 1e-5, zcg)[0]
 
     dz = randn(7, shape, dtype)
@@ -181,12 +181,12 @@ def test_activation(act, dtype):
     shape = (6, 2, 40) if gated else (6, 40)
     x = randn(9, shape, dtype, 3.0)
     y = jax.jit(lambda x: tex.act_lu(x, act)[0])(x)
-    want = tex._jax_act_lu(x.astype(jnp.float32), act)
+    want = tex._jax_act_lu_f32(x.astype(jnp.float32), act)
     assert y.shape == (6, 40)
     assert_close(y, want, dtype, 2.0)
     g = randn(10, (6, 40), dtype)
     dx = tex.dact_lu(g, x, act)
-    _, vjp = jax.vjp(lambda v: tex._jax_act_lu(v, act), x.astype(jnp.float32))
+    _, vjp = jax.vjp(lambda v: tex._jax_act_lu_f32(v, act), x.astype(jnp.float32))
     assert_close(dx, vjp(g.astype(jnp.float32))[0], dtype, 2.0)
     # vmap over a leading dim batches natively
     yv = jax.vmap(lambda v: tex.act_lu(v, act)[0])(x)

@@ -182,8 +182,10 @@ def test_lora_parameter_layout_is_tes():
 def test_scaling_mode_predicates_and_dtypes():
     m = ScalingMode
     assert m.NVFP4_1D_SCALING.is_nvfp4_scaling and not m.MXFP8_1D_SCALING.is_nvfp4_scaling
-    assert m.MXFP8_1D_SCALING.is_1d_block_scaling and m.NVFP4_2D_SCALING.is_block_scaling
+    assert m.MXFP8_1D_SCALING.is_1d_block_scaling() and m.NVFP4_2D_SCALING.is_block_scaling
     assert not m.CURRENT_TENSOR_SCALING.is_block_scaling
+    assert m.CURRENT_TENSOR_SCALING.is_tensor_scaling()
+    assert not m.MXFP8_1D_SCALING.is_tensor_scaling()
     assert m.DELAYED_TENSOR_SCALING.get_compatible_q_dtypes() == {jnp.float8_e4m3fn,
                                                                   jnp.float8_e5m2}
     assert jnp.bfloat16 in m.NO_SCALING.get_compatible_q_dtypes()
@@ -259,9 +261,10 @@ def test_quantizer_factory_create_signature():
     assert len(qs) == 3 and all(isinstance(x, DelayedScaleQuantizer) for x in qs)
     assert qs[0].q_layout == QuantizeLayout.ROWWISE_COLWISE
     assert QuantizerFactory.create(2, ScalingMode.NO_SCALING) == (None, None)
-    with pytest.raises(NotImplementedError, match="n_groups"):
-        QuantizerFactory.create(1, ScalingMode.CURRENT_TENSOR_SCALING, jnp.float8_e4m3fn,
-                                n_groups=4)
+    g = QuantizerFactory.create(1, ScalingMode.CURRENT_TENSOR_SCALING, jnp.float8_e4m3fn,
+                                n_groups=4)  # grouped: tests/jax/test_te_api_grouped.py
+    assert len(g.quantizers) == 4
+    assert all(isinstance(x, CurrentScaleQuantizer) for x in g.quantizers)
     with pytest.raises(ValueError, match="n_quantizers"):
         QuantizerFactory.create(0, ScalingMode.CURRENT_TENSOR_SCALING, jnp.float8_e4m3fn)
     with pytest.raises(ValueError, match="scaling_mode"):

@@ -8,12 +8,13 @@ from __future__ import annotations
 from functools import partial
 
 import jax
+import jax.numpy as jnp
 
 from . import _gemm_core as core
 from .quantize.quantizer import QuantizerSet, noop_quantizer_set
 from .sharding import with_sharding_constraint_by_logical_axes
 
-__all__ = ["dense"]
+__all__ = ["dense", "grouped_dense"]
 
 
 def _check(x, kernel, contracting_dims):
@@ -73,3 +74,71 @@ def _dense_bwd(nc, res, g):
 
 
 _dense.defvjp(_dense_fwd, _dense_bwd)
+
+
+# ------------------------------------------------------------------------------- grouped (MoE)
+def grouped_dense(x, kernel, group_sizes, contracting_dims=((1,), (1,)), bias=None, precision=None,
+                  preferred_element_type=None, group_offset=None,
+                  quantizer_set=noop_quantizer_set, kernel_fsdp_info=(None, -1)):
+    """TE-JAX's grouped_dense: x [M, K] in groups of rows (group_sizes [G], on device), kernel
+    [G, K, N] (contracting_dims ((1,), (1,))) or [G, N, K] (((1,), (2,))), bias [G, N]; rows of
+    group g -> x_g @ kernel[g] + bias[g]. Differentiable; FP8 under a QuantizerSet of
+    GroupedQuantizers (QuantizerFactory.create_set(n_groups=G)), the forward's quantized operands
+    reused by the backward. Built on cpp_extensions.grouped's masked per-group core GEMMs."""
+    del precision
+    if group_offset is not None:
+        raise NotImplementedError("grouped_dense: group_offset is not implemented (nor by TE)")
+    if tuple(kernel_fsdp_info) != (None, -1):
+        raise NotImplementedError("grouped_dense: kernel_fsdp_info (FSDP-sharded kernels) is not "
+                                  "implemented by transformer_engine_lite")
+    (lc,), (rc,) = contracting_dims
+    if x.ndim != 2 or kernel.ndim != 3 or lc != 1 or rc not in (1, 2):
+        raise ValueError(f"grouped_dense: expected x [M, K], kernel [G, K, N] / [G, N, K] and "
+                         f"contracting_dims ((1,), (1|2,)), got x {tuple(x.shape)}, kernel "
+                         f"{tuple(kernel.shape)}, {contracting_dims}")
+    hp = preferred_element_type or x.dtype
+    return _grouped_dense(x, kernel, group_sizes, bias, quantizer_set, core.Static(rc, hp))
+
+
+@jax.custom_vjp
+def _grouped_dense(x, kernel, group_sizes, bias, quantizer_set, st):
+    return _gd_fwd(x, kernel, group_sizes, bias, quantizer_set, st)[0]
+
+
+def _gd_fwd(x, kernel, group_sizes, bias, quantizer_set, st):
+    from .cpp_extensions import grouped as gr
+
+    rc, hp = st.values
+    n = kernel.shape[0]
+    qs = quantizer_set if quantizer_set is not None else noop_quantizer_set
+    xq, x_si = gr.grouped_operand(x, core.copy_quantizer(qs.x), group_sizes, n, hp)
+    kq, k_si = gr.grouped_operand(kernel, core.copy_quantizer(qs.kernel), None, n, hp)
+    gid = gr.group_ids(group_sizes, x.shape[0], n)
+    out = gr.masked_group_gemm(xq, x_si, kq, k_si, gid, n, rc, hp)
+    if bias is not None:
+        out = (out.astype(jnp.float32) + bias.astype(jnp.float32)[gid]).astype(hp)
+    res = (xq, x_si, kq, k_si, gid, group_sizes, bias, quantizer_set,
+           core.Static(rc, hp, x.dtype, kernel.dtype))
+    return out, res
+
+
+def _gd_bwd(res, g):
+    from .cpp_extensions import grouped as gr
+
+    xq, x_si, kq, k_si, gid, group_sizes, bias, quantizer_set, st = res
+    rc, hp, x_dtype, k_dtype = st.values
+    n = kq.shape[0]
+    qs = quantizer_set if quantizer_set is not None else noop_quantizer_set
+    gq, g_si = gr.grouped_operand(g, core.copy_quantizer(qs.dgrad), group_sizes, n, hp)
+    # dgrad: rows of group j = g_j @ kernel[j]^T (contract g's N with the kernel's N)
+    dx = gr.masked_group_gemm(gq, g_si, kq, k_si, gid, n, 2 if rc == 1 else 1, x_dtype)
+    dk = gr.masked_group_wgrad(xq, x_si, gq, g_si, gid, n, k_dtype)  # [G, K, N]
+    if rc == 2:
+        dk = jnp.swapaxes(dk, 1, 2)
+    dbias = None
+    if bias is not None:
+        dbias = jax.ops.segment_sum(g.astype(jnp.float32), gid, num_segments=n).astype(bias.dtype)
+    return dx, dk, None, dbias, quantizer_set, None
+
+
+_grouped_dense.defvjp(_gd_fwd, _gd_bwd)

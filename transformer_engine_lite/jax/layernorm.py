@@ -55,30 +55,34 @@ def norm_bwd(dz, x, mu, rsigma, gamma, beta_dtype, norm_type, zero_centered_gamm
 
 def layernorm(x, gamma, beta, norm_type="layernorm", zero_centered_gamma=False, epsilon=1e-6,
               quantizer=None):
-    """Normalized x (x's dtype); quantized by `quantizer` if given (then not differentiable)."""
+    """Normalized x (x's dtype). With a quantizer, the forward output is quantized by it and
+    dequantized again (TE-JAX's semantics: the result is what an FP8 consumer would see), and the
+    backward is the unquantized norm's."""
     norm_type = canonicalize_norm_type(norm_type)
-    if quantizer is not None:
-        return norm_fwd(x, gamma, beta, norm_type, zero_centered_gamma, epsilon, quantizer)[0]
     if norm_type == "rmsnorm":
         beta = None
-    return _layernorm(x, gamma, beta, norm_type, bool(zero_centered_gamma), float(epsilon))
+    return _layernorm(x, gamma, beta, norm_type, bool(zero_centered_gamma), float(epsilon),
+                      quantizer)
 
 
 @partial(jax.custom_vjp, nondiff_argnums=(3, 4, 5))
-def _layernorm(x, gamma, beta, norm_type, zero_centered_gamma, epsilon):
-    return _fwd(x, gamma, beta, norm_type, zero_centered_gamma, epsilon)[0]
+def _layernorm(x, gamma, beta, norm_type, zero_centered_gamma, epsilon, quantizer):
+    return _fwd(x, gamma, beta, norm_type, zero_centered_gamma, epsilon, quantizer)[0]
 
 
-def _fwd(x, gamma, beta, norm_type, zero_centered_gamma, epsilon):
-    z, mu, rs = norm_fwd(x, gamma, beta, norm_type, zero_centered_gamma, epsilon, None)
-    return z, (x, mu, rs, gamma, beta)
+def _fwd(x, gamma, beta, norm_type, zero_centered_gamma, epsilon, quantizer):
+    z, mu, rs = norm_fwd(x, gamma, beta, norm_type, zero_centered_gamma, epsilon, quantizer)
+    if quantizer is not None:
+        z = z.dequantize(x.dtype)
+    return z, (x, mu, rs, gamma, beta, quantizer)
 
 
 def _bwd(norm_type, zero_centered_gamma, epsilon, res, dz):
-    x, mu, rs, gamma, beta = res
+    x, mu, rs, gamma, beta, quantizer = res
     dx, dgamma, dbeta = norm_bwd(dz, x, mu, rs, gamma, None if beta is None else beta.dtype,
                                  norm_type, zero_centered_gamma)
-    return dx, dgamma, dbeta
+    # The quantizer's "gradient" is the quantizer as updated by the forward (TE-JAX's idiom).
+    return dx, dgamma, dbeta, quantizer
 
 
 _layernorm.defvjp(_fwd, _bwd)

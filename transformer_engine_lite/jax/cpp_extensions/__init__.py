@@ -6,7 +6,7 @@ from .activation import (  # noqa: F401
     ActivationEnum,
     ActivationParams,
     ClampedSwigluParams,
-    _jax_act_lu,
+    _jax_act_lu_f32,
     act_lu,
     activation_name,
     dact_lu,
@@ -19,9 +19,15 @@ from .attention import (  # noqa: F401
 )
 from .base import custom_calls_enabled, registrations  # noqa: F401
 from .gemm import gemm, gemm_core  # noqa: F401
+from .grouped import (  # noqa: F401
+    GroupedQuantizePrimitive,
+    grouped_gemm,
+    grouped_gemm_copy_group_sizes,
+    grouped_quantize,
+)
 from .normalization import (  # noqa: F401
-    _jax_layernorm,
-    _jax_rmsnorm,
+    _jax_layernorm_f32,
+    _jax_rmsnorm_f32,
     layernorm_bwd,
     layernorm_fwd,
     normalization_bwd,
@@ -30,7 +36,7 @@ from .normalization import (  # noqa: F401
     rmsnorm_fwd,
 )
 from .quantization import (  # noqa: F401
-    _jax_quantize,
+    _jax_quantize_scaled,
     calculate_amax,
     cast_transpose,
     compute_scale_from_amax,
@@ -40,6 +46,17 @@ from .quantization import (  # noqa: F401
     quantize,
     quantize_mxfp8,
     transpose,
+)
+from .te_api import (  # noqa: F401
+    _jax_act_lu,
+    _jax_layernorm,
+    _jax_quantize,
+    _jax_quantize_dact_dbias,
+    _jax_quantize_dbias,
+    _jax_rmsnorm,
+    is_norm_zero_centered_gamma_in_weight_dtype,
+    quantize_dact_dbias,
+    quantize_dbias,
 )
 from .rope import fused_rope_bwd, fused_rope_fwd  # noqa: F401
 from .softmax import (  # noqa: F401

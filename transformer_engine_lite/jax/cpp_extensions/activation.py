@@ -18,13 +18,13 @@ import numpy as np
 from .base import FFIOp
 from .misc import HIGH_PRECISION, as_scalar, check_dtype, check_scalar_f32, is_fp8
 from .partitioning import RowRule
-from .quantization import _jax_quantize
+from .quantization import _jax_quantize_scaled
 
 __all__ = [
     "ActivationEnum",
     "ActivationParams",
     "ClampedSwigluParams",
-    "_jax_act_lu",
+    "_jax_act_lu_f32",
     "act_lu",
     "activation_name",
     "dact_lu",
@@ -55,10 +55,12 @@ _GATED = {"geglu", "glu", "swiglu", "reglu", "qgeglu", "sreglu", "clamped_swiglu
 @dataclass(frozen=True)
 class ClampedSwigluParams:
     """GPT-OSS clamped SwiGLU: out = min(a, limit) * sigmoid(alpha * min(a, limit)) *
-    (clip(b, -limit, limit) + 1)."""
+    (clip(b, -limit, limit) + glu_linear_offset). The core's kernels add 1 (nvte_clamped_swiglu has
+    no offset argument): other offsets raise NotImplementedError where the activation runs."""
 
     limit: float = 7.0
     alpha: float = 1.702
+    glu_linear_offset: float = 1.0
 
 
 @dataclass(frozen=True)
@@ -119,7 +121,7 @@ def _jax_act_fwd(x, scale, activation, limit, alpha, out_dtype):
     x = _core_layout(x, activation)
     y = _jax_act_fwd32(x.astype(_F32), activation, limit, alpha)
     if is_fp8(out_dtype):
-        return _jax_quantize(y, scale, out_dtype)
+        return _jax_quantize_scaled(y, scale, out_dtype)
     z = jnp.zeros((0,), _F32)
     return y.astype(out_dtype), z, z
 
@@ -215,6 +217,10 @@ ClampedActLuPrimitive, ClampedDActLuPrimitive = _make(
 def _params(activation_type, act_params):
     name = activation_name(activation_type)
     p = (act_params or ActivationParams()).clamped_swiglu
+    if name == "clamped_swiglu" and float(p.glu_linear_offset) != 1.0:
+        raise NotImplementedError(f"clamped SwiGLU: glu_linear_offset={p.glu_linear_offset} is not "
+                                  "implemented by transformer_engine_lite (the core's kernels add "
+                                  "1)")
     return name, float(p.limit), float(p.alpha)
 
 
@@ -228,14 +234,28 @@ def _core_layout(x, name):
     return x
 
 
-def act_lu(x, activation_type, out_dtype=None, scale=None, act_params=None):
+def act_lu(x, activation_type, *args, **kwargs):
+    """TE-JAX's form `act_lu(x, activation_type, quantizer=None, act_params=None)` with x
+    [..., len(activation_type), H] -> ScaledTensor / NoScaleTensor [..., H] (te_api.act_lu_te); or
+    the primitive form `act_lu(x, activation_type, out_dtype, scale, act_params)` -> (y, amax,
+    scale_inv). The TE form is the one taken when the third argument is a Quantizer or None, the
+    fourth an ActivationParams, or a `quantizer` keyword is given."""
+    from . import te_api
+
+    if ("quantizer" in kwargs or (args and (args[0] is None or te_api.is_quantizer(args[0])))
+            or (len(args) > 1 and isinstance(args[1], ActivationParams))):
+        return te_api.act_lu_te(x, activation_type, *args, **kwargs)
+    return _act_lu(x, activation_type, *args, **kwargs)
+
+
+def _act_lu(x, activation_type, out_dtype=None, scale=None, act_params=None):
     """(y, amax, scale_inv): y = act(x) in out_dtype (default x's; FP8 needs `scale`)."""
     name, limit, alpha = _params(activation_type, act_params)
     out_dtype = np.dtype(out_dtype if out_dtype is not None else x.dtype)
     if name == "identity":
         if is_fp8(out_dtype):
-            from .quantization import quantize
-            return quantize(x, scale, out_dtype)
+            from .quantization import _quantize_scaled
+            return _quantize_scaled(x, scale, out_dtype)
         z = jnp.zeros((0,), _F32)
         return x.astype(out_dtype), z, z
     _core_layout(x, name)  # checks the [..., 2, H] layout of gated activations
@@ -257,9 +277,13 @@ def dact_lu(grad, x, activation_type, act_params=None):
     return dx
 
 
-def _jax_act_lu(x, activation_type, act_params=None):
+def _jax_act_lu_f32(x, activation_type, act_params=None):
     """Pure-JAX float32 reference of act_lu (TE-JAX's name), in x's dtype."""
     name, limit, alpha = _params(activation_type, act_params)
     if name == "identity":
         return x
     return _jax_act_fwd32(_core_layout(x, name).astype(_F32), name, limit, alpha).astype(x.dtype)
+
+
+# TE-JAX's quantizer-taking forms and references, importable from this module as in TE.
+from .te_api import _jax_act_lu, _jax_quantize_dact_dbias, quantize_dact_dbias  # noqa: E402,F401

@@ -18,8 +18,10 @@ One `FFIOp` per handler (TE's BasePrimitive, in our shape): an outer primitive w
 
 from __future__ import annotations
 
+import contextlib
 import ctypes
 import os
+import threading
 import warnings
 from collections.abc import Callable, Sequence
 from functools import cache, lru_cache, partial
@@ -35,7 +37,9 @@ from jax.interpreters import mlir
 
 from transformer_engine_lite.common import build_info, config, get_lib
 
-__all__ = ["FFIOp", "custom_calls_enabled", "extension_path", "registrations"]
+__all__ = [
+    "FFIOp", "custom_calls_enabled", "extension_path", "reference_mode", "registrations",
+]
 
 
 def extension_path() -> Path:
@@ -130,8 +134,28 @@ def _parse_custom_calls(value: str) -> tuple[bool | None, dict[str, bool]]:
     return None, per
 
 
+_REFERENCE = threading.local()
+
+
+@contextlib.contextmanager
+def reference_mode():
+    """Within it (on this thread), every FFIOp traces its pure-JAX reference instead of its handler.
+
+    This is how TE-JAX's `_jax_*` references (`_jax_quantize(x, quantizer)` etc.) are built: they
+    run the same Quantizer code as `tex.quantize`, but with ARCHITECTURE §5's pure-JAX arithmetic,
+    so the two are independent implementations that tests can compare byte for byte."""
+    prev = getattr(_REFERENCE, "on", False)
+    _REFERENCE.on = True
+    try:
+        yield
+    finally:
+        _REFERENCE.on = prev
+
+
 def custom_calls_enabled(name: str) -> bool:
     """Whether the primitive named `name` (TE's class name) runs its FFI handler (default True)."""
+    if getattr(_REFERENCE, "on", False):
+        return False
     glob, per = _parse_custom_calls(config.get("NVTE_JAX_CUSTOM_CALLS") or "")
     if name in per:
         return per[name]

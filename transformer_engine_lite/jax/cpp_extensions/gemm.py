@@ -239,14 +239,56 @@ def _normalize(dims, ndim):
     return tuple(sorted(d % ndim for d in dims))
 
 
+def _te_operand(x, quantizer, contracting, dtype):
+    """(array, scale_inv or None) from TE-JAX's operand forms: an array quantized by `quantizer`
+    (its copy with blocks along the contracted dims), or a ScaledTensor."""
+    from ..quantize.scaling_modes import ScalingMode
+    from ..quantize.tensor import NoScaleTensor, ScaledTensor1x, ScaledTensor2x
+
+    if isinstance(x, NoScaleTensor):
+        x = x.data
+    trailing = contracting == tuple(range(x.ndim - len(contracting), x.ndim))
+    if quantizer is not None:
+        if isinstance(x, (ScaledTensor1x, ScaledTensor2x)):
+            raise ValueError("gemm: an operand that is already a ScaledTensor takes no quantizer")
+        x = quantizer.quantize(x, is_rowwise=trailing, is_colwise=not trailing, dq_dtype=x.dtype)
+    if isinstance(x, ScaledTensor2x):
+        x = x.get_tensor(not trailing)
+    if isinstance(x, ScaledTensor1x):
+        if x.scaling_mode == ScalingMode.MXFP8_1D_SCALING:
+            # MXFP8 operands: dequantized exactly (E4M3/E5M2 times a power of two) and multiplied in
+            # high precision, as dense() does (see _gemm_core).
+            return x.dequantize(dtype), None
+        return x.data, x.scale_inv
+    return x, None
+
+
 def gemm(lhs, rhs, contracting_dims=((-1,), (0,)), lhs_scale_inv=None, rhs_scale_inv=None,
-         bias=None, fuse_gelu=False, out_dtype=None):
+         bias=None, fuse_gelu=False, out_dtype=None, *, lhs_quantizer=None, rhs_quantizer=None,
+         transpose_batch_sequence=False):
     """dot_general(lhs, rhs, contracting_dims) (+ bias)(GELU) through the core GEMM.
 
     The contracting dims of each operand must be its leading or its trailing dims (other orders
     are transposed first). Output: lhs's free dims, then rhs's. FP8 operands need their scale_inv.
     Returns D, or (D, pre_gelu_out) with fuse_gelu.
-    """
+    TE-JAX's forms: `lhs_quantizer` / `rhs_quantizer` quantize a high-precision operand first;
+    an operand may be a ScaledTensor (then its scale_inv comes with it). The output dtype is then
+    the operands' high-precision dtype (TE's)."""
+    del transpose_batch_sequence  # sharding hint of TE's; our GEMM's partitioning derives it
+    from ..quantize.tensor import ScaledTensor
+
+    if (lhs_quantizer is not None or rhs_quantizer is not None or isinstance(lhs, ScaledTensor)
+            or isinstance(rhs, ScaledTensor)):
+        def hp(t):
+            t = getattr(t, "rowwise_tensor", t)
+            return getattr(t, "dq_dtype", None) if isinstance(t, ScaledTensor) else t.dtype
+        out_dtype = out_dtype or hp(lhs) or hp(rhs)
+        lnd = getattr(getattr(lhs, "rowwise_tensor", lhs), "ndim")
+        rnd = getattr(getattr(rhs, "rowwise_tensor", rhs), "ndim")
+        lhs, lhs_scale_inv = _te_operand(lhs, lhs_quantizer,
+                                         _normalize(contracting_dims[0], lnd), out_dtype)
+        rhs, rhs_scale_inv = _te_operand(rhs, rhs_quantizer,
+                                         _normalize(contracting_dims[1], rnd), out_dtype)
     lc, rc = _normalize(contracting_dims[0], lhs.ndim), _normalize(contracting_dims[1], rhs.ndim)
     if len(lc) != len(rc) or [lhs.shape[i] for i in lc] != [rhs.shape[i] for i in rc]:
         raise ValueError(f"gemm: argument 'contracting_dims': expected dims of equal sizes, got "
@@ -281,3 +323,4 @@ def gemm(lhs, rhs, contracting_dims=((-1,), (0,)), lhs_scale_inv=None, rhs_scale
     shape = (*lhs_free, *rhs_free)
     d = d.reshape(shape)
     return (d, pre.reshape(shape)) if fuse_gelu else d
+

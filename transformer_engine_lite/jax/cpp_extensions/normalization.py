@@ -20,11 +20,11 @@ from .misc import (
     is_fp8,
 )
 from .partitioning import RowRule
-from .quantization import _jax_quantize
+from .quantization import _jax_quantize_scaled
 
 __all__ = [
-    "_jax_layernorm",
-    "_jax_rmsnorm",
+    "_jax_layernorm_f32",
+    "_jax_rmsnorm_f32",
     "layernorm_bwd",
     "layernorm_fwd",
     "normalization_bwd",
@@ -67,7 +67,7 @@ def _stats(x32):
     return x32.shape[:-1]
 
 
-def _jax_layernorm(x, gamma, beta, eps, zero_centered_gamma):
+def _jax_layernorm_f32(x, gamma, beta, eps, zero_centered_gamma):
     """(y float32, mu, rsigma): the float32 reference."""
     x32 = x.astype(_F32)
     mu = jnp.mean(x32, axis=-1)
@@ -78,7 +78,7 @@ def _jax_layernorm(x, gamma, beta, eps, zero_centered_gamma):
     return y, mu, rsigma
 
 
-def _jax_rmsnorm(x, gamma, eps, zero_centered_gamma):
+def _jax_rmsnorm_f32(x, gamma, eps, zero_centered_gamma):
     x32 = x.astype(_F32)
     rsigma = jax.lax.rsqrt(jnp.mean(jnp.square(x32), axis=-1) + jnp.float32(eps))
     g = gamma.astype(_F32) + (1.0 if zero_centered_gamma else 0.0)
@@ -87,7 +87,7 @@ def _jax_rmsnorm(x, gamma, eps, zero_centered_gamma):
 
 def _finish(y, scale, out_dtype):
     if is_fp8(out_dtype):
-        q, amax, si = _jax_quantize(y, scale, out_dtype)
+        q, amax, si = _jax_quantize_scaled(y, scale, out_dtype)
         return q, amax, si
     z = jnp.zeros((0,), _F32)
     return y.astype(out_dtype), z, z
@@ -101,7 +101,7 @@ def _ln_fwd_abstract(x, gamma, beta, scale, *, eps, zero_centered_gamma, out_dty
 
 
 def _ln_fwd_ref(x, gamma, beta, scale, eps, zero_centered_gamma, out_dtype):
-    y, mu, rs = _jax_layernorm(x, gamma, beta, eps, zero_centered_gamma)
+    y, mu, rs = _jax_layernorm_f32(x, gamma, beta, eps, zero_centered_gamma)
     z, amax, si = _finish(y, scale, out_dtype)
     return z, mu, rs, amax, si
 
@@ -117,7 +117,24 @@ LayerNormFwdPrimitive = FFIOp(
 )
 
 
-def layernorm_fwd(x, gamma, beta, eps=1e-6, zero_centered_gamma=False, out_dtype=None, scale=None):
+def _te_form(args, kwargs) -> bool:
+    """TE-JAX's norm forms put zero_centered_gamma (a bool) where the primitive forms put eps, and
+    take `quantizer` / `epsilon` keywords the primitive forms do not have."""
+    return ("quantizer" in kwargs or "epsilon" in kwargs
+            or (len(args) > 0 and isinstance(args[0], (bool, np.bool_))))
+
+
+def layernorm_fwd(x, gamma, beta, *args, **kwargs):
+    """TE-JAX's form `layernorm_fwd(x, gamma, beta, zero_centered_gamma, epsilon, quantizer=None)`
+    -> (output ScaledTensor / NoScaleTensor, mu, rsigma) (see te_api.layernorm_fwd_te), or the
+    primitive form `layernorm_fwd(x, gamma, beta, eps, zero_centered_gamma, out_dtype, scale)`."""
+    if _te_form(args, kwargs):
+        from .te_api import layernorm_fwd_te
+        return layernorm_fwd_te(x, gamma, beta, *args, **kwargs)
+    return _layernorm_fwd(x, gamma, beta, *args, **kwargs)
+
+
+def _layernorm_fwd(x, gamma, beta, eps=1e-6, zero_centered_gamma=False, out_dtype=None, scale=None):
     """(z, mu, rsigma, amax, scale_inv); z in out_dtype (default x's). An FP8 out_dtype needs
     `scale` (float32 [1]) and gives amax / scale_inv float32 [1]; otherwise they are float32 [0]."""
     out_dtype = np.dtype(out_dtype if out_dtype is not None else x.dtype)
@@ -171,7 +188,7 @@ def _rms_fwd_abstract(x, gamma, scale, *, eps, zero_centered_gamma, out_dtype):
 
 
 def _rms_fwd_ref(x, gamma, scale, eps, zero_centered_gamma, out_dtype):
-    y, rs = _jax_rmsnorm(x, gamma, eps, zero_centered_gamma)
+    y, rs = _jax_rmsnorm_f32(x, gamma, eps, zero_centered_gamma)
     z, amax, si = _finish(y, scale, out_dtype)
     return z, rs, amax, si
 
@@ -183,7 +200,17 @@ RMSNormFwdPrimitive = FFIOp(
 )
 
 
-def rmsnorm_fwd(x, gamma, eps=1e-6, zero_centered_gamma=False, out_dtype=None, scale=None):
+def rmsnorm_fwd(x, gamma, *args, **kwargs):
+    """TE-JAX's form `rmsnorm_fwd(x, gamma, zero_centered_gamma, epsilon, quantizer=None)` ->
+    (output, rsigma), or the primitive form `rmsnorm_fwd(x, gamma, eps, zero_centered_gamma,
+    out_dtype, scale)` -> (z, rsigma, amax, scale_inv)."""
+    if _te_form(args, kwargs):
+        from .te_api import rmsnorm_fwd_te
+        return rmsnorm_fwd_te(x, gamma, *args, **kwargs)
+    return _rmsnorm_fwd(x, gamma, *args, **kwargs)
+
+
+def _rmsnorm_fwd(x, gamma, eps=1e-6, zero_centered_gamma=False, out_dtype=None, scale=None):
     """(z, rsigma, amax, scale_inv), as layernorm_fwd."""
     out_dtype = np.dtype(out_dtype if out_dtype is not None else x.dtype)
     scale = as_scalar(scale) if scale is not None else jnp.zeros((0,), _F32)
@@ -226,8 +253,8 @@ def normalization_fwd(x, gamma, beta, norm_type, eps=1e-6, zero_centered_gamma=F
                       out_dtype=None, scale=None):
     """(z, mu or None, rsigma, amax, scale_inv) for norm_type "layernorm" or "rmsnorm"."""
     if norm_type == "layernorm":
-        return layernorm_fwd(x, gamma, beta, eps, zero_centered_gamma, out_dtype, scale)
-    z, rs, amax, si = rmsnorm_fwd(x, gamma, eps, zero_centered_gamma, out_dtype, scale)
+        return _layernorm_fwd(x, gamma, beta, eps, zero_centered_gamma, out_dtype, scale)
+    z, rs, amax, si = _rmsnorm_fwd(x, gamma, eps, zero_centered_gamma, out_dtype, scale)
     return z, None, rs, amax, si
 
 
@@ -237,3 +264,7 @@ def normalization_bwd(dz, x, mu, rsigma, gamma, norm_type, zero_centered_gamma=F
         return layernorm_bwd(dz, x, mu, rsigma, gamma, zero_centered_gamma)
     dx, dg = rmsnorm_bwd(dz, x, rsigma, gamma, zero_centered_gamma)
     return dx, dg, None
+
+
+# TE-JAX's quantizer-taking forms and references, importable from this module as in TE.
+from .te_api import _jax_layernorm, _jax_rmsnorm, is_norm_zero_centered_gamma_in_weight_dtype  # noqa: E402,F401

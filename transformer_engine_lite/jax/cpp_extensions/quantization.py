@@ -68,7 +68,8 @@ def _jax_encode(x32, q_dtype):
     return jax.lax.bitcast_convert_type(bits, q_dtype)
 
 
-def _jax_quantize(x, scale, q_dtype):
+def _jax_quantize_scaled(x, scale, q_dtype):
+    """Pure-JAX per-tensor quantize with a given scale: (data, amax, scale_inv)."""
     x32 = x.astype(_F32)
     amax = jnp.max(jnp.abs(x32)).reshape(1) if x.size else jnp.zeros((1,), _F32)
     return _jax_encode(x32 * scale[0], q_dtype), amax, (1.0 / scale).astype(_F32).reshape(1)
@@ -132,14 +133,30 @@ def _quantize_abstract(x, scale, *, q_dtype):
 
 QuantizePrimitive = FFIOp(
     "QuantizePrimitive", "te_lite_quantize_ffi", _quantize_abstract,
-    lambda x, scale, q_dtype: _jax_quantize(x, as_scalar(scale), q_dtype),
+    lambda x, scale, q_dtype: _jax_quantize_scaled(x, as_scalar(scale), q_dtype),
     attrs=_no_dtypes, row_args=(0,), reducing_results=(1,),
     partition=RowRule(("x", "rep"), ("x", "amax", "rep"), trailing=0),
 )
 
 
-def quantize(x, scale, q_dtype):
-    """(data, amax, scale_inv): data = encode(x * scale); amax = max|x| before scaling."""
+def quantize(x, quantizer, flatten_axis=-1, amax_scope=None, transpose_batch_sequence=False):
+    """Two forms.
+
+    TE-JAX's: `quantize(x, quantizer, flatten_axis=-1)` with a Quantizer (or None) -> ScaledTensor
+    (NoScaleTensor for None), through the handlers (fused where the recipe allows).
+    The primitive form: `quantize(x, scale, q_dtype)` with a float32 scale [1] ->
+    (data, amax, scale_inv): data = encode(x * scale); amax = max|x| before scaling."""
+    from . import te_api
+
+    if quantizer is None or te_api.is_quantizer(quantizer):
+        return te_api.quantize_te(x, quantizer, flatten_axis, amax_scope, transpose_batch_sequence)
+    if amax_scope is not None or transpose_batch_sequence:
+        raise ValueError("te_lite::quantize: arguments 'amax_scope', 'transpose_batch_sequence': "
+                         "only taken with a Quantizer (TE-JAX's form), got them with a scale")
+    return _quantize_scaled(x, quantizer, flatten_axis)
+
+
+def _quantize_scaled(x, scale, q_dtype):
     q_dtype = fp8_dtype_of("quantize", "q_dtype", q_dtype)
     return QuantizePrimitive(x, as_scalar(scale), q_dtype=q_dtype)
 
@@ -342,7 +359,7 @@ def _ct_abstract(x, scale, *, q_dtype):
 
 
 def _jax_ct(x, scale, q_dtype):
-    q, amax, si = _jax_quantize(x, scale, q_dtype)
+    q, amax, si = _jax_quantize_scaled(x, scale, q_dtype)
     return q, q.T, amax, si
 
 
@@ -354,3 +371,8 @@ def cast_transpose(x, scale, q_dtype):
     """(data, data_t, amax, scale_inv) of a 2-D x: both copies of encode(x * scale)."""
     q_dtype = fp8_dtype_of("cast_transpose", "q_dtype", q_dtype)
     return CastTransposePrimitive(x, as_scalar(scale), q_dtype=q_dtype)
+
+
+# TE-JAX's quantizer-taking forms and references, importable from this module as in TE.
+from .te_api import _jax_quantize, _jax_quantize_dbias, quantize_dbias  # noqa: E402,F401
+from .grouped import GroupedQuantizePrimitive, grouped_quantize  # noqa: E402,F401

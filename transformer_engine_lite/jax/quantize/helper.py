@@ -252,9 +252,10 @@ class QuantizerFactory:
         recipe's settings and a delayed-scaling state. q_layout None = row- and column-wise."""
         if kwargs:
             raise TypeError(f"QuantizerFactory.create: unexpected arguments {sorted(kwargs)}")
-        if n_groups:
-            raise NotImplementedError("QuantizerFactory.create: n_groups (grouped quantizers) is "
-                                      "not implemented by transformer_engine_lite's JAX front end")
+        if n_groups is not None and (isinstance(n_groups, bool) or not isinstance(n_groups, int)
+                                     or n_groups < 1):
+            raise ValueError(f"QuantizerFactory.create: n_groups: expected a positive int or None, "
+                             f"got {n_groups!r}")
         if not isinstance(n_quantizers, int) or n_quantizers < 1:
             raise ValueError(f"QuantizerFactory.create: n_quantizers: expected a positive int, got "
                              f"{n_quantizers!r}")
@@ -262,9 +263,22 @@ class QuantizerFactory:
             raise ValueError("QuantizerFactory.create: scaling_mode: expected a ScalingMode, got "
                              "None")
         layout = QuantizeLayout.ROWWISE_COLWISE if q_layout is None else QuantizeLayout(q_layout)
-        qs = [QuantizerFactory._create_one(scaling_mode, q_dtype, layout, recipe, meta,
-                                           tensor_source, checkpoint_name)
-              for _ in range(n_quantizers)]
+        def one():
+            q = QuantizerFactory._create_one(scaling_mode, q_dtype, layout, recipe, meta,
+                                             tensor_source, checkpoint_name)
+            if q is None or n_groups is None:
+                return q
+            # grouped (MoE): one quantizer of the recipe per group (its own delayed state)
+            from .grouped import GroupedQuantizer
+
+            return GroupedQuantizer(
+                q_dtype=q.q_dtype, scaling_mode=q.scaling_mode, q_layout=q.q_layout,
+                checkpoint_name=q.checkpoint_name, n_groups=n_groups,
+                quantizers=(q,) + tuple(QuantizerFactory._create_one(
+                    scaling_mode, q_dtype, layout, recipe, meta, tensor_source, checkpoint_name)
+                    for _ in range(n_groups - 1)))
+
+        qs = [one() for _ in range(n_quantizers)]
         return qs[0] if n_quantizers == 1 else tuple(qs)
 
     @staticmethod
@@ -308,11 +322,11 @@ class QuantizerFactory:
     @staticmethod
     def create_set(n_quantizer_sets: int = 1, scaling_mode=None, fwd_dtype=None, bwd_dtype=None,
                    is_2x2x=None, fp8_recipe=None, quantize_meta_set: QuantizeMetaSet | None = None,
-                   checkpoint_name: str | None = None, **kwargs):
+                   checkpoint_name: str | None = None, n_groups: int | None = None):
         """QuantizerSet(s) for the given recipe (default: the global one; none -> noop).
         checkpoint_name goes to the forward (x, kernel) quantizers: their outputs are the
-        residuals a remat policy may keep; the gradient's quantization is never saved."""
-        del kwargs
+        residuals a remat policy may keep; the gradient's quantization is never saved.
+        n_groups: GroupedQuantizers (grouped_dense / grouped_gemm)."""
         recipe = fp8_recipe if fp8_recipe is not None else get_global_quantize_recipe()
         if recipe is None and scaling_mode is None:
             sets = [noop_quantizer_set] * n_quantizer_sets
@@ -335,7 +349,7 @@ class QuantizerFactory:
             return QuantizerFactory.create(scaling_mode=mode, q_dtype=dt, q_layout=layout,
                                            recipe=recipe, meta=meta, tensor_source=src,
                                            checkpoint_name=None if src == TensorSource.DGRAD
-                                           else checkpoint_name)
+                                           else checkpoint_name, n_groups=n_groups)
 
         sets = [QuantizerSet(make(TensorSource.X, metas.x), make(TensorSource.KERNEL, metas.kernel),
                              make(TensorSource.DGRAD, metas.grad))

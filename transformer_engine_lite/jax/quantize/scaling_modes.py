@@ -18,17 +18,16 @@ class ScalingMode(IntEnum):
     NVFP4_1D_SCALING = 4
     NVFP4_2D_SCALING = 5
 
-    @property
+    # TE-JAX: is_tensor_scaling() and is_1d_block_scaling() are methods, the other is_* properties.
     def is_tensor_scaling(self) -> bool:
         return self in (ScalingMode.DELAYED_TENSOR_SCALING, ScalingMode.CURRENT_TENSOR_SCALING)
 
-    @property
     def is_1d_block_scaling(self) -> bool:
         return self in (ScalingMode.MXFP8_1D_SCALING, ScalingMode.NVFP4_1D_SCALING)
 
     @property
     def is_block_scaling(self) -> bool:
-        return self.is_1d_block_scaling or self is ScalingMode.NVFP4_2D_SCALING
+        return self.is_1d_block_scaling() or self is ScalingMode.NVFP4_2D_SCALING
 
     @property
     def is_mxfp8_scaling(self) -> bool:
@@ -76,7 +75,7 @@ class ScalingMode(IntEnum):
         shape = tuple(int(d) for d in data_shape)
         if self is ScalingMode.NO_SCALING:
             return (0,)
-        if self.is_tensor_scaling:
+        if self.is_tensor_scaling():
             return (0,) if math.prod(shape) == 0 else (1,)
         nd = len(shape)
         if nd < 2 or not -nd < flatten_axis < nd or flatten_axis % nd == 0:

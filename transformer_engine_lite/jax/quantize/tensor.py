@@ -75,6 +75,12 @@ class ScaledTensor1x(ScaledTensor):
     def ndim(self):
         return self.data.ndim
 
+    @property
+    def data_layout(self) -> str:
+        """TE-JAX's "N" (data in the tensor's own dim order) or "T" (transposed). Our column-wise
+        copies keep the source order too (see the class docstring), so always "N"."""
+        return "N"
+
     def dequantize(self, dtype=None):
         dtype = dtype or self.dq_dtype
         if self.scaling_mode == ScalingMode.MXFP8_1D_SCALING:
