@@ -273,3 +273,27 @@ def test_custom_recipe_factory_and_model_init():
         yq = mq(x)
     ref = _blk(x, E4, 1) @ wref.double().t() + mq.bias.double()
     assert_close(yq, ref, "fp8_emulated", "FP8-parameter Linear")
+
+
+@pytest.mark.parametrize("x_dim, w_dim", [(1, 1), (1, 2), (2, 1)])
+@pytest.mark.parametrize("layout", ["TN", "NN"])
+def test_general_gemm_block_operands(x_dim, w_dim, layout):
+    """general_gemm of two block-scaled tensors (TE's per-K-block scaled accumulation) equals the
+    fp64 product of the dequantized operands within fp32 accumulation error."""
+    from transformer_engine_lite.pytorch.cpp_extensions import general_gemm
+
+    torch.manual_seed(8)
+    m, k, n = 200, 384, 136
+    x = torch.randn(m, k)
+    w = torch.randn(n, k) if layout == "TN" else torch.randn(k, n)
+    qx = Float8BlockQuantizer(E4, rowwise=True, columnwise=True, block_scaling_dim=x_dim)(x)
+    qw = Float8BlockQuantizer(E4, rowwise=True, columnwise=True, block_scaling_dim=w_dim)(w)
+    bias = torch.randn(n)
+    y = general_gemm(qw, qx, out_dtype=torch.float32, layout=layout, bias=bias)[0]
+    wd = qw.dequantize().double()
+    ref = qx.dequantize().double() @ (wd.t() if layout == "TN" else wd) + bias.double()
+    if layout == "NN":  # the column-wise copy of w holds other (1x128-along-K) tiles
+        wc = qw._shallow_copy()
+        wc.update_usage(rowwise_usage=False)
+        ref = qx.dequantize().double() @ wc.dequantize().double() + bias.double()
+    assert_close(y, ref, "fp8_emulated", f"{layout} {x_dim}Dx{w_dim}D")

@@ -102,6 +102,13 @@ def _general_gemm(
     if layout not in ("TN", "NN", "NT"):
         raise ValueError(f"general_gemm: layout: expected 'TN', 'NN' or 'NT', got {layout!r}")
     transa, transb = layout[0] == "T", layout[1] == "T"
+    if (isinstance(A, Float8BlockwiseQTensor) and isinstance(B, Float8BlockwiseQTensor)
+            and not gelu and not grad and quantization_params is None and alpha == 1.0
+            and beta in (None, 1, 1.0) and (out is not None or not accumulate)):
+        from .block_gemm import block_scaled_gemm
+
+        dtype = out_dtype or (out.dtype if out is not None else A.dtype)
+        return block_scaled_gemm(A, transa, B, transb, dtype, bias, out, accumulate), None, None, None
     a, a_si = _operand("A", A, transa)
     b, b_si = _operand("B", B, not transb)
     if (isinstance(A, Float8BlockwiseQTensor) or isinstance(B, Float8BlockwiseQTensor)) \
