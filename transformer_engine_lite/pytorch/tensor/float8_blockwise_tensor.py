@@ -12,6 +12,7 @@ import torch
 from ..dynamo.quantizer_opaque import register_value_opaque_quantizer
 from ..quantization import ops
 from ..tex import DType
+from ._quantizer_value import flatten_context, unflatten_kwargs
 from .quantized_tensor import QuantizedTensor, Quantizer, fp8_torch_dtype, to_dtype_enum
 from .storage.float8_blockwise_tensor_storage import Float8BlockwiseQTensorStorage
 
@@ -121,6 +122,34 @@ class Float8BlockwiseQTensor(QuantizedTensor, Float8BlockwiseQTensorStorage):
 
     def _shallow_copy(self) -> Float8BlockwiseQTensor:
         return self._like(self.shape, *(getattr(self, n) for n in _INNER))
+
+    # torch.compile: a traceable wrapper subclass (AOTAutograd flattens it into these tensors);
+    # TE's context dict (the quantizer in it: a value quantizer, compared by value in guards).
+    def __tensor_flatten__(self) -> tuple[list[str], dict[str, Any]]:
+        names = [n for n in _INNER if getattr(self, n) is not None]
+        q = self._quantizer
+        kwargs = {
+            "fp8_dtype": self._fp8_dtype,
+            "fake_dtype": self.dtype,
+            "quantizer": None if q is None else q._context_quantizer(),
+            "is_2D_scaled": self._is_2D_scaled,
+        }
+        return names, flatten_context(self, kwargs)
+
+    @staticmethod
+    def __tensor_unflatten__(
+        inner: dict[str, torch.Tensor], ctx: dict[str, Any], outer_size: Any, outer_stride: Any
+    ) -> Float8BlockwiseQTensor:
+        cls, kw, requires_grad = unflatten_kwargs("Float8BlockwiseQTensor", ctx)
+        return cls(
+            shape=outer_size,
+            dtype=kw["fake_dtype"],
+            **{n[1:]: inner.get(n) for n in _INNER},
+            fp8_dtype=kw["fp8_dtype"],
+            quantizer=kw.get("quantizer"),
+            is_2D_scaled=kw.get("is_2D_scaled", False),
+            requires_grad=requires_grad,
+        )
 
     def __reduce_ex__(self, protocol: int) -> Any:
         q = self._quantizer
