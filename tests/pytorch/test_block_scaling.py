@@ -315,3 +315,20 @@ def test_torch_compile():
             return m(inp)
 
     assert_close(torch.compile(g)(x), g(x), "compiled", "compiled Linear")
+
+
+def test_general_gemm_block_tt_layout():
+    """TT: B given as [K, M] enters through its column-wise (transposed) copy."""
+    from transformer_engine_lite.pytorch.cpp_extensions import general_gemm
+
+    torch.manual_seed(10)
+    xt, w = torch.randn(256, 72), torch.randn(136, 256)
+    qx = Float8BlockQuantizer(E4, rowwise=True, columnwise=True, block_scaling_dim=1)(xt)
+    qw = Float8BlockQuantizer(E4, rowwise=True, columnwise=True, block_scaling_dim=2)(w)
+    y = general_gemm(qw, qx, out_dtype=torch.float32, layout="TT")[0]
+    xc = qx._shallow_copy()
+    xc.update_usage(rowwise_usage=False)
+    ref = xc.dequantize().double().t() @ qw.dequantize().double().t()
+    assert_close(y, ref, "fp8_emulated", "TT")
+    with pytest.raises(ValueError, match="layout"):
+        general_gemm(w, xt.t().contiguous(), layout="TT")

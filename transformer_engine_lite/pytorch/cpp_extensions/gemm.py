@@ -99,10 +99,13 @@ def _general_gemm(
             "general_gemm: userbuffer communication overlap (ub, ub_type, extra_output, "
             "bulk_overlap) is not supported by transformer_engine_lite"
         )
-    if layout not in ("TN", "NN", "NT"):
-        raise ValueError(f"general_gemm: layout: expected 'TN', 'NN' or 'NT', got {layout!r}")
+    both_block = isinstance(A, Float8BlockwiseQTensor) and isinstance(B, Float8BlockwiseQTensor)
+    # TT: a column-wise (transposed) block-scaled B with a row-wise A, as TE's block GEMM takes
+    if layout not in ("TN", "NN", "NT") and not (both_block and layout == "TT"):
+        raise ValueError(f"general_gemm: layout: expected 'TN', 'NN' or 'NT' ('TT' for two "
+                         f"Float8BlockwiseQTensors), got {layout!r}")
     transa, transb = layout[0] == "T", layout[1] == "T"
-    if (isinstance(A, Float8BlockwiseQTensor) and isinstance(B, Float8BlockwiseQTensor)
+    if (both_block
             and not gelu and not grad and quantization_params is None and alpha == 1.0
             and beta in (None, 1, 1.0) and (out is not None or not accumulate)):
         from .block_gemm import block_scaled_gemm

@@ -71,7 +71,11 @@ class Float8BlockwiseQTensor(QuantizedTensor, Float8BlockwiseQTensorStorage):
         return fp8_torch_dtype("Float8BlockwiseQTensor", self._fp8_dtype)
 
     def _dequantize(self, dtype: torch.dtype | None) -> torch.Tensor:
-        return self._dequantize_nd(dtype or self.dtype)
+        dtype = dtype or self.dtype
+        # a nominal dtype that is not a high-precision one (TE's make_empty takes any): fp32
+        if dtype not in (torch.float32, torch.float16, torch.bfloat16):
+            dtype = torch.float32
+        return self._dequantize_nd(dtype)
 
     def _assign_from(self, other: QuantizedTensor) -> None:
         assert isinstance(other, Float8BlockwiseQTensor)
