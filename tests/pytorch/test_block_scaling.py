@@ -332,3 +332,18 @@ def test_general_gemm_block_tt_layout():
     assert_close(y, ref, "fp8_emulated", "TT")
     with pytest.raises(ValueError, match="layout"):
         general_gemm(w, xt.t().contiguous(), layout="TT")
+
+
+def test_te_ops_basic_linear():
+    """te.ops.BasicLinear under the recipe: its quantizers are the recipe's block quantizers and
+    its output is the same block-scaled GEMM as te.Linear's."""
+    torch.manual_seed(11)
+    op = te.ops.BasicLinear(256, 128)
+    x = torch.randn(130, 256)
+    with te.fp8_autocast(fp8_recipe=Float8BlockScaling()):
+        y = op(x)
+    q = op.get_quantizer("forward", 1)
+    assert isinstance(q, Float8BlockQuantizer) and q.block_scaling_dim == 2
+    assert op.get_quantizer("backward", 0).block_scaling_dim == 1
+    ref = _blk(x, E4, 1) @ _blk(op.weight.detach(), E4, 2).t()
+    assert_close(y, ref, "fp8_emulated", "BasicLinear")
