@@ -347,3 +347,13 @@ def test_te_ops_basic_linear():
     assert op.get_quantizer("backward", 0).block_scaling_dim == 1
     ref = _blk(x, E4, 1) @ _blk(op.weight.detach(), E4, 2).t()
     assert_close(y, ref, "fp8_emulated", "BasicLinear")
+
+
+def test_te_ops_quantize():
+    """te.ops.Quantize under the recipe gives a 1x128-tiled Float8BlockwiseQTensor."""
+    x = _spread((130, 256), torch.float32, 12)
+    with te.fp8_autocast(fp8_recipe=Float8BlockScaling()):
+        y = te.ops.Quantize()(x)
+    assert isinstance(y, Float8BlockwiseQTensor) and not y._is_2D_scaled
+    q, s_el, _ = emulate_tiles(x, E4, 1, True)
+    assert torch.equal(y.dequantize(), q.float() * s_el)
