@@ -129,9 +129,12 @@ def test_factories():
     assert a is not b
     with pytest.raises(TypeError, match="role: expected a QuantizerRole"):
         current_scaling_factory("input")
-    for f in (nvfp4_factory, float8_block_scaling_factory, nvfp4_ref_rht_2d_factory):
+    for f in (nvfp4_factory, nvfp4_ref_rht_2d_factory):
         with pytest.raises(NotImplementedError, match="issue #24"):
             f(i)
+    # Float8BlockScaling's defaults: 128x128 blocks for linear weights, 1x128 tiles otherwise
+    assert float8_block_scaling_factory(QuantizerRole("linear", "weight")).block_scaling_dim == 2
+    assert float8_block_scaling_factory(i).block_scaling_dim == 1
     with pytest.raises(NotImplementedError, match="NVFP4"):
         mxfp8_fwd_nvfp4_bwd_factory(g)
     assert isinstance(mxfp8_fwd_nvfp4_bwd_factory(QuantizerRole("dpa", "qkv")), MXFP8Quantizer)

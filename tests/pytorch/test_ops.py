@@ -40,6 +40,13 @@ def _mx(shape, columnwise):
     return (col, col_s) if columnwise else (row, row_s)
 
 
+def _blk(shape, dim, columnwise):
+    row, row_s, col, col_s = ops.quantize_fp8_block(
+        randn(*shape), torch.float8_e4m3fn, dim, not columnwise, columnwise, True, 0.0
+    )
+    return (col, col_s) if columnwise else (row, row_s)
+
+
 def _ln_stats(x, g, b):
     _, mu, rs, _, _ = ops.layernorm_fwd(x, g, b, 1e-5, False)
     return mu, rs
@@ -63,6 +70,21 @@ OPCHECK_CASES: list[tuple[str, str, Callable[[], tuple]]] = [
     ("dequantize", "e5m2-fp32", lambda: (*_fp8((3, 4, 9), torch.float8_e5m2), torch.float32)),
     ("dequantize_mxfp8", "row", lambda: (*_mx((40, 70), False), False, torch.float32)),
     ("dequantize_mxfp8", "col", lambda: (*_mx((40, 70), True), True, torch.bfloat16)),
+    (
+        "quantize_fp8_block",
+        "fp32-1d-both",
+        lambda: (randn(3, 130, 200), torch.float8_e4m3fn, 1, True, True, True, 0.0),
+    ),
+    (
+        "quantize_fp8_block",
+        "bf16-2d-col",
+        lambda: (randn(140, 260, dtype=torch.bfloat16), torch.float8_e5m2, 2, False, True, False,
+                 1e-3),
+    ),
+    ("dequantize_fp8_block", "1d-row", lambda: (*_blk((130, 200), 1, False), 1, False,
+                                                  torch.float32)),
+    ("dequantize_fp8_block", "2d-col", lambda: (*_blk((3, 130, 200), 2, True), 2, True,
+                                                  torch.bfloat16)),
     ("compute_amax", "fp32", lambda: (randn(5, 96),)),
     ("compute_amax", "bf16", lambda: (randn(3, 7, 33, dtype=torch.bfloat16),)),
     ("compute_scale_from_amax", "e4m3", lambda: (f32(3.0), torch.float8_e4m3fn, 0.0, False)),
@@ -385,7 +407,7 @@ def test_every_op_has_an_opcheck_case():
     assert set(te_ops.OPS) == covered, (
         f"no case for {sorted(set(te_ops.OPS) - covered)}; unknown {sorted(covered - set(te_ops.OPS))}"
     )
-    assert len(te_ops.OPS) == 62
+    assert len(te_ops.OPS) == 64
 
 
 # ===================================================================================== errors

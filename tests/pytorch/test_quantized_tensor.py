@@ -228,9 +228,7 @@ def test_mxfp8_storage_arguments_are_checked():
         )
 
 
-@pytest.mark.parametrize(
-    "name", ["NVFP4Quantizer", "Float8BlockQuantizer", "NVFP4Tensor", "Float8BlockwiseQTensor"]
-)
+@pytest.mark.parametrize("name", ["NVFP4Quantizer", "NVFP4Tensor"])
 def test_block_scaled_classes_refuse_to_be_made(name):
     cls = getattr(te, name)
     assert not isinstance(_quantizer("mxfp8"), cls)

@@ -518,9 +518,9 @@ class Float8BlockScaling(Recipe):
     """FP8 with one scale per block (DeepSeek-V3's recipe, TE 2.3+): 1x128 tiles for activations
     and gradients (x/grad_block_scaling_dim=1), 128x128 blocks for weights (w_block_scaling_dim=2).
 
-    The recipe object is TE's (fields, defaults, checks), so that clients can build, compare and
-    checkpoint it; its kernels are not implemented yet: fp8_autocast / autocast with it raises
-    NotImplementedError, and is_fp8_block_scaling_available() says so.
+    TE's fields, defaults and checks. The PyTorch front end runs it on the CPU (core
+    NVTE_BLOCK_SCALING_1D / _2D kernels; Float8BlockQuantizer); the JAX front end does not
+    implement it yet.
     """
 
     use_f32_scales: bool = field(default_factory=lambda: _env_flag(

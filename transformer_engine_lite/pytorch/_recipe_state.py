@@ -18,6 +18,7 @@ from .fp8 import get_fp8_max, get_fp8_torch_dtype
 __all__ = [
     "DelayedScalingRecipeState",
     "Float8CurrentScalingRecipeState",
+    "Float8BlockScalingRecipeState",
     "MXFP8BlockScalingRecipeState",
     "RecipeState",
     "build_fp8_meta",
@@ -57,7 +58,7 @@ class RecipeState:
     @staticmethod
     def create(recipe: Recipe, *, mode: str, num_quantizers: int = 1, **kwargs: Any) -> RecipeState:
         for cls in (DelayedScalingRecipeState, Float8CurrentScalingRecipeState,
-                    MXFP8BlockScalingRecipeState):
+                    MXFP8BlockScalingRecipeState, Float8BlockScalingRecipeState):
             if cls.accepts(recipe):
                 return cls(recipe, mode=mode, num_quantizers=num_quantizers, **kwargs)
         if recipe.custom():
@@ -67,7 +68,7 @@ class RecipeState:
         raise NotImplementedError(
             f"RecipeState.create: {type(recipe).__name__} has no recipe state in "
             "transformer_engine_lite (DelayedScaling, Float8CurrentScaling, MXFP8BlockScaling, "
-            "CustomRecipe)"
+            "Float8BlockScaling, CustomRecipe)"
         )
 
     def make_quantizers(self) -> list[Any]:
@@ -144,6 +145,36 @@ class MXFP8BlockScalingRecipeState(RecipeState):
         from .tensor import MXFP8Quantizer
 
         return [MXFP8Quantizer(self.dtype) for _ in range(self.num_quantizers)]
+
+
+class Float8BlockScalingRecipeState(RecipeState):
+    """Stateless: Float8BlockQuantizers of the recipe (TE's order per GEMM: forward input, weight,
+    output; backward grad output, grad input)."""
+
+    @staticmethod
+    def accepts(recipe: Recipe) -> bool:
+        return recipe.float8_block_scaling()
+
+    def __init__(self, recipe: Recipe, mode: str, num_quantizers: int = 1, *,
+                 device: Any = None) -> None:
+        super().__init__(recipe, mode, num_quantizers)
+
+    def make_quantizers(self) -> list[Any]:
+        from .tensor import Float8BlockQuantizer
+
+        r = self.recipe
+        if self.mode == "forward":
+            roles = ((r.fp8_quant_fwd_inp, r.x_block_scaling_dim),
+                     (r.fp8_quant_fwd_weight, r.w_block_scaling_dim),
+                     (r.fp8_quant_fwd_inp, r.x_block_scaling_dim))
+        else:
+            roles = ((r.fp8_quant_bwd_grad, r.grad_block_scaling_dim),) * 2
+        return [
+            Float8BlockQuantizer(self.dtype, rowwise=True, columnwise=True,
+                                 amax_epsilon=float(qp.amax_epsilon),
+                                 force_pow_2_scales=bool(qp.power_2_scale), block_scaling_dim=d)
+            for qp, d in (roles[i % len(roles)] for i in range(self.num_quantizers))
+        ]
 
 
 def _default_sf_compute(amax: torch.Tensor, scale: torch.Tensor, fp8_max: float,

@@ -33,6 +33,7 @@ from ..common.recipe import (
     DelayedScaling,
     Float8CurrentScaling,
     Format,
+    Float8BlockScaling,
     MXFP8BlockScaling,
     Recipe,
 )
@@ -148,10 +149,17 @@ def is_mxfp8_available(return_reason: bool = False) -> bool | tuple[bool, str]:
     return _answer(_mxfp8_support(), return_reason)
 
 
+def _fp8_block_scaling_support() -> tuple[bool, str]:
+    """CPU: yes (the core's CPU kernels). A GPU: no, until the block-scaling kernels get GPU
+    versions (the core refuses GPU tensors for NVTE_BLOCK_SCALING_1D/2D)."""
+    if _cuda_arch() is None:
+        return True, ""
+    return False, "Float8BlockScaling has no GPU kernel in transformer_engine_lite yet (CPU only)"
+
+
 def is_fp8_block_scaling_available(return_reason: bool = False) -> bool | tuple[bool, str]:
-    """Float8BlockScaling (DeepSeek-style 1x128 / 128x128 blocks): not implemented here."""
-    reason = "Float8BlockScaling is not implemented in transformer_engine_lite"
-    return _answer((False, reason), return_reason)
+    """Whether Float8BlockScaling (DeepSeek-style 1x128 / 128x128 blocks) quantizes here."""
+    return _answer(_fp8_block_scaling_support(), return_reason)
 
 
 def is_nvfp4_available(return_reason: bool = False) -> bool | tuple[bool, str]:
@@ -180,7 +188,9 @@ def check_nvfp4_support() -> tuple[bool, str]:
 def check_recipe_support(recipe: Recipe) -> None:
     """Raises when recipe cannot run here (TE: an assertion with the reason)."""
     _check_recipe(recipe)
-    ok, reason = (check_mxfp8_support() if recipe.mxfp8() else check_fp8_support())
+    ok, reason = (check_mxfp8_support() if recipe.mxfp8()
+                  else _fp8_block_scaling_support() if recipe.float8_block_scaling()
+                  else check_fp8_support())
     if not ok:
         raise RuntimeError(f"{type(recipe).__name__}: {reason}")
 
@@ -188,17 +198,17 @@ def check_recipe_support(recipe: Recipe) -> None:
 def _check_recipe(recipe: Any) -> Recipe:
     if recipe is None:
         return get_default_fp8_recipe()
-    if isinstance(recipe, Recipe) and (recipe.float8_block_scaling() or recipe.nvfp4()):
+    if isinstance(recipe, Recipe) and recipe.nvfp4():
         raise NotImplementedError(
-            f"fp8 recipe: {type(recipe).__name__} (block-scaled FP8 / FP4) is not implemented by "
-            "transformer_engine_lite yet; use DelayedScaling, Float8CurrentScaling or "
-            "MXFP8BlockScaling"
+            f"fp8 recipe: {type(recipe).__name__} (FP4) is not implemented by "
+            "transformer_engine_lite yet; use DelayedScaling, Float8CurrentScaling, "
+            "MXFP8BlockScaling or Float8BlockScaling"
         )
     if not isinstance(recipe, (DelayedScaling, Float8CurrentScaling, MXFP8BlockScaling,
-                               CustomRecipe)):
+                               Float8BlockScaling, CustomRecipe)):
         raise TypeError(
-            "fp8 recipe: expected DelayedScaling, Float8CurrentScaling, MXFP8BlockScaling or "
-            "CustomRecipe, "
+            "fp8 recipe: expected DelayedScaling, Float8CurrentScaling, MXFP8BlockScaling, "
+            "Float8BlockScaling or CustomRecipe, "
             f"got {type(recipe).__name__}"
         )
     return recipe

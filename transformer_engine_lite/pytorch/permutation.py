@@ -17,8 +17,8 @@ its row, -1 dropped). ``moe_unpermute(map_type="index")`` takes fp32 ``probs [nu
 (others are cast, with TE's warning); without probs it is TE's topK = 1 inverse (one output row per
 ``row_id_map`` entry). Unpermute sums the routes in fp32 (TE: in the data dtype).
 
-Not implemented (``NotImplementedError``): blockwise FP8 tensors (``Float8BlockwiseQTensor`` is not
-in this library), FP8 into ``moe_unpermute``'s forward (TE refuses it too), FP8 with the index map.
+Not implemented (``NotImplementedError``): blockwise FP8 tensors (``Float8BlockwiseQTensor``
+inputs: their 1x128 / 128x128 scale grids are not permuted), FP8 into ``moe_unpermute``'s forward (TE refuses it too), FP8 with the index map.
 """
 
 from __future__ import annotations

@@ -32,6 +32,7 @@ from .fp8 import (  # noqa: F401  TE 2.x serves the autocast API from pytorch.qu
 )
 from ._recipe_state import (  # noqa: F401  TE's recipe states and unfused delayed-scaling update
     DelayedScalingRecipeState,
+    Float8BlockScalingRecipeState,
     Float8CurrentScalingRecipeState,
     MXFP8BlockScalingRecipeState,
     RecipeState,
@@ -71,15 +72,17 @@ def ops():
 class QuantSpec(NamedTuple):
     """Static description of how one operand is cast (hashable: a compile-time constant).
 
-    mode: "hp" (no cast), "delayed", "current" or "mxfp8".
+    mode: "hp" (no cast), "delayed", "current", "mxfp8" or "block" (Float8BlockScaling).
     dtype: FP8 torch dtype (None for "hp").
-    pow2, eps: current-scaling options.
+    pow2, eps: current-scaling and block-scaling options.
+    block_dim: Float8BlockScaling's 1 (1x128 tiles) or 2 (128x128 blocks); 0 otherwise.
     """
 
     mode: str = "hp"
     dtype: torch.dtype | None = None
     pow2: bool = False
     eps: float = 0.0
+    block_dim: int = 0
 
 
 class Operand(NamedTuple):
@@ -98,6 +101,38 @@ def spec_for(recipe: Recipe, mode: str, forward: bool, qparams: QParams | None =
     if mode == "current" and qparams is not None:
         return QuantSpec(mode, dtype, bool(qparams.power_2_scale), float(qparams.amax_epsilon))
     return QuantSpec(mode, dtype)
+
+
+def block_spec(recipe: Recipe, role: str) -> QuantSpec:
+    """Float8BlockScaling's QuantSpec of one operand role ("input", "weight" or "grad")."""
+    qp, dim = {
+        "input": (recipe.fp8_quant_fwd_inp, recipe.x_block_scaling_dim),
+        "weight": (recipe.fp8_quant_fwd_weight, recipe.w_block_scaling_dim),
+        "grad": (recipe.fp8_quant_bwd_grad, recipe.grad_block_scaling_dim),
+    }[role]
+    dtype = get_fp8_torch_dtype(recipe.fp8_format, role != "grad")
+    return QuantSpec("block", dtype, bool(qp.power_2_scale), float(qp.amax_epsilon), int(dim))
+
+
+def block_dequantized(
+    x2d: torch.Tensor, spec: QuantSpec, rowwise: bool, columnwise: bool
+) -> tuple[torch.Tensor | None, torch.Tensor | None]:
+    """Float8BlockScaling round trip of a 2-D tensor for the high-precision GEMM: the row-wise
+    copy (tiles along dim 1) and/or the column-wise one (tiles along dim 0), each quantized from x
+    and dequantized to fp32, both as [rows, cols]. fp32 holds decode(q) * scale_inv exactly for
+    power-of-two scales and rounds it once otherwise; the GEMM then accumulates in fp32 (TE's
+    block GEMM: FP8 products scaled per block into an fp32 accumulator)."""
+    if not (rowwise or columnwise):
+        return None, None
+    te = ops()
+    row, row_s, col, col_s = te.quantize_fp8_block(
+        x2d.contiguous(), spec.dtype, spec.block_dim, rowwise, columnwise, spec.pow2, spec.eps
+    )
+    r = te.dequantize_fp8_block(row, row_s, spec.block_dim, False, torch.float32) \
+        if rowwise else None
+    c = te.dequantize_fp8_block(col, col_s, spec.block_dim, True, torch.float32).t().contiguous() \
+        if columnwise else None
+    return r, c
 
 
 def quantize_per_tensor(
@@ -148,6 +183,8 @@ def fake_quantize(w: torch.Tensor, recipe: Recipe) -> torch.Tensor:
     if isinstance(recipe, MXFP8BlockScaling):
         row, row_s, _, _ = te.quantize_mxfp8(w2, dtype, True, False)
         out = te.dequantize_mxfp8(row, row_s, False, w.dtype)
+    elif recipe.float8_block_scaling():
+        out = block_dequantized(w2, block_spec(recipe, "weight"), True, False)[0].to(w.dtype)
     elif recipe.delayed():
         data, _, scale_inv = te.quantize(w2, torch.ones(1, device=w.device), dtype)
         out = te.dequantize(data, scale_inv, w.dtype)

@@ -20,6 +20,13 @@ apply are float32 [0].
       leading dims flattened into rows; copies not requested are [0].
   dequantize(Tensor data, Tensor scale_inv, ScalarType out_dtype) -> Tensor
   dequantize_mxfp8(Tensor data, Tensor scale_inv, bool columnwise, ScalarType out_dtype) -> Tensor
+  quantize_fp8_block(Tensor x, ScalarType fp8_dtype, int block_scaling_dim, bool rowwise,
+      bool columnwise, bool force_pow_2_scales, float amax_epsilon)
+      -> (row_data, row_scale_inv, col_data [last dim, leading dims...], col_scale_inv)
+      Float8BlockScaling (1x128 tiles for dim 1, 128x128 blocks for dim 2), fp32 scale grids in
+      TE's GEMM_READY layout (core cast.h, nvte_quantize_v2); copies not requested are [0].
+  dequantize_fp8_block(Tensor data, Tensor scale_inv, int block_scaling_dim, bool columnwise,
+      ScalarType out_dtype) -> Tensor                            (of data's stored shape)
   compute_amax(Tensor x) -> Tensor [1]
   compute_scale_from_amax(Tensor amax, ScalarType fp8_dtype, float epsilon, bool force_pow_2_scales)
       -> (scale, scale_inv)                                      (current scaling)
@@ -193,6 +200,42 @@ def _(data, scale_inv, out_dtype):
 
 @torch.library.register_fake("te_lite::dequantize_mxfp8")
 def _(data, scale_inv, columnwise, out_dtype):
+    return data.new_empty(data.shape, dtype=out_dtype)
+
+
+def _block_scale_shape(rows, cols, dim, columnwise):
+    n = 128
+    if dim == 2:
+        if columnwise:
+            return (_ceil_div(cols, n), _ceil_div(_ceil_div(rows, n), 4) * 4)
+        return (_ceil_div(rows, n), _ceil_div(_ceil_div(cols, n), 4) * 4)
+    if columnwise:
+        return (_ceil_div(rows, n), _ceil_div(cols, 4) * 4)
+    return (_ceil_div(cols, n), _ceil_div(rows, 4) * 4)
+
+
+@torch.library.register_fake("te_lite::quantize_fp8_block")
+def _(x, fp8_dtype, block_scaling_dim, rowwise, columnwise, force_pow_2_scales, amax_epsilon):
+    torch._check(rowwise or columnwise, lambda: "quantize_fp8_block: rowwise or columnwise required")
+    rows, cols = _rows(x), x.shape[-1]
+    empty = (0,)
+    tshape = (x.shape[-1], *x.shape[:-1])
+    return (
+        x.new_empty(x.shape if rowwise else empty, dtype=fp8_dtype),
+        x.new_empty(
+            _block_scale_shape(rows, cols, block_scaling_dim, False) if rowwise else empty,
+            dtype=torch.float32,
+        ),
+        x.new_empty(tshape if columnwise else empty, dtype=fp8_dtype),
+        x.new_empty(
+            _block_scale_shape(rows, cols, block_scaling_dim, True) if columnwise else empty,
+            dtype=torch.float32,
+        ),
+    )
+
+
+@torch.library.register_fake("te_lite::dequantize_fp8_block")
+def _(data, scale_inv, block_scaling_dim, columnwise, out_dtype):
     return data.new_empty(data.shape, dtype=out_dtype)
 
 

@@ -6,6 +6,7 @@
 #include "../recipe/scaling_math.h"
 #include "../util/api.h"
 #include "../util/tensor.h"
+#include "block_quantize.h"
 #include "emit_cpu.h"
 #include "quantize.h"
 #include "quantize_cpu.h"
@@ -30,6 +31,21 @@ void check_outputs_disjoint(const SimpleTensor &in, const Tensor &out) {
   check_no_overlap(in, "input", out.scale_inv, "output (scale_inv)");
   check_no_overlap(in, "input", out.columnwise_scale_inv, "output (column-wise scale_inv)");
   check_no_overlap(in, "input", out.amax, "output (amax)");
+}
+
+// Float8BlockScaling outputs: checks, then the CPU kernel (GPU tensors: no GPU kernel yet).
+void quantize_block(const Tensor &in, const Tensor &out, const QuantizationConfig &cfg) {
+  check_has_data(in, "input");
+  check_dtype(in.data, "input", {kNVTEFloat32, kNVTEFloat16, kNVTEBFloat16});
+  const NVTEDevice dev = check_same_device({{&in, "input"}, {&out, "output"}});
+  const BlockSpec spec = validate_block_output(out, "output", in.data.shape);
+  check_outputs_disjoint(in.data, out);
+  check_no_overlap(out.data, "output (row-wise data)", out.columnwise_data,
+                   "output (column-wise data)");
+  NVTE_CHECK_SUPPORTED(dev == kNVTEDeviceCPU,
+                       "block scaling (NVTE_BLOCK_SCALING_1D/2D) has no GPU kernel yet "
+                       "(expected device cpu, got gpu)");
+  launch_block_quantize(in, out, spec, cfg);
 }
 
 }  // namespace
@@ -59,6 +75,7 @@ NVTEStatus nvte_quantize(const NVTETensor input, NVTETensor output, NVTEStream s
     (void)stream;  // only GPU launchers take it: the CPU path is synchronous
     const Tensor &in = as_tensor(input, "input");
     const Tensor &out = as_tensor(output, "output");
+    if (is_block_scaling(out.scaling_mode)) return quantize_block(in, out, QuantizationConfig{});
     const QuantizeArgs args = check_quantize_args(in, out);
     if (use_gpu(args.device, "nvte_quantize")) {
 #ifdef NVTE_WITH_GPU
@@ -71,12 +88,38 @@ NVTEStatus nvte_quantize(const NVTETensor input, NVTETensor output, NVTEStream s
   });
 }
 
+NVTEStatus nvte_quantize_v2(const NVTETensor input, NVTETensor output,
+                            const NVTEQuantizationConfig config, NVTEStream stream) {
+  if (!config || !is_block_scaling(nvte_tensor_scaling_mode(output)))
+    return nvte_quantize(input, output, stream);  // other modes take their scales from `output`
+  return guarded("nvte_quantize_v2", [&] {
+    quantize_block(as_tensor(input, "input"), as_tensor(output, "output"),
+                   *static_cast<const QuantizationConfig *>(config));
+  });
+}
+
 NVTEStatus nvte_dequantize(const NVTETensor input, NVTETensor output, NVTEStream stream) {
   return guarded("nvte_dequantize", [&] {
     (void)stream;  // only GPU launchers take it: the CPU path is synchronous
     const Tensor &in = as_tensor(input, "input");
     const Tensor &out = as_tensor(output, "output");
     const bool has_row = in.data.has_data(), has_col = in.columnwise_data.has_data();
+    if (is_block_scaling(in.scaling_mode)) {
+      const BlockSpec spec = validate_block_input(in, "input");
+      const SimpleTensor &q = has_row ? in.data : in.columnwise_data;
+      check_has_data(out, "output");
+      check_dtype(out.data, "output", {kNVTEFloat32, kNVTEFloat16, kNVTEBFloat16});
+      check_same_shape(q, "input", out.data, "output");
+      check_no_overlap(q, "input", out.data, "output");
+      check_no_overlap(has_row ? in.scale_inv : in.columnwise_scale_inv, "input (scale_inv)",
+                       out.data, "output");
+      const NVTEDevice dev = check_same_device({{&in, "input"}, {&out, "output"}});
+      NVTE_CHECK_SUPPORTED(dev == kNVTEDeviceCPU,
+                           "block scaling (NVTE_BLOCK_SCALING_1D/2D) has no GPU kernel yet "
+                           "(expected device cpu, got gpu)");
+      launch_block_dequantize(in, spec, out.data);
+      return;
+    }
     if (in.scaling_mode == NVTE_MXFP8_1D_SCALING) {
       NVTE_CHECK(has_row || has_col,
                  "argument 'input': expected MXFP8 row-wise or column-wise data, "
@@ -97,8 +140,8 @@ NVTEStatus nvte_dequantize(const NVTETensor input, NVTETensor output, NVTEStream
                  shape_str(expected), " for data ", q.describe(), ", got ", shape_str(s.shape));
     } else {
       NVTE_CHECK(in.scaling_mode == NVTE_DELAYED_TENSOR_SCALING,
-                 "argument 'input': expected scaling mode NVTE_DELAYED_TENSOR_SCALING or "
-                 "NVTE_MXFP8_1D_SCALING, got ",
+                 "argument 'input': expected scaling mode NVTE_DELAYED_TENSOR_SCALING, "
+                 "NVTE_MXFP8_1D_SCALING or NVTE_BLOCK_SCALING_1D/2D, got ",
                  static_cast<int>(in.scaling_mode));
       NVTE_CHECK(has_row, "argument 'input': expected per-tensor FP8 row-wise data, got a null ",
                  "pointer (", in.data.describe(), ")");

@@ -7,7 +7,13 @@ from typing import Any
 import torch
 
 from ..quantization import ops
-from ..tensor import Float8Tensor, MXFP8Tensor, QuantizedTensor, Quantizer
+from ..tensor import (
+    Float8BlockwiseQTensor,
+    Float8Tensor,
+    MXFP8Tensor,
+    QuantizedTensor,
+    Quantizer,
+)
 
 __all__ = ["general_gemm", "generic_gemm"]
 
@@ -27,6 +33,13 @@ def _operand(name: str, t: Any, rowwise: bool) -> tuple[torch.Tensor, torch.Tens
         s = t._columnwise_scale_inv if use_col else t._rowwise_scale_inv
         out = ops().dequantize_mxfp8(data.view(fp8), s, use_col, _MX_GEMM_DTYPE)
         return out.reshape(t.shape), None
+    if isinstance(t, Float8BlockwiseQTensor):
+        # Float8BlockScaling: the copy TE's GEMM reads (as MXFP8), dequantized to fp32 (exact for
+        # power-of-two scales; one rounding otherwise), then an fp32-accumulating GEMM.
+        use_col = (not rowwise and t._columnwise_data is not None) or t._rowwise_data is None
+        view = t._shallow_copy()
+        view.update_usage(rowwise_usage=not use_col, columnwise_usage=use_col)
+        return view._dequantize_nd(torch.float32), None
     if isinstance(t, QuantizedTensor):
         return t.dequantize(), None
     if not isinstance(t, torch.Tensor):
@@ -86,11 +99,24 @@ def _general_gemm(
             "general_gemm: userbuffer communication overlap (ub, ub_type, extra_output, "
             "bulk_overlap) is not supported by transformer_engine_lite"
         )
-    if layout not in ("TN", "NN", "NT"):
-        raise ValueError(f"general_gemm: layout: expected 'TN', 'NN' or 'NT', got {layout!r}")
+    both_block = isinstance(A, Float8BlockwiseQTensor) and isinstance(B, Float8BlockwiseQTensor)
+    # TT: a column-wise (transposed) block-scaled B with a row-wise A, as TE's block GEMM takes
+    if layout not in ("TN", "NN", "NT") and not (both_block and layout == "TT"):
+        raise ValueError(f"general_gemm: layout: expected 'TN', 'NN' or 'NT' ('TT' for two "
+                         f"Float8BlockwiseQTensors), got {layout!r}")
     transa, transb = layout[0] == "T", layout[1] == "T"
+    if (both_block
+            and not gelu and not grad and quantization_params is None and alpha == 1.0
+            and beta in (None, 1, 1.0) and (out is not None or not accumulate)):
+        from .block_gemm import block_scaled_gemm
+
+        dtype = out_dtype or (out.dtype if out is not None else A.dtype)
+        return block_scaled_gemm(A, transa, B, transb, dtype, bias, out, accumulate), None, None, None
     a, a_si = _operand("A", A, transa)
     b, b_si = _operand("B", B, not transb)
+    if (isinstance(A, Float8BlockwiseQTensor) or isinstance(B, Float8BlockwiseQTensor)) \
+            and a_si is None and b_si is None and a.dtype != b.dtype:
+        a, b = a.float(), b.float()  # a block-scaled operand is fp32: the pair must match
     dtype = (
         out_dtype if out_dtype is not None else (A.dtype if isinstance(A, torch.Tensor) else None)
     )

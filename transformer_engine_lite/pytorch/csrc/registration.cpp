@@ -1,5 +1,5 @@
 // Every te_lite op schema, declared once (TORCH_LIBRARY). Device implementations are registered by
-// the family files (cast.cpp, norm.cpp, activation.cpp, gemm.cpp, softmax.cpp, rope.cpp,
+// the family files (cast.cpp, block_scaling.cpp, norm.cpp, activation.cpp, gemm.cpp, softmax.cpp, rope.cpp,
 // attention.cpp, router.cpp, permutation.cpp, permutation_index.cpp, cross_entropy.cpp); fake
 // kernels and autograd by transformer_engine_lite/pytorch/te_lite_ops.py, whose docstring
 // documents each op (the router's autograd: pytorch/router.py, as TE's).
@@ -18,6 +18,13 @@ TORCH_LIBRARY(te_lite, m) {
   m.def(
       "dequantize_mxfp8(Tensor data, Tensor scale_inv, bool columnwise, ScalarType out_dtype) -> "
       "Tensor");
+  m.def(
+      "quantize_fp8_block(Tensor x, ScalarType fp8_dtype, int block_scaling_dim, bool rowwise, "
+      "bool columnwise, bool force_pow_2_scales, float amax_epsilon) -> "
+      "(Tensor, Tensor, Tensor, Tensor)");
+  m.def(
+      "dequantize_fp8_block(Tensor data, Tensor scale_inv, int block_scaling_dim, bool columnwise, "
+      "ScalarType out_dtype) -> Tensor");
   m.def("compute_amax(Tensor x) -> Tensor");
   m.def(
       "compute_scale_from_amax(Tensor amax, ScalarType fp8_dtype, float epsilon, "

@@ -76,12 +76,16 @@ def mxfp8_factory(role: QuantizerRole | None) -> MXFP8Quantizer:
 
 
 def float8_block_scaling_factory(role: QuantizerRole | None) -> Any:
-    """TE: Float8BlockScaling's quantizers (1x128 / 128x128 blocks). Not implemented (issue #24)."""
+    """Float8BlockScaling's defaults: E4M3 for every role, power-of-two scales, amax epsilon 0;
+    128x128 blocks for the weights of linear / grouped_linear modules, 1x128 tiles otherwise."""
     _check_role("float8_block_scaling_factory", role)
-    raise NotImplementedError(
-        "float8_block_scaling_factory: Float8BlockScaling quantization (Float8BlockQuantizer) is "
-        f"not implemented by transformer_engine_lite (issue #24); role: {role}"
-    )
+    from ..tensor import Float8BlockQuantizer
+
+    is_weight = (role is not None and role.module_type in ("linear", "grouped_linear")
+                 and role.tensor_type == "weight")
+    return Float8BlockQuantizer(DType.kFloat8E4M3, rowwise=True, columnwise=True,
+                                amax_epsilon=0.0, force_pow_2_scales=True,
+                                block_scaling_dim=2 if is_weight else 1)
 
 
 def nvfp4_factory(role: QuantizerRole | None) -> Any:

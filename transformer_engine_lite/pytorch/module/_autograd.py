@@ -15,8 +15,17 @@ import torch
 
 from ..fp8 import FP8GlobalStateManager
 from ..quantized_tensor import SavedFloat8, SavedMXFP8
-from ..quantization import Operand, QuantSpec, mx_dequantized, ops, quantize_per_tensor
+from ..quantization import (
+    Operand,
+    QuantSpec,
+    block_dequantized,
+    mx_dequantized,
+    ops,
+    quantize_per_tensor,
+)
 from ..tensor import (
+    Float8BlockQuantizer,
+    Float8BlockwiseQTensor,
     Float8CurrentScalingQuantizer,
     Float8Quantizer,
     Float8Tensor,
@@ -30,7 +39,8 @@ from ..tensor.quantized_tensor import to_dtype_enum
 class GemmConfig(NamedTuple):
     """Static options of one FP8-aware GEMM y = x @ W^T + b.
 
-    mode: "hp", "calibrate" (hp GEMM, amaxes recorded), "delayed", "current" or "mxfp8".
+    mode: "hp", "calibrate" (hp GEMM, amaxes recorded), "delayed", "current", "mxfp8" or "block"
+    (Float8BlockScaling).
     inp, weight, grad: how each operand is cast. slot_fwd: this GEMM's input slot in the forward
     meta (weight = slot_fwd + 1). slot_bwd: its grad-output slot in the backward meta. code: value
     written into the backward "ran" flag (delayed scaling). fuse_wgrad: accumulate the weight
@@ -134,11 +144,12 @@ class _LinearFn(torch.autograd.Function):
         per_tensor = cfg.mode in ("delayed", "current")
         w_op = _stored_per_tensor(weight, cfg) if per_tensor else None
         w_col = ctx.needs_input_grad[0] and cfg.bwd_override is None
-        w_mx = _stored_mxfp8(weight, cfg, w_col) if cfg.mode == "mxfp8" else None
+        w_mx = (_stored_mxfp8(weight, cfg, w_col) if cfg.mode == "mxfp8"
+                else _stored_block(weight, cfg, w_col) if cfg.mode == "block" else None)
         cast_amax = None
         if w_cast is not None and w_op is None and w_mx is None:
             w_op = w_cast.operand if per_tensor else None
-            w_mx = w_cast.mx if cfg.mode == "mxfp8" else None
+            w_mx = w_cast.mx if cfg.mode in ("mxfp8", "block") else None
             cast_amax = w_cast.amax
         w = weight
         if isinstance(weight, QuantizedTensor) and w_op is None and w_mx is None:
@@ -206,6 +217,27 @@ class _LinearFn(torch.autograd.Function):
                 saved = (*x_mx, *(w_rows if w_rows is not None else (wr, None)))
             else:
                 saved = (x2 if cfg.save_original_input else xc, None, wc, None)
+        elif cfg.mode == "block":
+            # Float8BlockScaling: each operand's copies quantized and dequantized to fp32 (exact
+            # for power-of-two scales), fp32 GEMM (quantization.block_dequantized). Forward
+            # contracts over K: row-wise tiles of x (1x128) and W (128x128); the column-wise
+            # copies (tiles along the tokens for x, the transposed blocks for W) serve wgrad / dgrad.
+            quant_bwd = cfg.bwd_override is None
+            x_col = need_wgrad and quant_bwd and not cfg.save_original_input
+            xr, xc = block_dequantized(x2, cfg.inp, True, x_col)
+            if w_mx is not None:
+                wr, wc = w_mx
+                w = wr
+            else:
+                wr, wc = block_dequantized(w, cfg.weight, True, need_dgrad and quant_bwd)
+            out = _gemm_fwd(wr, None, xr, None, out_dtype, bias, acc, alpha)
+            amax = _empty_amax(inp)
+            if hp_bwd:
+                saved = (x2, None, w, None)
+            elif cfg.bwd_override == "dequantized":  # the values the forward used
+                saved = (xr, None, wr, None)
+            else:
+                saved = (x2 if cfg.save_original_input else xc, None, wc, None)
         else:
             out = _gemm_fwd(w, None, x2, None, out_dtype, bias, acc, alpha)
             if cfg.mode == "calibrate":
@@ -260,7 +292,7 @@ class _LinearFn(torch.autograd.Function):
         # BackwardLinearScale's factor of the output gradient (grad_alpha), applied by the GEMMs.
         dgrad_into = getattr(ctx, "dgrad_into", None)
         alpha = ctx.alpha * getattr(ctx, "grad_alpha", 1.0)
-        fp8_bwd = cfg.mode in ("delayed", "current", "mxfp8") and cfg.bwd_override is None
+        fp8_bwd = cfg.mode in ("delayed", "current", "mxfp8", "block") and cfg.bwd_override is None
         if fp8_bwd and cfg.mode in ("delayed", "current"):
             bwd_hist, bwd_scale, bwd_ran = ctx.bwd
             s = cfg.slot_bwd
@@ -279,6 +311,15 @@ class _LinearFn(torch.autograd.Function):
             if cfg.save_original_input and need_wgrad:
                 x_data, x_si = quantize_per_tensor(x_data, cfg.inp, None)[0]
             wa = (x_data, x_si, gq.data, gq.scale_inv)
+        elif fp8_bwd and cfg.mode == "block":
+            # Float8BlockScaling: dgrad contracts over N: row-wise 1x128 tiles of dy, the
+            # column-wise (transposed) blocks of W; wgrad over tokens: column-wise tiles of dy and x.
+            gr, gc = block_dequantized(dy, cfg.grad, need_dgrad, need_wgrad)
+            if need_dgrad:
+                dgrad = _gemm_dgrad(w_data, None, gr, None, act_dtype, dgrad_into, alpha)
+            if cfg.save_original_input and need_wgrad:
+                x_data = block_dequantized(x_data, cfg.inp, False, True)[1]
+            wa = (x_data, None, gc, None)
         elif fp8_bwd:
             # MXFP8: dgrad contracts over N: row-wise blocks of dy, column-wise of W; wgrad over
             # tokens: column-wise blocks of dy and x.
@@ -339,13 +380,17 @@ def _expose_backward_state(
     backward GEMMs run quantized), backward_override (the recipe's, None without FP8),
     grad_output_quantizer (how the backward casts the output gradient; None when it does not) and
     reduce_and_update_bwd_fp8_tensors (the backward records the gradient's scaling state)."""
-    fp8 = cfg.mode in ("delayed", "current", "mxfp8")
+    fp8 = cfg.mode in ("delayed", "current", "mxfp8", "block")
     ctx.backward_override = cfg.bwd_override if fp8 else None
     ctx.fp8 = fp8 and cfg.bwd_override is None
     ctx.reduce_and_update_bwd_fp8_tensors = ctx.fp8
     q = None
     if ctx.fp8 and cfg.mode == "mxfp8":
         q = MXFP8Quantizer(cfg.grad.dtype)
+    elif ctx.fp8 and cfg.mode == "block":
+        q = Float8BlockQuantizer(cfg.grad.dtype, rowwise=True, columnwise=True,
+                                 amax_epsilon=cfg.grad.eps, force_pow_2_scales=cfg.grad.pow2,
+                                 block_scaling_dim=cfg.grad.block_dim)
     elif ctx.fp8 and cfg.mode == "current":
         q = Float8CurrentScalingQuantizer(cfg.grad.dtype, force_pow_2_scales=cfg.grad.pow2,
                                           amax_epsilon=cfg.grad.eps)
@@ -371,6 +416,9 @@ def cast_weight(w: torch.Tensor, cfg: GemmConfig, scale: torch.Tensor | None) ->
     with torch.no_grad():
         if cfg.mode == "mxfp8":
             r, c = mx_dequantized(w.reshape(-1, w.shape[-1]), cfg.inp.dtype, True, True)
+            return WeightCast(None, (r, c), None)
+        if cfg.mode == "block":
+            r, c = block_dequantized(w.reshape(-1, w.shape[-1]), cfg.weight, True, True)
             return WeightCast(None, (r, c), None)
         op, amax = quantize_per_tensor(w, cfg.weight, scale if cfg.mode == "delayed" else None)
         return WeightCast(op, None, amax if cfg.mode == "delayed" else None)
@@ -474,3 +522,27 @@ def norm(
 def activation(x: torch.Tensor, name: str) -> torch.Tensor:
     """y = act(x); gated activations take [..., 2H] = [act input | linear] and return [..., H]."""
     return ops().activation_fwd(x.contiguous(), name)[0]
+
+
+def _stored_block(
+    weight: torch.Tensor, cfg: GemmConfig, columnwise: bool
+) -> tuple[torch.Tensor, torch.Tensor | None] | None:
+    """A Float8BlockwiseQTensor weight in the format and tiling cfg casts weights to, its copies
+    dequantized to fp32 (as block_dequantized): the operands the forward would make from it. With
+    128x128 blocks both copies hold the same values (square blocks, same scales)."""
+    spec = cfg.weight
+    if (not isinstance(weight, Float8BlockwiseQTensor)
+            or weight._fp8_dtype != to_dtype_enum(spec.dtype)
+            or weight._is_2D_scaled != (spec.block_dim == 2)
+            or weight._rowwise_data is None
+            or (columnwise and not weight._is_2D_scaled and weight._columnwise_data is None)):
+        return None
+    r = weight.dequantize(dtype=torch.float32).reshape(-1, weight.shape[-1])
+    if not columnwise:
+        return r, None
+    if weight._is_2D_scaled:
+        return r, r
+    te = ops()
+    c = te.dequantize_fp8_block(weight._columnwise_data.view(spec.dtype),
+                                weight._columnwise_scale_inv, 1, True, torch.float32)
+    return r, c.reshape(weight.shape[-1], -1).t().contiguous()

@@ -90,6 +90,19 @@ def builtin_quantizers(module: Any, gemm: int, recipe: Recipe) -> None:
     if recipe.mxfp8():
         fwd = [MXFP8Quantizer(fd) for _ in range(3)]
         bwd = [MXFP8Quantizer(bd) for _ in range(2)]
+    elif recipe.float8_block_scaling():
+        from ..tensor import Float8BlockQuantizer
+
+        def mk_block(dt: Any, qp: Any, dim: int) -> Any:
+            return Float8BlockQuantizer(dt, rowwise=True, columnwise=True,
+                                        amax_epsilon=float(qp.amax_epsilon),
+                                        force_pow_2_scales=bool(qp.power_2_scale),
+                                        block_scaling_dim=dim)
+        r = recipe
+        fwd = [mk_block(fd, r.fp8_quant_fwd_inp, r.x_block_scaling_dim),
+               mk_block(fd, r.fp8_quant_fwd_weight, r.w_block_scaling_dim),
+               mk_block(fd, r.fp8_quant_fwd_inp, r.x_block_scaling_dim)]
+        bwd = [mk_block(bd, r.fp8_quant_bwd_grad, r.grad_block_scaling_dim) for _ in range(2)]
     else:
         qps = (recipe.fp8_quant_fwd_inp, recipe.fp8_quant_fwd_weight, recipe.fp8_quant_fwd_inp)
         mk = lambda dt, qp: Float8CurrentScalingQuantizer(  # noqa: E731
@@ -112,13 +125,19 @@ def _spec(owner: str, slot: str, q: Any) -> tuple[str, QuantSpec]:
         return "current", QuantSpec("current", dt, q.force_pow_2_scales, q.amax_epsilon)
     if isinstance(q, MXFP8Quantizer):
         return "mxfp8", QuantSpec("mxfp8", dtype_to_torch(q.dtype, f"{owner}: {slot} dtype"))
+    from ..tensor import Float8BlockQuantizer
+
+    if isinstance(q, Float8BlockQuantizer):
+        dt = dtype_to_torch(q.dtype, f"{owner}: {slot} quantizer dtype")
+        return "block", QuantSpec("block", dt, q.force_pow_2_scales, q.amax_epsilon,
+                                  q.block_scaling_dim)
     if isinstance(q, DelayedScalingRequest):
         fmt = q.fp8_format
         return "delayed", QuantSpec("delayed", get_fp8_torch_dtype(fmt, slot != "grad_output"))
     raise NotImplementedError(
         f"{owner}: CustomRecipe {slot}: quantizer {type(q).__name__} is not supported in modules "
         "by transformer_engine_lite (expected Float8CurrentScalingQuantizer, MXFP8Quantizer, "
-        "IdentityQuantizer or a DelayedScalingRequest)")
+        "Float8BlockQuantizer, IdentityQuantizer or a DelayedScalingRequest)")
 
 
 def custom_gemm_config(module: Any, gemm: int, recipe: Recipe, code: int, fuse_wgrad: bool,

@@ -42,9 +42,18 @@ def weight_param_quantizer(owner: str, recipe: Recipe, weight: torch.Tensor) -> 
         )
     if recipe.mxfp8():
         return MXFP8Quantizer(get_fp8_torch_dtype(fmt, True))
+    if recipe.float8_block_scaling():
+        from ..tensor import Float8BlockQuantizer
+
+        qp = recipe.fp8_quant_fwd_weight
+        return Float8BlockQuantizer(
+            get_fp8_torch_dtype(fmt, True), rowwise=True, columnwise=True,
+            amax_epsilon=float(qp.amax_epsilon), force_pow_2_scales=bool(qp.power_2_scale),
+            block_scaling_dim=recipe.w_block_scaling_dim)
     raise ValueError(
-        f"{owner}: quantized_model_init recipe: expected DelayedScaling, Float8CurrentScaling or "
-        f"MXFP8BlockScaling for FP8 weight parameters, got {type(recipe).__name__}"
+        f"{owner}: quantized_model_init recipe: expected DelayedScaling, Float8CurrentScaling, "
+        f"MXFP8BlockScaling or Float8BlockScaling for FP8 weight parameters, got "
+        f"{type(recipe).__name__}"
     )
 
 

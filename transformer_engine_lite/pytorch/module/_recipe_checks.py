@@ -14,8 +14,15 @@ from typing import Any
 
 import torch
 
-from ...common.recipe import DelayedScaling, Float8CurrentScaling, MXFP8BlockScaling, Recipe
+from ...common.recipe import (
+    DelayedScaling,
+    Float8BlockScaling,
+    Float8CurrentScaling,
+    MXFP8BlockScaling,
+    Recipe,
+)
 from ..tensor import (
+    Float8BlockQuantizer,
     Float8CurrentScalingQuantizer,
     Float8Quantizer,
     MXFP8Quantizer,
@@ -29,6 +36,7 @@ _COMPATIBLE = (
     (Float8Quantizer, DelayedScaling),
     (Float8CurrentScalingQuantizer, Float8CurrentScaling),
     (MXFP8Quantizer, MXFP8BlockScaling),
+    (Float8BlockQuantizer, Float8BlockScaling),
 )
 
 

@@ -36,7 +36,7 @@ from ..distributed import (
     reduce_scatter_along_first_dim,
 )
 from ..fp8 import FP8GlobalStateManager
-from ..quantization import fake_quantize, spec_for
+from ..quantization import block_spec, fake_quantize, spec_for
 from ..tensor import Float8Quantizer, QuantizedTensor
 from .._extra_state import (
     EXTRA_STATE_VERSION,
@@ -236,7 +236,8 @@ class TransformerEngineBaseModule(torch.nn.Module):
         if m.is_fp8_enabled():
             r = m.get_fp8_recipe()
             mode = ("delayed" if r.delayed() else "current" if r.float8_current_scaling()
-                    else "custom" if r.custom() else "mxfp8")
+                    else "custom" if r.custom() else "block" if r.float8_block_scaling()
+                    else "mxfp8")
             return mode, r, m.get_recipe_code()
         if m.is_fp8_calibration() and m.get_fp8_recipe().delayed():
             return "calibrate", m.get_fp8_recipe(), m.get_recipe_code()
@@ -262,6 +263,13 @@ class TransformerEngineBaseModule(torch.nn.Module):
                 f"{type(self).__name__}: save_original_input=True is not supported with "
                 "DelayedScaling (the backward would quantize the input with updated scales); use "
                 "Float8CurrentScaling or MXFP8BlockScaling"
+            )
+        if mode == "block":
+            return GemmConfig(
+                mode, block_spec(recipe, "input"), block_spec(recipe, "weight"),
+                block_spec(recipe, "grad"), slot_fwd=3 * gemm, slot_bwd=2 * gemm, code=code,
+                fuse_wgrad=fuse_wgrad, bwd_override=override, delay_wgrad=delay,
+                save_original_input=save_orig,
             )
         qi = qw = qg = None
         if mode == "current":
@@ -448,7 +456,7 @@ class TransformerEngineBaseModule(torch.nn.Module):
         None: no cache. FP8 parameters need no cast. Eager only (a compiled forward casts)."""
         if (
             is_first_microbatch is None
-            or cfg.mode not in ("delayed", "current", "mxfp8")
+            or cfg.mode not in ("delayed", "current", "mxfp8", "block")
             or isinstance(w, QuantizedTensor)
             or torch.compiler.is_compiling()
         ):

@@ -4,23 +4,25 @@ import torch as _torch
 
 from .float8_tensor import Float8CurrentScalingQuantizer, Float8Quantizer, Float8Tensor
 from .float8_tensor import rebuild_float8_tensor as _rebuild_f8
-from ._block_scaling import (
+from ._block_scaling import NVFP4Quantizer, NVFP4Tensor
+from .float8_blockwise_tensor import (
     Float8BlockQuantizer,
     Float8BlockwiseQTensor,
-    NVFP4Quantizer,
-    NVFP4Tensor,
+    Float8BlockwiseQTensorStorage,
 )
+from .float8_blockwise_tensor import rebuild_float8_blockwise_tensor as _rebuild_fb
 from .mxfp8_tensor import MXFP8Quantizer, MXFP8Tensor, MXFP8TensorStorage
 from .mxfp8_tensor import rebuild_mxfp8_tensor as _rebuild_mx
 from .quantized_tensor import QuantizedTensor, QuantizedTensorStorage, Quantizer
 
 # torch.load(weights_only=True) of a state_dict holding FP8 parameters (fp8_model_init): the two
 # rebuild functions take plain tensors and values only.
-_torch.serialization.add_safe_globals([_rebuild_f8, _rebuild_mx])
+_torch.serialization.add_safe_globals([_rebuild_f8, _rebuild_mx, _rebuild_fb])
 
 __all__ = [
     "Float8BlockQuantizer",
     "Float8BlockwiseQTensor",
+    "Float8BlockwiseQTensorStorage",
     "Float8CurrentScalingQuantizer",
     "Float8Quantizer",
     "Float8Tensor",

@@ -1,8 +1,9 @@
-"""TE's block-scaled quantizers and tensors (NVFP4, Float8 block scaling): named, not implemented.
+"""TE's NVFP4 quantizer and tensor: named, not implemented.
 
-The recipes behind them are not implemented in transformer_engine_lite (is_nvfp4_available() and
-is_fp8_block_scaling_available() report False with the reason). The classes exist so that TE code
-can name them (isinstance checks, imports); making one raises NotImplementedError naming it.
+NVFP4BlockScaling is not implemented in transformer_engine_lite (is_nvfp4_available() reports
+False with the reason). The classes exist so that TE code can name them (isinstance checks,
+imports); making one raises NotImplementedError naming it. Float8BlockScaling's classes live in
+float8_blockwise_tensor.py (implemented).
 """
 
 from __future__ import annotations
@@ -12,7 +13,7 @@ from typing import Any, NoReturn
 from ..dynamo.quantizer_opaque import register_value_opaque_quantizer
 from .quantized_tensor import QuantizedTensor, Quantizer
 
-__all__ = ["Float8BlockQuantizer", "Float8BlockwiseQTensor", "NVFP4Quantizer", "NVFP4Tensor"]
+__all__ = ["NVFP4Quantizer", "NVFP4Tensor"]
 
 
 def _refuse(name: str, recipe: str) -> NoReturn:
@@ -28,13 +29,6 @@ class NVFP4Quantizer(Quantizer):
         _refuse("NVFP4Quantizer", "NVFP4BlockScaling")
 
 
-class Float8BlockQuantizer(Quantizer):
-    """TE's Float8 block-scaling quantizer (see the module docstring)."""
-
-    def __init__(self, *args: Any, **kwargs: Any) -> None:
-        _refuse("Float8BlockQuantizer", "Float8BlockScaling")
-
-
 class NVFP4Tensor(QuantizedTensor):
     """TE's NVFP4 tensor (see the module docstring)."""
 
@@ -43,15 +37,6 @@ class NVFP4Tensor(QuantizedTensor):
         _refuse("NVFP4Tensor", "NVFP4BlockScaling")
 
 
-class Float8BlockwiseQTensor(QuantizedTensor):
-    """TE's Float8 block-scaled tensor (see the module docstring)."""
-
-    @staticmethod
-    def __new__(cls, *args: Any, **kwargs: Any) -> Float8BlockwiseQTensor:
-        _refuse("Float8BlockwiseQTensor", "Float8BlockScaling")
-
-
 # Registered as torch.compile value types like the implemented quantizers, so that TE code naming
 # them in a custom op's schema (get_opaque_type_name) still defines its ops; making one still raises.
 register_value_opaque_quantizer(NVFP4Quantizer)
-register_value_opaque_quantizer(Float8BlockQuantizer)

@@ -23,12 +23,33 @@ extern "C" {
  */
 NVTE_API NVTEStatus nvte_quantize(const NVTETensor input, NVTETensor output, NVTEStream stream);
 
+/*! nvte_quantize with options (TE's nvte_quantize_v2). `config` may be NULL (defaults). Block
+ *  scaling (NVTE_BLOCK_SCALING_1D / _2D, TE's Float8BlockScaling, GEMM_READY layouts) reads its
+ *  kNVTEQuantizationConfigAmaxEpsilon and kNVTEQuantizationConfigForcePow2Scales; other modes ignore
+ *  `config` (their scales come from the output tensor).
+ *
+ *  Block scaling of a [rows, cols] view (leading dims flattened): row-wise data of input's shape
+ *  and/or column-wise data holding the transpose, shape [last dim, leading dims...]. 1D: each
+ *  1x128 tile along the row gets one fp32 scale_inv; row-wise scale_inv has shape
+ *  [ceil(cols/128), roundup(rows, 4)] (entry [tile][row]), column-wise (tiles of 128 rows of the
+ *  input, per column) [ceil(rows/128), roundup(cols, 4)]. 2D: one scale per 128x128 block; row-wise
+ *  [ceil(rows/128), roundup(ceil(cols/128), 4)], column-wise [ceil(cols/128),
+ *  roundup(ceil(rows/128), 4)] (the transposed grid). Padding entries are written as 0.
+ *  Scale of a tile: amax = max(tile amax, eps); amax 0 / Inf / NaN -> 1; else fp8_max / amax in
+ *  fp32 (an Inf quotient becomes the input dtype's largest finite value), optionally rounded down
+ *  to a power of two; scale_inv = 1 / scale; q = encode(x * scale) (fp32 product, nearest even,
+ *  satfinite). E4M3 and E5M2 outputs. */
+NVTE_API NVTEStatus nvte_quantize_v2(const NVTETensor input, NVTETensor output,
+                                     const NVTEQuantizationConfig config, NVTEStream stream);
+
 /*! Dequantizes FP8 `input` (per-tensor: x = decode(q) * scale_inv; MXFP8 row-wise) into `output`
  *  (fp32/fp16/bf16) of the same shape.
  *
  *  The product is taken in fp32 and rounded once to the output dtype. MXFP8: x = decode(q) *
  *  2^(e - 127) per block; an MXFP8 input with only column-wise data is dequantized from that copy;
- *  a NaN scale (0xFF) gives NaN. */
+ *  a NaN scale (0xFF) gives NaN. Block scaling: x = decode(q) * scale_inv of its tile, from the
+ *  row-wise copy when present (output of input's shape), else from the column-wise copy (output of
+ *  the column-wise data's transposed shape [last dim, leading dims...]). */
 NVTE_API NVTEStatus nvte_dequantize(const NVTETensor input, NVTETensor output, NVTEStream stream);
 
 /*! Writes max|input| into output's kNVTEAmax (fp32 scalar) for an fp32/fp16/bf16 input.

@@ -67,6 +67,8 @@ typedef enum NVTEDevice NVTE_ENUM_INT { kNVTEDeviceCPU = 0, kNVTEDeviceGPU = 1 }
 typedef enum NVTEScalingMode NVTE_ENUM_INT {
   NVTE_DELAYED_TENSOR_SCALING = 0, /*!< one fp32 scale per tensor (delayed and current scaling) */
   NVTE_MXFP8_1D_SCALING = 1,       /*!< one E8M0 scale per 32 consecutive elements */
+  NVTE_BLOCK_SCALING_1D = 2,       /*!< one fp32 scale per 1x128 tile (Float8BlockScaling) */
+  NVTE_BLOCK_SCALING_2D = 3,       /*!< one fp32 scale per 128x128 block (Float8BlockScaling) */
   NVTE_INVALID_SCALING = 100
 } NVTEScalingMode;
 

@@ -11,7 +11,13 @@ import torch
 from ...distributed import TPConfig, set_tensor_model_parallel_attributes, split_size
 from ...fp8 import get_fp8_torch_dtype
 from ...module.base import TransformerEngineBaseModule
-from ...tensor import Float8CurrentScalingQuantizer, Float8Quantizer, MXFP8Quantizer, Quantizer
+from ...tensor import (
+    Float8BlockQuantizer,
+    Float8CurrentScalingQuantizer,
+    Float8Quantizer,
+    MXFP8Quantizer,
+    Quantizer,
+)
 from .._common import check_positive_int, compute_dtype, param_device, param_dtype, resolve_group
 from ..op import BasicOperation
 
@@ -187,4 +193,11 @@ class BasicLinear(TransformerEngineBaseModule, BasicOperation):
             return Float8CurrentScalingQuantizer(
                 dtype, force_pow_2_scales=bool(qp.power_2_scale), amax_epsilon=float(qp.amax_epsilon)
             )
+        if recipe.float8_block_scaling():
+            from ...quantization import block_spec
+
+            spec = block_spec(recipe, ("input", "weight")[index] if fwd else "grad")
+            return Float8BlockQuantizer(dtype, rowwise=True, columnwise=True,
+                                        amax_epsilon=spec.eps, force_pow_2_scales=spec.pow2,
+                                        block_scaling_dim=spec.block_dim)
         return MXFP8Quantizer(dtype)

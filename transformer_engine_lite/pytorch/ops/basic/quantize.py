@@ -18,11 +18,18 @@ __all__ = ["Quantize", "fp8_round_trip"]
 
 def _quantizer(recipe: Recipe, forward: bool) -> Quantizer:
     """The quantizer of the recipe's format (E4M3 forward, E5M2 backward for HYBRID): MXFP8 1x32
-    blocks (both usages, as TE's quantizers default); per-tensor recipes with a scale from the
+    blocks (both usages, as TE's quantizers default); Float8BlockScaling's tiles; per-tensor recipes with a scale from the
     tensor's own amax (delayed scaling too: this op keeps no amax history)."""
     dtype = get_fp8_torch_dtype(recipe.fp8_format, forward)
     if isinstance(recipe, MXFP8BlockScaling):
         return MXFP8Quantizer(dtype)
+    if recipe.float8_block_scaling():  # activations / gradients: the recipe's 1D or 2D tiles
+        from ...quantization import block_spec
+        from ...tensor import Float8BlockQuantizer
+
+        spec = block_spec(recipe, "input" if forward else "grad")
+        return Float8BlockQuantizer(dtype, rowwise=True, columnwise=True, amax_epsilon=spec.eps,
+                                    force_pow_2_scales=spec.pow2, block_scaling_dim=spec.block_dim)
     return Float8CurrentScalingQuantizer(dtype)
 
 

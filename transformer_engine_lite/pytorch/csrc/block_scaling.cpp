@@ -1,0 +1,129 @@
+// te_lite ops of Float8BlockScaling (TE's NVTE_BLOCK_SCALING_1D / _2D): quantize into the GEMM_READY
+// row-wise / column-wise (transposed) copies with fp32 scale grids, and dequantize one copy.
+#include <torch/library.h>
+
+#include <memory>
+#include <vector>
+
+#include <transformer_engine_lite/cast.h>
+
+#include "common.h"
+
+namespace te_lite {
+namespace {
+
+constexpr int64_t kBlock = 128;
+
+int64_t ceil_div(int64_t a, int64_t b) { return (a + b - 1) / b; }
+int64_t round_up4(int64_t a) { return (a + 3) / 4 * 4; }
+
+// GEMM_READY scale grid of a [rows, cols] view (see cast.h, nvte_quantize_v2).
+std::vector<int64_t> scale_shape(int64_t rows, int64_t cols, int64_t dim, bool columnwise) {
+  if (dim == 2) {
+    return columnwise ? std::vector<int64_t>{ceil_div(cols, kBlock), round_up4(ceil_div(rows, kBlock))}
+                      : std::vector<int64_t>{ceil_div(rows, kBlock), round_up4(ceil_div(cols, kBlock))};
+  }
+  return columnwise ? std::vector<int64_t>{ceil_div(rows, kBlock), round_up4(cols)}
+                    : std::vector<int64_t>{ceil_div(cols, kBlock), round_up4(rows)};
+}
+
+NVTEScalingMode mode_of(const char *op, int64_t dim) {
+  TORCH_CHECK(dim == 1 || dim == 2, op, ": argument 'block_scaling_dim': expected 1 or 2, got ",
+              dim);
+  return dim == 2 ? NVTE_BLOCK_SCALING_2D : NVTE_BLOCK_SCALING_1D;
+}
+
+struct ConfigDeleter {
+  void operator()(void *c) const { nvte_destroy_quantization_config(c); }
+};
+
+std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor> quantize_fp8_block(
+    const at::Tensor &x_, at::ScalarType fp8_dtype, int64_t block_scaling_dim, bool rowwise,
+    bool columnwise, bool force_pow_2_scales, double amax_epsilon) {
+  constexpr const char *kOp = "te_lite::quantize_fp8_block";
+  check_dtype(kOp, "x", x_, kHighPrecision);
+  check_min_ndim(kOp, "x", x_, 1);
+  const NVTEScalingMode mode = mode_of(kOp, block_scaling_dim);
+  TORCH_CHECK(fp8_dtype == at::ScalarType::Float8_e4m3fn || fp8_dtype == at::ScalarType::Float8_e5m2,
+              kOp, ": argument 'fp8_dtype': expected Float8_e4m3fn or Float8_e5m2 for block "
+              "scaling, got ", dtype_name(fp8_dtype));
+  TORCH_CHECK(rowwise || columnwise, kOp,
+              ": arguments 'rowwise' and 'columnwise': expected at least one true, got both false");
+  const DeviceContext ctx(x_);
+  const at::Tensor x = x_.contiguous();
+  const int64_t cols = x.size(-1);
+  int64_t rows = 1;  // leading dims flattened (not numel / cols: cols may be 0)
+  for (int64_t i = 0; i + 1 < x.dim(); ++i) rows *= x.size(i);
+  std::vector<int64_t> tshape{cols};
+  for (int64_t i = 0; i + 1 < x.dim(); ++i) tshape.push_back(x.size(i));
+  const auto fp8 = x.options().dtype(fp8_dtype), f32 = x.options().dtype(at::kFloat);
+  const std::vector<int64_t> none{0};
+  at::Tensor row = at::empty(rowwise ? x.sizes() : at::IntArrayRef(none), fp8);
+  at::Tensor row_s = at::empty(rowwise ? scale_shape(rows, cols, block_scaling_dim, false) : none, f32);
+  at::Tensor col = at::empty(columnwise ? at::IntArrayRef(tshape) : at::IntArrayRef(none), fp8);
+  at::Tensor col_s = at::empty(columnwise ? scale_shape(rows, cols, block_scaling_dim, true) : none, f32);
+  TensorWrapper in, out(mode);
+  in.data(x);
+  if (rowwise) out.data(row).scale_inv(row_s);
+  if (columnwise) out.columnwise_data(col).columnwise_scale_inv(col_s);
+  std::unique_ptr<void, ConfigDeleter> config(nvte_create_quantization_config());
+  TORCH_CHECK(config != nullptr, kOp, ": nvte_create_quantization_config: out of memory");
+  const float eps = static_cast<float>(amax_epsilon);
+  check_nvte(nvte_set_quantization_config_attribute(
+                 config.get(), kNVTEQuantizationConfigAmaxEpsilon, &eps, sizeof(eps)),
+             kOp);
+  check_nvte(nvte_set_quantization_config_attribute(config.get(),
+                                                    kNVTEQuantizationConfigForcePow2Scales,
+                                                    &force_pow_2_scales, sizeof(bool)),
+             kOp);
+  check_nvte(nvte_quantize_v2(in.get(), out.get(), config.get(), ctx.stream()), kOp);
+  return {row, row_s, col, col_s};
+}
+
+// Dequantizes one stored copy as stored: row-wise data -> input's shape; column-wise data ->
+// the transposed shape it is stored in ([last dim, leading dims...]).
+at::Tensor dequantize_fp8_block(const at::Tensor &data_, const at::Tensor &scale_inv_,
+                                int64_t block_scaling_dim, bool columnwise,
+                                at::ScalarType out_dtype) {
+  constexpr const char *kOp = "te_lite::dequantize_fp8_block";
+  check_dtype(kOp, "data", data_, kFP8);
+  check_min_ndim(kOp, "data", data_, 1);
+  const NVTEScalingMode mode = mode_of(kOp, block_scaling_dim);
+  TORCH_CHECK(scale_inv_.scalar_type() == at::kFloat, kOp,
+              ": argument 'scale_inv': expected float32 scales, got ",
+              dtype_name(scale_inv_.scalar_type()));
+  check_same_device(kOp, data_, "data", scale_inv_, "scale_inv");
+  check_dtype(kOp, "out_dtype", out_dtype, kHighPrecision);
+  const DeviceContext ctx(data_);
+  const at::Tensor data = data_.contiguous(), scale_inv = scale_inv_.contiguous();
+  at::Tensor out = at::empty(data.sizes(), data.options().dtype(out_dtype));
+  TensorWrapper in(mode), o;
+  if (columnwise) {
+    in.columnwise_data(data).columnwise_scale_inv(scale_inv);
+  } else {
+    in.data(data).scale_inv(scale_inv);
+  }
+  o.data(out);
+  check_nvte(nvte_dequantize(in.get(), o.get(), ctx.stream()), kOp);
+  return out;
+}
+
+void register_impls(torch::Library &m) {
+  m.impl("quantize_fp8_block", &quantize_fp8_block);
+  m.impl("dequantize_fp8_block", &dequantize_fp8_block);
+}
+
+}  // namespace
+}  // namespace te_lite
+
+TORCH_LIBRARY_IMPL(te_lite, CPU, m) { te_lite::register_impls(m); }
+#ifdef NVTE_TORCH_CUDA
+TORCH_LIBRARY_IMPL(te_lite, CUDA, m) { te_lite::register_impls(m); }
+#endif
+
+// Not differentiable: quantization outputs never require grad (as cast.cpp's ops).
+TORCH_LIBRARY_IMPL(te_lite, Autograd, m) {
+  for (const char *op : {"quantize_fp8_block", "dequantize_fp8_block"}) {
+    m.impl(op, torch::CppFunction::makeFallthrough());
+  }
+}
