@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import logging
 from collections import OrderedDict, defaultdict
+from typing import Any
 
 import torch
 
@@ -51,25 +52,35 @@ def _host_lens(cu: torch.Tensor, b: int) -> list[int]:
     return [host[i + 1] - host[i] for i in range(b)]
 
 
-def _gather_index(
-    qkv_format: str, new_shape: tuple, new_lens: list[int], device: torch.device
-) -> tuple[torch.Tensor, list[int], list[int]]:
-    """(source rows of new_k flattened to [rows, h, d], batch index of each, position of each in
-    its sequence's new tokens), for the first new_lens[i] tokens of each sequence i."""
-    src, seq, pos = [], [], []
-    start = 0
-    for i, n in enumerate(new_lens):
-        for j in range(n):
-            if qkv_format == "bshd":
-                src.append(i * new_shape[1] + j)
-            elif qkv_format == "sbhd":
-                src.append(j * new_shape[1] + i)
-            else:
-                src.append(start + j)
-            seq.append(i)
-            pos.append(j)
-        start += n
-    return torch.tensor(src, dtype=torch.long, device=device), seq, pos
+def _new_tokens(
+    qkv_format: str, new_shape: tuple, new_lens: list[int], cached_lens: list[int], device: Any
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """(src, seq, pos) for every new token, as long tensors on `device`: its row in new_k
+    flattened to [rows, h, d] (bshd: i * s + j; sbhd: j * b + i; thd: packed, cu_new[i] + j),
+    its batch index i, and its position in its sequence (cached length before the step + j)."""
+    lens = torch.tensor(new_lens, dtype=torch.long, device=device)
+    total = int(sum(new_lens))
+    seq = torch.repeat_interleave(torch.arange(len(new_lens), device=device), lens)
+    starts = torch.cumsum(lens, 0) - lens  # first packed row of each sequence
+    j = torch.arange(total, device=device) - starts[seq]
+    if qkv_format == "bshd":
+        src = seq * new_shape[1] + j
+    elif qkv_format == "sbhd":
+        src = j * new_shape[1] + seq
+    else:
+        src = torch.arange(total, device=device)
+    before = torch.tensor(
+        [c - n for c, n in zip(cached_lens, new_lens)], dtype=torch.long, device=device
+    )
+    return src, seq, before[seq] + j
+
+
+def _scatter(
+    new: torch.Tensor, cache: torch.Tensor, src: torch.Tensor, dst: torch.Tensor
+) -> None:
+    """cache rows dst (cache flattened to [rows, h, d]) = new rows src."""
+    rows = new.reshape(-1, *new.shape[-2:]).index_select(0, src)
+    cache.view(-1, *cache.shape[-2:]).index_copy_(0, dst, rows)
 
 
 def _check_new_kv(
@@ -159,10 +170,11 @@ class KVCacheManager:
                 f"ones in their previous order, then new ones), got {list(step_dict)}"
             )
         lens = {s: self.sequences.get(s, 0) + n for s, n in step_dict.items()}
-        too_long = {s: n for s, n in lens.items() if n > self.max_seqlen}
+        cap = getattr(self, "max_seqlen", None)
+        too_long = {s: n for s, n in lens.items() if cap is not None and n > cap}
         if too_long:
             raise ValueError(
-                f"{owner}: sequences {too_long} would exceed max_sequence_length {self.max_seqlen}"
+                f"{owner}: sequences {too_long} would exceed max_sequence_length {cap}"
             )
         self.sequences = OrderedDict(lens)
         return finished, new
@@ -251,14 +263,13 @@ class NonPagedKVCacheManager(KVCacheManager):
                 k_cache[:u, :prefix] = k_cache.index_select(0, old)[:, :prefix]
                 v_cache[:u, :prefix] = v_cache.index_select(0, old)[:, :prefix]
         self._reindexed.add(layer_number)
-        src, seq, pos = _gather_index(qkv_format, tuple(new_k.shape), new_lens, k_cache.device)
-        if len(seq):
-            dst = [seq[t] * self.max_seqlen + cached_lens[seq[t]] - new_lens[seq[t]] + pos[t]
-                   for t in range(len(seq))]  # fmt: skip
-            dst_t = torch.tensor(dst, dtype=torch.long, device=k_cache.device)
-            for new, cache in ((new_k, k_cache), (new_v, v_cache)):
-                rows = new.reshape(-1, *new.shape[-2:]).index_select(0, src)
-                cache.view(-1, *cache.shape[-2:]).index_copy_(0, dst_t, rows)
+        src, seq, pos = _new_tokens(
+            qkv_format, tuple(new_k.shape), new_lens, cached_lens, k_cache.device
+        )
+        if src.numel():
+            dst = seq * self.max_seqlen + pos  # slot i holds the i-th sequence
+            _scatter(new_k, k_cache, src, dst)
+            _scatter(new_v, v_cache, src, dst)
         b = self.max_batch_size
         if qkv_format == "bshd":
             b = new_k.shape[0]
@@ -439,16 +450,13 @@ class PagedKVCacheManager(KVCacheManager):
         new_lens = _host_lens(cu_new_seqlens, n)
         cached_lens = _host_lens(cu_cached_seqlens, n)
         _check_new_kv(owner, new_k, new_v, qkv_format, k_cache, v_cache, new_lens)
-        src, seq, pos = _gather_index(qkv_format, tuple(new_k.shape), new_lens, k_cache.device)
-        if len(seq):
-            pages = {s: self.get_page_list(sid) for s, sid in enumerate(self.sequences)}
-            dst = []
-            for t in range(len(seq)):
-                i = seq[t]
-                p = cached_lens[i] - new_lens[i] + pos[t]  # position in the sequence
-                dst.append(pages[i][p // self.page_size] * self.page_size + p % self.page_size)
-            dst_t = torch.tensor(dst, dtype=torch.long, device=k_cache.device)
-            for new, cache in ((new_k, k_cache), (new_v, v_cache)):
-                rows = new.reshape(-1, *new.shape[-2:]).index_select(0, src)
-                cache.view(-1, *cache.shape[-2:]).index_copy_(0, dst_t, rows)
+        src, seq, pos = _new_tokens(
+            qkv_format, tuple(new_k.shape), new_lens, cached_lens, k_cache.device
+        )
+        if src.numel():
+            table = self.page_table.to(k_cache.device).long()
+            page = table[seq, pos // self.page_size]
+            dst = page * self.page_size + pos % self.page_size
+            _scatter(new_k, k_cache, src, dst)
+            _scatter(new_v, v_cache, src, dst)
         return k_cache, v_cache
