@@ -286,9 +286,9 @@ def attention_inputs(
     """DotProductAttention's KV-cache step: copies k/v into the cache and returns (q bshd
     [b, s_q, h, d], k and v bshd [b, s_kv, h_kv, d] over the cached sequences, cu_seqlens_q,
     cu_seqlens_kv ([b + 1]: this step's and the cached lengths), restore), restore(out) taking
-    the attention output [b, s_q, h * d_v] back to q's format. s_kv covers the longest cached
-    sequence only (whole pages for a paged cache); the non-paged cache is a view when s_kv is
-    the cache's full length, else the attention copies the slice."""
+    the attention output [b, s_q, h * d_v] back to q's format. Non-paged: k and v are views of
+    the cache's first b rows (s_kv = max_sequence_length); paged: the pages of each sequence
+    gathered up to the longest one (s_kv a multiple of page_size)."""
     owner = "DotProductAttention"
     mgr = params.cache_manager
     if layer_number not in mgr.cache:
@@ -315,7 +315,9 @@ def attention_inputs(
         table = mgr.page_table[:b, :pages].long()
         k_cache, v_cache = gather_pages(k_cache, table), gather_pages(v_cache, table)
     else:
-        k_cache, v_cache = k_cache[:b, :longest], v_cache[:b, :longest]
+        # The whole rows: a contiguous view, no copy; the flash kernel reads each sequence's
+        # cached length only (the unfused backend trims them, DotProductAttention).
+        k_cache, v_cache = k_cache[:b], v_cache[:b]
     if qkv_format == "bshd":
         return q, k_cache, v_cache, cu_q, cu_kv, lambda out: out
     if qkv_format == "sbhd":

@@ -332,6 +332,11 @@ class DotProductAttention(torch.nn.Module):
         else:
             mask_arg = {}
         run = self.flash_attention if backend == "flash" else self.unfused_attention
+        if restore is not None and backend != "flash":
+            # The unfused backend computes every key position: trim the cache rows to the longest
+            # cached sequence (views) instead of the cache's full length.
+            max_seqlen_kv = min(max_seqlen_kv, max(inference_params.kv_lens))
+            k, v = k[:, :max_seqlen_kv], v[:, :max_seqlen_kv]
         sink_arg = {}
         if self.softmax_type != "vanilla":
             offset = self.softmax_offset
