@@ -7,8 +7,8 @@ same model without it (each step recomputes the whole sequence so far, causal), 
     python benchmarks/bench_kv_cache.py --quick          # small sizes (smoke test)
     python benchmarks/bench_kv_cache.py --cases decode_bf16 --json out.json
 
-Model (full sizes): token embedding 1024 x 512, 4 TransformerLayers (hidden 512, 8 heads, 2 KV
-groups, FFN 2048, RMSNorm, SwiGLU, RoPE), tied LM head; batch 2, prompt 128 tokens, 32 generated
+Model (full sizes): token embedding 1024 x 256, 4 TransformerLayers (hidden 256, 4 heads, 1 KV
+group, FFN 1024, RMSNorm, SwiGLU, RoPE), tied LM head; batch 2, prompt 64 tokens, 16 generated
 tokens (`--quick`: 2 layers, hidden 128, prompt 16, 8 tokens). One timed call = the whole
 generation (prefill included). ratio = no-cache ms / cache ms (> 1: the cache is faster); the
 notes give tokens/s both ways. Before timing, both paths run teacher-forced over the same tokens
@@ -105,7 +105,7 @@ def generate_recompute(model: TinyGPT, prompt: torch.Tensor, n: int, forced=None
 
 def _case(dtype: torch.dtype) -> Callable[[bool], Case]:
     def build(quick: bool) -> Case:
-        layers, hidden, heads, b, s, n = (2, 128, 4, 2, 16, 8) if quick else (4, 512, 8, 2, 128, 32)
+        layers, hidden, heads, b, s, n = (2, 128, 4, 2, 16, 8) if quick else (4, 256, 4, 2, 64, 16)
         model = TinyGPT(layers, hidden, heads, dtype)
         g = torch.Generator().manual_seed(1)
         prompt = torch.randint(0, VOCAB, (b, s), generator=g)
