@@ -94,6 +94,7 @@ def _check_new_kv(
     v_cache: torch.Tensor,
     new_lens: list[int],
 ) -> None:
+    _check_format(owner, qkv_format)
     nd = 3 if qkv_format == "thd" else 4
     for name, t, cache in (("new_k", new_k, k_cache), ("new_v", new_v, v_cache)):
         if not isinstance(t, torch.Tensor) or t.dim() != nd:
