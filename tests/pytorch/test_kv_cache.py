@@ -392,3 +392,14 @@ def test_attention_errors():
     layer = te.TransformerLayer(H * D, 32, H, layer_type="decoder", layer_number=1)
     _err(NotImplementedError, "decoder", lambda: layer(torch.randn(2, 1, H * D),
                                                        inference_params=p))
+
+
+def test_cache_stays_outside_autograd():
+    """Decoding in grad mode (no torch.no_grad, as TE's own test runs) must not chain the steps'
+    graphs onto the cache: the cache tensors stay leaves without grad_fn."""
+    make, xs = _module_case("TransformerLayer", "bshd", torch.float32)
+    layer = make("padding_causal", "bshd")
+    params = _params("bshd", torch.float32, paged=False)
+    _decode(lambda x: layer(x, inference_params=params), params, (xs,), "bshd")
+    for t in params.cache_manager.cache[1]:
+        assert t.grad_fn is None and not t.requires_grad

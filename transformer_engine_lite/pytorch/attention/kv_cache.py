@@ -80,9 +80,12 @@ def _new_tokens(
 def _scatter(
     new: torch.Tensor, cache: torch.Tensor, src: torch.Tensor, dst: torch.Tensor
 ) -> None:
-    """cache rows dst (cache flattened to [rows, h, d]) = new rows src."""
-    rows = new.reshape(-1, *new.shape[-2:]).index_select(0, src)
-    cache.view(-1, *cache.shape[-2:]).index_copy_(0, dst, rows)
+    """cache rows dst (cache flattened to [rows, h, d]) = new rows src. Outside autograd, as TE's
+    copy kernel: an in-place copy of a tensor that requires grad would chain every step's graph
+    (activations, weights' copies) onto the cache and keep it alive for the whole generation."""
+    with torch.no_grad():
+        rows = new.detach().reshape(-1, *new.shape[-2:]).index_select(0, src)
+        cache.view(-1, *cache.shape[-2:]).index_copy_(0, dst, rows)
 
 
 def _check_new_kv(
@@ -263,8 +266,9 @@ class NonPagedKVCacheManager(KVCacheManager):
             prefix = max(c - m for c, m in zip(cached_lens, new_lens))
             if prefix > 0:
                 u = len(self._moves)
-                k_cache[:u, :prefix] = k_cache.index_select(0, old)[:, :prefix]
-                v_cache[:u, :prefix] = v_cache.index_select(0, old)[:, :prefix]
+                with torch.no_grad():
+                    k_cache[:u, :prefix] = k_cache.index_select(0, old)[:, :prefix]
+                    v_cache[:u, :prefix] = v_cache.index_select(0, old)[:, :prefix]
         self._reindexed.add(layer_number)
         src, seq, pos = _new_tokens(
             qkv_format, tuple(new_k.shape), new_lens, cached_lens, k_cache.device
