@@ -119,10 +119,10 @@ BAD_INPUTS = [
     ),
     ("fp8_output", lambda: _dpa()(*_qkv(), fp8_output=True), NotImplementedError, "fp8_output"),
     (
-        "inference_params",
+        "inference_params type",
         lambda: _dpa()(*_qkv(), inference_params=object()),
-        NotImplementedError,
-        "inference_params",
+        TypeError,
+        "InferenceParams",
     ),
     (
         "padded cu_seqlens",
@@ -276,12 +276,12 @@ MODULE_BAD = [
         "encoder_output",
     ),
     (
-        "inference",
+        "inference type",
         lambda: te.TransformerLayer(HIDDEN, 96, HEADS)(
             torch.randn(S, B, HIDDEN), inference_params=object()
         ),
-        NotImplementedError,
-        "inference_params",
+        TypeError,
+        "InferenceParams",
     ),
     (
         "hidden size",

@@ -116,7 +116,6 @@ def test_configuration_rules(kw, available):
 @pytest.mark.parametrize(
     "kw",
     [
-        dict(inference_params=object()),
         dict(softmax_type="off_by_one"),  # TE-JAX's spelling: not the PyTorch name
         dict(context_parallel=True),
         dict(num_splits=2),

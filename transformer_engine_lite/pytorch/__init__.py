@@ -3,7 +3,7 @@
 Importing it loads the C++ extension and registers torch.ops.te_lite.* (see te_lite_ops.py), then
 exposes TE's public API layered on those ops: the fusible-operations API (`ops`), the modules
 (Linear, LayerNorm, RMSNorm, LayerNormLinear, LayerNormMLP), attention (DotProductAttention,
-MultiheadAttention, TransformerLayer), rotary position embeddings (RotaryPositionEmbedding,
+MultiheadAttention, TransformerLayer, the KV cache InferenceParams), rotary position embeddings (RotaryPositionEmbedding,
 apply_rotary_pos_emb), fp8_autocast / autocast, quantized_model_init / fp8_model_init, the
 recipes (`recipe`, shared with the JAX front end) and the availability checks.
 """
@@ -13,7 +13,7 @@ from . import te_lite_ops  # registers torch.ops.te_lite: extension, fake kernel
 from . import ops  # TE's fusible-operations API (transformer_engine.pytorch.ops)
 from . import router  # TE's transformer_engine.pytorch.router (fused MoE routing)
 from . import optimizers  # TE's FusedAdam, FusedSGD, multi_tensor_applier and multi-tensor ops
-from .attention import DotProductAttention, MultiheadAttention
+from .attention import DotProductAttention, InferenceParams, MultiheadAttention
 from .attention.rope import RotaryPositionEmbedding, apply_rotary_pos_emb
 from .checkpoint import checkpoint
 from .cpu_offload import get_cpu_offload_context
@@ -83,6 +83,7 @@ __all__ = [
     "Fp8Padding",
     "Fp8Unpadding",
     "get_default_recipe",
+    "InferenceParams",
     "make_graphed_callables",
     "DotProductAttention",
     "Float8CurrentScalingQuantizer",

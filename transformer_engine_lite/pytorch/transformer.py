@@ -285,7 +285,11 @@ class TransformerLayer(torch.nn.Module):
         self-attention (see MultiheadAttention); enc_dec_attn_mask to the decoder's
         cross-attention over encoder_output."""
         owner = "TransformerLayer"
-        reject_unsupported(f"{owner}.forward", inference_params=inference_params)
+        if inference_params is not None and self.layer_type == "decoder":
+            raise NotImplementedError(
+                f"{owner}: inference_params with layer_type 'decoder' (KV caching of the "
+                "cross-attention); use layer_type 'encoder' (self-attention is cached)"
+            )
         dev = hidden_states.device.type if isinstance(hidden_states, torch.Tensor) else "cpu"
         if torch.is_autocast_enabled(dev):
             # As TE: under torch.autocast the block runs (residuals included) in the autocast dtype.
@@ -315,6 +319,7 @@ class TransformerLayer(torch.nn.Module):
             core_attention_bias_type=core_attention_bias_type,
             core_attention_bias=core_attention_bias,
             alibi_slopes=alibi_slopes,
+            inference_params=inference_params,
             **seq,
         )
         if self.parallel_attention_mlp:

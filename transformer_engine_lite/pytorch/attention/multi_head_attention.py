@@ -24,6 +24,7 @@ from ..module.layernorm_linear import LayerNormLinear
 from ..module.linear import Linear
 from ..ops.basic.l2normalization import L2Normalization
 from .dot_product_attention import DotProductAttention
+from .inference import check_inference_params
 from .rope import apply_rotary_pos_emb
 
 __all__ = ["MultiheadAttention"]
@@ -299,7 +300,32 @@ class MultiheadAttention(torch.nn.Module):
         (out[, proj bias if return_bias][, norm output if return_layernorm_output]).
         rotary_pos_emb: fp32 angles [s, 1, 1, d2] for q and k, or a (q, k) pair."""
         owner = "MultiheadAttention"
-        reject_unsupported(f"{owner}.forward", inference_params=inference_params)
+        start_positions = None
+        if inference_params is not None:
+            check_inference_params(owner, inference_params)
+            if self.layer_number is None:
+                raise ValueError(
+                    f"{owner}: inference_params needs the module's layer_number (its KV cache's "
+                    "key); construct it with layer_number=..."
+                )
+            if self.attention_type != "self":
+                raise NotImplementedError(
+                    f"{owner}: inference_params with attention_type 'cross' (a KV cache of the "
+                    "encoder output)"
+                )
+            # TE allocates each layer's cache on first use.
+            if self.layer_number not in inference_params.cache_manager.cache:
+                inference_params.allocate_memory(self.layer_number)
+            # RoPE continues each sequence at its cached length (TE: get_seqlens_pre_step()).
+            b = (
+                inference_params.batch_size
+                if self.qkv_format == "thd"
+                else hidden_states.shape[0 if self.qkv_format == "bshd" else 1]
+            )
+            start_positions = inference_params.get_seqlens_pre_step()[:b]
+            if self.qkv_format == "thd" and cu_seqlens_q is None:
+                cu_seqlens_q = inference_params.cu_seqlens_q[: b + 1]
+                cu_seqlens_kv = cu_seqlens_q  # thd RoPE of k reads the new tokens' offsets too
         hpg = self.num_attention_heads_per_partition // self.num_gqa_groups_per_partition
         ln_out = None
         if self.attention_type == "self":
@@ -343,6 +369,7 @@ class MultiheadAttention(torch.nn.Module):
                 interleaved=self.rotary_pos_interleaved,
                 fused=True,
                 cu_seqlens=cu_seqlens_q if thd else None,
+                start_positions=start_positions,
             )
             k = apply_rotary_pos_emb(
                 k,
@@ -351,6 +378,7 @@ class MultiheadAttention(torch.nn.Module):
                 interleaved=self.rotary_pos_interleaved,
                 fused=True,
                 cu_seqlens=cu_seqlens_kv if thd else None,
+                start_positions=start_positions,
             )
         if self.q_norm is not None and not self.qk_norm_before_rope:
             q, k = self._qk_norm(q, k)
@@ -372,6 +400,7 @@ class MultiheadAttention(torch.nn.Module):
             core_attention_bias_type=core_attention_bias_type,
             core_attention_bias=core_attention_bias,
             alibi_slopes=alibi_slopes,
+            inference_params=inference_params,
             pad_between_seqs=pad_between_seqs,
         )
         out = self.proj(context, is_first_microbatch)

@@ -27,6 +27,7 @@ from ..backends import (
     draw_rng_state,
     select_backend,
 )
+from ..inference import attention_inputs, check_inference_params
 from ..inputs import (
     QKV_FORMATS,
     check_bias,
@@ -212,12 +213,16 @@ class DotProductAttention(torch.nn.Module):
         choice of how padded output rows are zeroed; every backend here writes those zeros
         itself, so both values give the same output. num_splits: TE's split-KV count (flash-attn
         3); only 1 (or None), no split.
+        inference_params: an InferenceParams (KV caching, attention/inference.py; needs the
+        module's layer_number and a padding mask type): key/value are this step's new tokens,
+        copied into the cache, and q attends to each whole cached sequence, 'padding_causal'
+        aligned bottom-right (TE's rule); the sequence lengths are the cache's (TE's: the given
+        cu_seqlens_* / max_seqlen_* are superseded by inference_params').
         """
         owner = "DotProductAttention"
         reject_unsupported(
             f"{owner}.forward",
             # tensors: reported as "given" (reject_unsupported compares values with None / False)
-            inference_params=inference_params is not None or None,
             pad_between_seqs=pad_between_seqs,
             fp8_output=fp8_output,
         )
@@ -263,19 +268,35 @@ class DotProductAttention(torch.nn.Module):
                     f"{owner}.forward: {name}: padding between sequences is not supported (only "
                     f"offsets equal to {name.removesuffix('_padded')})"
                 )
-        mask, cu_q, cu_kv, max_seqlen_q, max_seqlen_kv = resolve_sequences(
-            owner,
-            fmt,
-            mask,
-            q,
-            k,
-            attention_mask,
-            self.attention_type,
-            cu_seqlens_q,
-            cu_seqlens_kv,
-            max_seqlen_q,
-            max_seqlen_kv,
-        )
+        restore = None
+        if inference_params is not None:
+            # KV cache: q's new tokens against the cached sequences, bshd with padding (see
+            # inference.attention_inputs); the output goes back to q's format at the end.
+            check_inference_params(owner, inference_params)
+            mask = self._kv_cache_mask(mask, attention_mask)
+            q, k, v, cu_q, cu_kv, restore = attention_inputs(
+                inference_params, self.layer_number, q, k, v, fmt
+            )
+            fmt, max_seqlen_q, max_seqlen_kv = "bshd", q.shape[1], k.shape[1]
+            if core_attention_bias_type in ("pre_scale_bias", "post_scale_bias"):
+                raise NotImplementedError(
+                    f"{owner}: core_attention_bias_type={core_attention_bias_type!r} with "
+                    "inference_params (a bias over the cached keys); use 'no_bias' or 'alibi'"
+                )
+        else:
+            mask, cu_q, cu_kv, max_seqlen_q, max_seqlen_kv = resolve_sequences(
+                owner,
+                fmt,
+                mask,
+                q,
+                k,
+                attention_mask,
+                self.attention_type,
+                cu_seqlens_q,
+                cu_seqlens_kv,
+                max_seqlen_q,
+                max_seqlen_kv,
+            )
         bias, slopes = check_bias(
             owner,
             core_attention_bias_type,
@@ -311,6 +332,11 @@ class DotProductAttention(torch.nn.Module):
         else:
             mask_arg = {}
         run = self.flash_attention if backend == "flash" else self.unfused_attention
+        if restore is not None and backend != "flash":
+            # The unfused backend computes every key position: trim the cache rows to the longest
+            # cached sequence (views) instead of the cache's full length.
+            max_seqlen_kv = min(max_seqlen_kv, max(inference_params.kv_lens))
+            k, v = k[:, :max_seqlen_kv], v[:, :max_seqlen_kv]
         sink_arg = {}
         if self.softmax_type != "vanilla":
             offset = self.softmax_offset
@@ -344,5 +370,30 @@ class DotProductAttention(torch.nn.Module):
             )
 
         if checkpoint_core_attention and torch.is_grad_enabled():
-            return checkpoint(core, q, k, v, bias, slopes, use_reentrant=False)
-        return core(q, k, v, bias, slopes)
+            out = checkpoint(core, q, k, v, bias, slopes, use_reentrant=False)
+        else:
+            out = core(q, k, v, bias, slopes)
+        return out if restore is None else restore(out)
+
+    def _kv_cache_mask(self, mask: str, attention_mask: Any) -> str:
+        """The mask and window of a KV-cache step (TE's rules): a padding mask is required (the
+        cache's sequence lengths are the padding) and a causal one is aligned bottom-right (the
+        new tokens are the last of their sequence), so training's 'padding_causal' serves."""
+        owner = "DotProductAttention"
+        if self.layer_number is None:
+            raise ValueError(
+                f"{owner}: inference_params needs the module's layer_number (its cache's key); "
+                "construct DotProductAttention(..., layer_number=...)"
+            )
+        if "padding" not in mask:
+            raise ValueError(
+                f"{owner}: inference_params needs a padding mask type ('padding', "
+                f"'padding_causal' or 'padding_causal_bottom_right'), got {mask!r}"
+            )
+        if attention_mask is not None:
+            raise ValueError(
+                f"{owner}: attention_mask with inference_params: the sequence lengths come from "
+                "inference_params.pre_step(); pass attention_mask=None"
+            )
+        # The window (left, 0) of a causal mask carries over: it is measured from the diagonal.
+        return "padding_causal_bottom_right" if mask == "padding_causal" else mask

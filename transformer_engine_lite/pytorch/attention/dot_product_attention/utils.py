@@ -12,9 +12,11 @@ TE's DotProductAttention has three backend slots; this library fills them with i
 
 `get_attention_backend(AttentionParams)` returns TE's six values for a configuration: it asks the
 C selection (nvte_fused_attn_backend_reasons, the one DotProductAttention runs) and first turns
-off every backend for what DotProductAttention does not run at all (FP8 attention, KV cache,
-context parallelism, ...), each with its reason in the NVTE_DEBUG log. The answer is the one
-DotProductAttention acts on: the backend it selects for the same inputs and env vars.
+off every backend for what DotProductAttention does not run at all (FP8 attention, context
+parallelism, ...), each with its reason in the NVTE_DEBUG log; a KV-cache configuration
+(inference_params) is asked as the bshd padding problem DotProductAttention runs for it. The
+answer is the one DotProductAttention acts on: the backend it selects for the same inputs and
+env vars.
 """
 
 from __future__ import annotations
@@ -96,9 +98,10 @@ class FlashAttentionUtils:
     flash-attn package, which this library never imports). The v2_*_plus flags, which TE reads as
     "the FlashAttention backend has flash-attn 2.x's feature", say which of those features the
     kernel has: sliding windows (2.3), ALiBi (2.4), a deterministic backward (2.4.1) — yes;
-    paged KV cache (2.5) and later — no (no KV cache). No flash-attn 3 or 4. version_required /
-    max_version and is_version_supported are TE's supported flash-attn range, kept for code that
-    checks a flash-attn version against it."""
+    paged KV cache (2.5) and later — no (a paged KV cache is gathered into dense rows before the
+    kernel, attention/inference.py: the kernel takes no page table). No flash-attn 3 or 4.
+    version_required / max_version and is_version_supported are TE's supported flash-attn range,
+    kept for code that checks a flash-attn version against it."""
 
     is_installed = True
     version = PkgVersion(_lite_version)
@@ -268,8 +271,6 @@ def _unsupported(p: AttentionParams) -> list[str]:
         why.append("attn_mask_type 'arbitrary' with the thd format")
     if p.context_parallel:
         why.append("context parallelism is not supported")
-    if p.inference_params is not None:
-        why.append("KV caching (inference_params) is not supported")
     if p.pad_between_seqs:
         why.append("pad_between_seqs is not supported")
     if p.softmax_type not in ("vanilla", "off-by-one", "learnable"):
@@ -393,7 +394,10 @@ def get_attention_backend(
             f"{type(p).__name__}"
         )
     logger = _NoOpLogger() if torch.compiler.is_compiling() else selection.LOGGER
-    why = _unsupported(p)
+    why = []
+    if p.inference_params is not None:
+        p, why = _kv_cache_params(p)
+    why += _unsupported(p)
     window = (-1, -1)
     if not why:
         window, bad = _window(p.attn_mask_type, p.window_size)
@@ -447,6 +451,31 @@ def get_attention_backend(
         use_unfused,
         available,
     )
+
+
+def _kv_cache_params(p: AttentionParams) -> tuple[AttentionParams, list[str]]:
+    """The configuration DotProductAttention runs for a KV-cache step (inference.py): q in any
+    format against the bshd cache (TE's layouts '[paged_kv_]{q}_bshd_bshd', or q's format for
+    all three), run as bshd with padding and the causal diagonal bottom-right."""
+    parts = p.qkv_layout.removeprefix("paged_kv_").split("_")
+    why = []
+    if (
+        len(parts) != 3
+        or parts[0] not in ("bshd", "sbhd", "thd")
+        or parts[1:] not in (["bshd", "bshd"], [parts[0], parts[0]])
+    ):
+        why.append(
+            f"qkv_layout = {p.qkv_layout!r} with KV caching (expected q's format, then the "
+            "cache's: '[paged_kv_]{bshd|sbhd|thd}_bshd_bshd')"
+        )
+    if p.core_attention_bias_type in ("pre_scale_bias", "post_scale_bias"):
+        why.append(f"core_attention_bias_type = {p.core_attention_bias_type!r} with KV caching")
+    mask = p.attn_mask_type
+    if "padding" not in mask:
+        mask = "padding" if mask == "no_mask" else f"padding_{mask}"
+    if mask == "padding_causal":
+        mask = "padding_causal_bottom_right"
+    return dataclasses.replace(p, qkv_layout="bshd_bshd_bshd", attn_mask_type=mask), why
 
 
 def _window(mask: str, window: Any) -> tuple[tuple[int, int], str]:
