@@ -545,99 +545,22 @@ def _(D, A, A_scale_inv, transa, B, B_scale_inv, transb, bias=None, alpha=1.0, b
     _gemm_dims(A, transa, B, transb)
 
 
-# ------------------------------------------------------------------------------------ softmax
-def _register_softmax(variant: str) -> None:
-    fwd, bwd = f"te_lite::{variant}_softmax_fwd", f"te_lite::{variant}_softmax_bwd"
-    masked = variant == "scaled_masked"
-
-    def fake_fwd(x, *args):
-        return x.new_empty(x.shape)
-
-    def fake_bwd(dy, y, scale):
-        return y.new_empty(y.shape)
-
-    def setup(ctx, inputs, output):
-        ctx.save_for_backward(output)
-        ctx.scale = inputs[-1]
-
-    def backward(ctx, dy):
-        (y,) = ctx.saved_tensors
-        dx = getattr(_ops, f"{variant}_softmax_bwd")(dy, y, ctx.scale)
-        return (dx, None, None) if masked else (dx, None)
-
-    torch.library.register_fake(fwd, fake_fwd)
-    torch.library.register_fake(bwd, fake_bwd)
-    torch.library.register_autograd(fwd, backward, setup_context=setup)
-
+# ------------------------------------------------------------------------------------ softmax, RoPE, router
+# Defined in misc_ops.py (file size); registered from here, the schema's python module.
+from . import misc_ops
 
 for _variant in SOFTMAX_VARIANTS:
-    _register_softmax(_variant)
-
-
-# ------------------------------------------------------------------------------------ RoPE
-# The rotation is linear in t, so each op's backward is the other op with the same angles.
-def _register_rope(op: str, adjoint: str) -> None:
-    def fake(t, freqs, tensor_format, interleaved, cu_seqlens=None, start_positions=None,
-             cp_size=1, cp_rank=0):
-        return t.new_empty(t.shape)
-
-    def setup(ctx, inputs, output):
-        _t, freqs, tensor_format, interleaved = inputs[:4]
-        rest = list(inputs[4:]) + [None, None, 1, 0][len(inputs) - 4:]
-        cu_seqlens, start_positions, cp_size, cp_rank = rest
-        ctx.save_for_backward(freqs, cu_seqlens, start_positions)
-        ctx.rope = (tensor_format, interleaved, cp_size, cp_rank)
-
-    def backward(ctx, grad):
-        freqs, cu_seqlens, start_positions = ctx.saved_tensors
-        tensor_format, interleaved, cp_size, cp_rank = ctx.rope
-        dt = getattr(_ops, adjoint)(grad, freqs, tensor_format, interleaved, cu_seqlens,
-                                    start_positions, cp_size, cp_rank)
-        return dt, None, None, None, None, None, None, None
-
-    torch.library.register_fake(f"te_lite::{op}", fake)
-    torch.library.register_autograd(f"te_lite::{op}", backward, setup_context=setup)
-
-
-_register_rope("fused_rope_fwd", "fused_rope_bwd")
-_register_rope("fused_rope_bwd", "fused_rope_fwd")
-
-
-# ------------------------------------------------------------------------------------ MoE router
-# Autograd lives in pytorch/router.py (TE's autograd Functions); here only the fake kernels.
-@torch.library.register_fake("te_lite::fused_topk_with_score_function_fwd")
-def _(logits, topk, use_pre_softmax, num_groups, group_topk, scaling_factor, score_function, bias):
-    return (
-        logits.new_empty(logits.shape),
-        logits.new_empty(logits.shape, dtype=torch.bool),
-        logits.new_empty(logits.shape, dtype=torch.float32),
-    )
-
-
-@torch.library.register_fake("te_lite::fused_topk_with_score_function_bwd")
-def _(routing_map, intermediate_output, grad_probs, topk, use_pre_softmax, scaling_factor, score):
-    return grad_probs.new_empty(grad_probs.shape)
-
-
-@torch.library.register_fake("te_lite::fused_score_for_moe_aux_loss_fwd")
-def _(logits, topk, score_function):
-    f32 = logits.new_empty(logits.shape, dtype=torch.float32)
-    return f32, logits.new_empty(logits.shape, dtype=torch.bool), torch.empty_like(f32)
-
-
-@torch.library.register_fake("te_lite::fused_score_for_moe_aux_loss_bwd")
-def _(intermediate_output, grad_scores, topk, score_function, logits_dtype):
-    return grad_scores.new_empty(grad_scores.shape, dtype=logits_dtype)
-
-
-@torch.library.register_fake("te_lite::fused_moe_aux_loss_fwd")
-def _(probs, tokens_per_expert, total_num_tokens, num_experts, topk, coeff):
-    return probs.new_empty(()), probs.new_empty((1,), dtype=torch.float32)
-
-
-@torch.library.register_fake("te_lite::fused_moe_aux_loss_bwd")
-def _(const_buf, tokens_per_expert, grad_aux_loss, num_rows, num_cols):
-    return grad_aux_loss.new_empty((num_rows, num_cols))
+    _fwd, _bwd = f"te_lite::{_variant}_softmax_fwd", f"te_lite::{_variant}_softmax_bwd"
+    _fake_fwd, _fake_bwd, _setup, _backward = misc_ops.softmax_kernels(_variant)
+    torch.library.register_fake(_fwd, _fake_fwd)
+    torch.library.register_fake(_bwd, _fake_bwd)
+    torch.library.register_autograd(_fwd, _backward, setup_context=_setup)
+for _op, _adjoint in (("fused_rope_fwd", "fused_rope_bwd"), ("fused_rope_bwd", "fused_rope_fwd")):
+    _fake, _setup, _backward = misc_ops.rope_kernels(_adjoint)
+    torch.library.register_fake(f"te_lite::{_op}", _fake)
+    torch.library.register_autograd(f"te_lite::{_op}", _backward, setup_context=_setup)
+for _name, _fake in misc_ops.ROUTER_FAKE_KERNELS.items():
+    torch.library.register_fake(f"te_lite::{_name}", _fake)
 
 
 # ------------------------------------------------------------------------------------ attention
