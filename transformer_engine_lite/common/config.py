@@ -170,7 +170,10 @@ ENV_VARS: tuple[EnvVar, ...] = (
            "0 skips ci/fuzz.sh; otherwise it needs clang with libFuzzer (Debian: clang-15 and "
            "libclang-common-15-dev, installed by ci/install_deps.sh) and fails naming them when "
            "absent"),
-    EnvVar("NVTE_FUZZ_SECONDS", "45", "ci",
+    EnvVar("NVTE_CI_SERIAL", "0", "ci",
+           "1 runs ci/run_all.sh's suite pairs (pytorch || jax, integration || fuzz, "
+           "isa_matrix || sanitize) one after the other instead of two at a time"),
+    EnvVar("NVTE_FUZZ_SECONDS", "20", "ci",
            "seconds each libFuzzer harness of ci/fuzz.sh runs (-seed=1, from a copy of "
            "tests/fuzz/corpus); 0 only replays the committed corpus"),
     EnvVar("NVTE_FUZZ_STATS", "0", "ci",
