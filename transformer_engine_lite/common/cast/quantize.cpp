@@ -3,6 +3,9 @@
 // device to the CPU kernels (quantize_cpu.cpp) or the GPU launchers (quantize.cu).
 #include "transformer_engine_lite/cast.h"
 
+#include <optional>
+
+
 #include "../recipe/scaling_math.h"
 #include "../util/api.h"
 #include "../util/tensor.h"
@@ -104,23 +107,10 @@ NVTEStatus nvte_dequantize(const NVTETensor input, NVTETensor output, NVTEStream
     const Tensor &in = as_tensor(input, "input");
     const Tensor &out = as_tensor(output, "output");
     const bool has_row = in.data.has_data(), has_col = in.columnwise_data.has_data();
+    std::optional<BlockSpec> block;  // set for NVTE_BLOCK_SCALING_1D/2D input
     if (is_block_scaling(in.scaling_mode)) {
-      const BlockSpec spec = validate_block_input(in, "input");
-      const SimpleTensor &q = has_row ? in.data : in.columnwise_data;
-      check_has_data(out, "output");
-      check_dtype(out.data, "output", {kNVTEFloat32, kNVTEFloat16, kNVTEBFloat16});
-      check_same_shape(q, "input", out.data, "output");
-      check_no_overlap(q, "input", out.data, "output");
-      check_no_overlap(has_row ? in.scale_inv : in.columnwise_scale_inv, "input (scale_inv)",
-                       out.data, "output");
-      const NVTEDevice dev = check_same_device({{&in, "input"}, {&out, "output"}});
-      NVTE_CHECK_SUPPORTED(dev == kNVTEDeviceCPU,
-                           "block scaling (NVTE_BLOCK_SCALING_1D/2D) has no GPU kernel yet "
-                           "(expected device cpu, got gpu)");
-      launch_block_dequantize(in, spec, out.data);
-      return;
-    }
-    if (in.scaling_mode == NVTE_MXFP8_1D_SCALING) {
+      block = validate_block_input(in, "input");
+    } else if (in.scaling_mode == NVTE_MXFP8_1D_SCALING) {
       NVTE_CHECK(has_row || has_col,
                  "argument 'input': expected MXFP8 row-wise or column-wise data, "
                  "got neither (null pointers)");
@@ -156,7 +146,15 @@ NVTEStatus nvte_dequantize(const NVTETensor input, NVTETensor output, NVTEStream
     check_no_overlap(q, "input", out.data, "output");
     check_no_overlap(has_row ? in.scale_inv : in.columnwise_scale_inv, "input (scale_inv)",
                      out.data, "output");
-    if (use_gpu(check_same_device({{&in, "input"}, {&out, "output"}}), "nvte_dequantize")) {
+    const NVTEDevice dev = check_same_device({{&in, "input"}, {&out, "output"}});
+    if (block) {
+      NVTE_CHECK_SUPPORTED(dev == kNVTEDeviceCPU,
+                           "block scaling (NVTE_BLOCK_SCALING_1D/2D) has no GPU kernel yet "
+                           "(expected device cpu, got gpu)");
+      launch_block_dequantize(in, *block, out.data);
+      return;
+    }
+    if (use_gpu(dev, "nvte_dequantize")) {
 #ifdef NVTE_WITH_GPU
       gpu::launch_dequantize(in, out, stream);
 #endif
