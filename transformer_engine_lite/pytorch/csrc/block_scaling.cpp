@@ -2,7 +2,6 @@
 // row-wise / column-wise (transposed) copies with fp32 scale grids, and dequantize one copy.
 #include <torch/library.h>
 
-#include <memory>
 #include <vector>
 
 #include <transformer_engine_lite/cast.h>
@@ -33,10 +32,6 @@ NVTEScalingMode mode_of(const char *op, int64_t dim) {
   return dim == 2 ? NVTE_BLOCK_SCALING_2D : NVTE_BLOCK_SCALING_1D;
 }
 
-struct ConfigDeleter {
-  void operator()(void *c) const { nvte_destroy_quantization_config(c); }
-};
-
 std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor> quantize_fp8_block(
     const at::Tensor &x_, at::ScalarType fp8_dtype, int64_t block_scaling_dim, bool rowwise,
     bool columnwise, bool force_pow_2_scales, double amax_epsilon) {
@@ -66,16 +61,7 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor> quantize_fp8_block(
   in.data(x);
   if (rowwise) out.data(row).scale_inv(row_s);
   if (columnwise) out.columnwise_data(col).columnwise_scale_inv(col_s);
-  std::unique_ptr<void, ConfigDeleter> config(nvte_create_quantization_config());
-  TORCH_CHECK(config != nullptr, kOp, ": nvte_create_quantization_config: out of memory");
-  const float eps = static_cast<float>(amax_epsilon);
-  check_nvte(nvte_set_quantization_config_attribute(
-                 config.get(), kNVTEQuantizationConfigAmaxEpsilon, &eps, sizeof(eps)),
-             kOp);
-  check_nvte(nvte_set_quantization_config_attribute(config.get(),
-                                                    kNVTEQuantizationConfigForcePow2Scales,
-                                                    &force_pow_2_scales, sizeof(bool)),
-             kOp);
+  const QuantizationConfig config = scale_rule_config(kOp, amax_epsilon, force_pow_2_scales);
   check_nvte(nvte_quantize_v2(in.get(), out.get(), config.get(), ctx.stream()), kOp);
   return {row, row_s, col, col_s};
 }

@@ -2,7 +2,6 @@
 // transpose, cast_transpose. Functional (outputs are new tensors) except delayed_scaling_update_.
 #include <torch/library.h>
 
-#include <memory>
 #include <string>
 
 #include <transformer_engine_lite/cast.h>
@@ -135,10 +134,6 @@ at::Tensor compute_amax(const at::Tensor &x_) {
 }
 
 // RAII NVTEQuantizationConfig.
-struct ConfigDeleter {
-  void operator()(void *c) const { nvte_destroy_quantization_config(c); }
-};
-
 std::tuple<at::Tensor, at::Tensor> compute_scale_from_amax(const at::Tensor &amax_,
                                                            at::ScalarType fp8_dtype, double epsilon,
                                                            bool force_pow_2_scales) {
@@ -148,16 +143,7 @@ std::tuple<at::Tensor, at::Tensor> compute_scale_from_amax(const at::Tensor &ama
   const DeviceContext ctx(amax_);
   const at::Tensor amax = amax_.contiguous();
   at::Tensor scale = fp32_buffer(amax, true), scale_inv = fp32_buffer(amax, true);
-  std::unique_ptr<void, ConfigDeleter> config(nvte_create_quantization_config());
-  TORCH_CHECK(config != nullptr, kOp, ": nvte_create_quantization_config: out of memory");
-  const float eps = static_cast<float>(epsilon);
-  check_nvte(nvte_set_quantization_config_attribute(
-                 config.get(), kNVTEQuantizationConfigAmaxEpsilon, &eps, sizeof(eps)),
-             kOp);
-  check_nvte(nvte_set_quantization_config_attribute(config.get(),
-                                                    kNVTEQuantizationConfigForcePow2Scales,
-                                                    &force_pow_2_scales, sizeof(bool)),
-             kOp);
+  const QuantizationConfig config = scale_rule_config(kOp, epsilon, force_pow_2_scales);
   TensorWrapper out;
   out.declare_dtype(*nvte_dtype_of(fp8_dtype)).amax(amax).scale(scale).scale_inv(scale_inv);
   check_nvte(nvte_compute_scale_from_amax(out.get(), config.get(), ctx.stream()), kOp);

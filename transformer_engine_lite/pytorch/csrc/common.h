@@ -14,6 +14,7 @@
 #include <algorithm>
 #include <cstdint>
 #include <initializer_list>
+#include <memory>
 #include <optional>
 #include <string>
 #include <utility>
@@ -24,6 +25,7 @@
 #include <cuda_runtime_api.h>
 #endif
 
+#include <transformer_engine_lite/cast.h>
 #include <transformer_engine_lite/transformer_engine.h>
 
 namespace te_lite {
@@ -317,6 +319,28 @@ inline at::ScalarType output_dtype(const char *op, const at::Tensor &x,
                 dtype_name(out), " (a scale is only used for FP8 outputs), got a tensor");
   }
   return out;
+}
+
+// A quantization config (cast.h) carrying the scale rule's attributes: the amax floor and
+// power-of-two scales, as nvte_compute_scale_from_amax and nvte_quantize_v2 read them.
+struct QuantizationConfigDeleter {
+  void operator()(void *c) const { nvte_destroy_quantization_config(c); }
+};
+using QuantizationConfig = std::unique_ptr<void, QuantizationConfigDeleter>;
+
+inline QuantizationConfig scale_rule_config(const char *op, double amax_epsilon,
+                                            bool force_pow_2_scales) {
+  QuantizationConfig config(nvte_create_quantization_config());
+  TORCH_CHECK(config != nullptr, op, ": nvte_create_quantization_config: out of memory");
+  const float eps = static_cast<float>(amax_epsilon);
+  check_nvte(nvte_set_quantization_config_attribute(
+                 config.get(), kNVTEQuantizationConfigAmaxEpsilon, &eps, sizeof(eps)),
+             op);
+  check_nvte(nvte_set_quantization_config_attribute(config.get(),
+                                                    kNVTEQuantizationConfigForcePow2Scales,
+                                                    &force_pow_2_scales, sizeof(bool)),
+             op);
+  return config;
 }
 
 }  // namespace te_lite
