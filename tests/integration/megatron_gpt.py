@@ -49,6 +49,20 @@ def count_calls() -> collections.Counter:
     for module in (router, permutation, cross_entropy):
         for name in module.__all__:
             counted(module, name)
+    # FP8 attention (fp8_dot_product_attention): DotProductAttention asks for its FP8 plan
+    from transformer_engine_lite.pytorch.attention.dot_product_attention import (
+        dot_product_attention as dpa_module,
+    )
+
+    plan = dpa_module.fp8_attention_plan
+
+    def fp8_attention_plan(*args, **kwargs):
+        out = plan(*args, **kwargs)
+        if out is not None:
+            calls["fp8_attention"] += 1
+        return out
+
+    dpa_module.fp8_attention_plan = fp8_attention_plan
     # the fusible-ops path (use_te_op_fuser): Megatron's TEFusedMLP runs an ops.Sequential
     from transformer_engine_lite.pytorch import ops
 
@@ -133,6 +147,7 @@ def main() -> None:
     p.add_argument("--dtype", choices=["fp32", "bf16"], default="fp32")
     p.add_argument("--fp8", choices=["delayed", "tensorwise", "mxfp8", "blockwise"], default=None)
     p.add_argument("--fp8-param", action="store_true")
+    p.add_argument("--fp8-dpa", action="store_true")  # Megatron's fp8_dot_product_attention
     p.add_argument("--recompute", action="store_true")
     p.add_argument("--moe", action="store_true")
     p.add_argument("--permute-fusion", action="store_true")  # MoE: TE's fused permutation
@@ -173,7 +188,7 @@ def main() -> None:
               sequence_parallel=a.tp > 1)
     if a.fp8:
         kw.update(fp8="e4m3" if a.fp8 == "mxfp8" else "hybrid", fp8_recipe=a.fp8,
-                  fp8_param=a.fp8_param)
+                  fp8_param=a.fp8_param, fp8_dot_product_attention=a.fp8_dpa)
     if a.recompute:
         kw.update(recompute_granularity="full", recompute_method="uniform", recompute_num_layers=1)
     if a.moe:

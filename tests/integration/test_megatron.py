@@ -6,7 +6,8 @@ patches. What is compared:
   (rtol 1e-6: the attention and norm kernels round differently from torch's in the last bits);
 - activation recompute (full, uniform) changes nothing (exact);
 - bf16 and each FP8 recipe Megatron offers: finite, decreasing, and close to fp32 / bf16;
-  blockwise: the recipe is built, and using it raises our NotImplementedError;
+  blockwise (Float8BlockScaling) included; fp8_dot_product_attention (FP8 attention) under the
+  delayed and tensorwise recipes: the attention runs in FP8 and the losses stay close to bf16;
 - MoE with grouped GEMM and TE's fused router (our router functions are called);
 - use_te_op_fuser: the MLP as TE fusible ops (ops.Sequential runs) equals the module MLP;
 - cross_entropy_loss_fusion with the "te" impl: TE's parallel_cross_entropy (ours) gives the losses
@@ -92,6 +93,17 @@ def test_fp8_recipes_track_bf16(recipe):
     fp8, bf16 = run("--dtype", "bf16", "--fp8", recipe)["losses"], run("--dtype", "bf16")["losses"]
     assert fp8[-1] < fp8[0] - 0.3, fp8
     assert _close(fp8, bf16, 1e-2), (recipe, fp8, bf16)
+
+
+@pytest.mark.parametrize("recipe", ["delayed", "tensorwise"])
+def test_fp8_dot_product_attention(recipe):
+    # Megatron's fp8_dot_product_attention sets the recipe's fp8_dpa: TE's FP8 attention
+    r = run("--dtype", "bf16", "--fp8", recipe, "--fp8-dpa")
+    assert r["calls"]["fp8_attention"] == 2 * 3, r["calls"]  # 2 layers x 3 steps
+    fp8 = r["losses"]
+    assert fp8 != run("--dtype", "bf16", "--fp8", recipe)["losses"]  # the attention changed
+    assert fp8[-1] < fp8[0] - 0.3, fp8
+    assert _close(fp8, run("--dtype", "bf16")["losses"], 1e-2), (recipe, fp8)
 
 
 def test_fp8_params():

@@ -117,7 +117,7 @@ BAD_INPUTS = [
         ValueError,
         "needs attention_mask",
     ),
-    ("fp8_output", lambda: _dpa()(*_qkv(), fp8_output=True), NotImplementedError, "fp8_output"),
+    ("fp8_output", lambda: _dpa()(*_qkv(), fp8_output=1), ValueError, "fp8_output"),
     (
         "inference_params type",
         lambda: _dpa()(*_qkv(), inference_params=object()),

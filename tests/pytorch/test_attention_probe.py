@@ -10,7 +10,7 @@ import pytest
 import torch
 
 import transformer_engine_lite.pytorch as te
-from transformer_engine_lite.common.recipe import DelayedScaling
+from transformer_engine_lite.common.recipe import DelayedScaling, Float8CurrentScaling, MXFP8BlockScaling
 from transformer_engine_lite.pytorch.attention.dot_product_attention import (
     DotProductAttention,
     _attention_backends,
@@ -125,7 +125,7 @@ def test_configuration_rules(kw, available):
         dict(fp8_output=True),
         dict(has_score_mod=True),
         dict(qkv_type=type("Float8Tensor", (torch.Tensor,), {})),
-        dict(fp8=True, fp8_meta={"recipe": DelayedScaling(fp8_dpa=True)}),
+        dict(fp8=True, fp8_meta={"recipe": MXFP8BlockScaling(fp8_mha=True)}),
         dict(core_attention_bias_type="post_scale_bias", core_attention_bias_shape="111s"),
         dict(core_attention_bias_type="alibi", alibi_slopes_shape=[3]),
         dict(qkv_layout="paged_kv_bshd_bshd_bshd"),
@@ -144,6 +144,13 @@ def test_unsupported_disables_every_backend(kw, caplog):
         out = get_attention_backend(params(**kw))
     assert out == (False, None, False, None, False, [False, False, False])
     assert "Disabling FlashAttention due to" in caplog.text
+
+
+@pytest.mark.parametrize("recipe", [DelayedScaling(fp8_dpa=True), Float8CurrentScaling(fp8_mha=True)])
+def test_fp8_attention_runs_unfused(recipe):
+    """FP8 attention is emulated on the unfused backend only (fp8_attention.py)."""
+    out = get_attention_backend(params(fp8=True, fp8_meta={"recipe": recipe}))
+    assert out == (False, None, False, None, True, [False, False, True])
 
 
 def test_fp8_without_fp8_dpa_keeps_the_backends():

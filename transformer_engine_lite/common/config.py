@@ -127,6 +127,13 @@ ENV_VARS: tuple[EnvVar, ...] = (
     EnvVar("NVTE_FLASH_ATTN", "1", "runtime", "0 disables the flash attention backend"),
     EnvVar("NVTE_UNFUSED_ATTN", "1", "runtime",
            "0 disables the unfused attention backend (framework math)"),
+    EnvVar("NVTE_FP8_DPA_BWD", "1", "runtime",
+           "FP8 attention (recipe fp8_dpa / fp8_mha): 0 runs its backward in high precision (no "
+           "dO / dP / dQKV quantization)"),
+    EnvVar("NVTE_DPA_FP8_RECIPE", "", "runtime",
+           "FP8 attention: 'F16' runs attention in high precision under an fp8_dpa / fp8_mha "
+           "recipe; unset or '' follows the recipe (TE's switches to another recipe are not "
+           "implemented)"),
     EnvVar("NVTE_ALLOW_NONDETERMINISTIC_ALGO", "1", "runtime",
            "JAX front end (TE-JAX's switch): 0 runs the attention backward's deterministic "
            "algorithm (GPU flash: no atomics in dQ); the CPU backward is deterministic either way"),

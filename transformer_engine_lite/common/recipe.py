@@ -204,8 +204,10 @@ class DelayedScaling(Recipe):
         `f(amax, scale, fp8_max, recipe) -> scale`.
     reduce_amax: all-reduce (MAX) the amaxes over the autocast's group before each update when
         torch.distributed is initialized.
-    fp8_dpa, fp8_mha: FP8 attention: DotProductAttention raises NotImplementedError when set (the
-        attention kernels are not FP8 here).
+    fp8_dpa, fp8_mha: FP8 attention: DotProductAttention quantizes Q/K/V, S, O and dO, dP,
+        dQKV at TE's points (pytorch/attention/dot_product_attention/fp8_attention.py, an exact
+        emulation on the unfused backend); fp8_mha also hands FP8 tensors between the
+        projections and the attention.
     backward_override: None only (TE's rule for delayed scaling; see Float8CurrentScaling).
 
     Keywords of TE 1.x that clients still pass (Megatron-Core's TEDelayedScaling, accelerate's

@@ -335,7 +335,10 @@ class UnfusedDotProductAttention(torch.nn.Module):
         attention_mask: torch.Tensor | None = None,
         softmax_type: str = "vanilla",
         softmax_offset: torch.Tensor | None = None,
+        fp8: Any = None,
     ) -> torch.Tensor:
+        """fp8: an FP8AttentionPlan (dot_product_attention/fp8_attention.py) for FP8 attention,
+        else None."""
         fmt = qkv_format_of(qkv_layout)
         p = self.attention_dropout if self.training else 0.0
         if p > 0 and rng_state is None:
@@ -354,6 +357,7 @@ class UnfusedDotProductAttention(torch.nn.Module):
             p,
             rng_state,
             _sink_logits(softmax_type, softmax_offset, q.shape[-2], q.device),
+            fp8,
         )
         if fmt != "thd":
             out = self._attend(
@@ -386,10 +390,15 @@ class UnfusedDotProductAttention(torch.nn.Module):
         p: float,
         rng_state: torch.Tensor | None,
         sink: torch.Tensor | None = None,
+        fp8: Any = None,
     ) -> torch.Tensor:
         """q [b, h, sq, d], k / v [b, h_kv, skv, d] -> [b, h, sq, d_v]; sink: fp32 [1, h, 1, 1]
-        sink logits (off-by-one / learnable softmax) or None."""
+        sink logits (off-by-one / learnable softmax) or None; fp8: FP8 attention's plan (its
+        quantization points are applied in TE's order: QKV / dQKV, dP, S, O / dO)."""
         b, h, sq, _ = q.shape
+        out_dtype = q.dtype
+        if fp8 is not None:
+            q, k, v = fp8.inputs(q, k, v)  # FP8 values in fp32: the GEMMs below run in fp32
         h_kv, skv = k.shape[1], k.shape[2]
         if h_kv != h:  # GQA / MQA: each KV head serves h / h_kv query heads
             k = k.repeat_interleave(h // h_kv, dim=1)
@@ -405,6 +414,11 @@ class UnfusedDotProductAttention(torch.nn.Module):
                 else _alibi_bias(slopes, b, h, sq, skv, lens_q, lens_kv, q.device)
             )
             x, scale = x * scale + add, 1.0
+        if fp8 is not None:
+            # dP is the gradient of the scaled scores (TE's point): scale first, then softmax(x).
+            if scale != 1.0:
+                x, scale = x * scale, 1.0
+            x = fp8.scores(x)
         variant = _softmax_variant(
             mask_type, window, sq, skv, lens_q is not None, attention_mask is not None
         )
@@ -421,6 +435,8 @@ class UnfusedDotProductAttention(torch.nn.Module):
         if p > 0:
             kept = _ops.fused_attn_dropout_mask(rng_state, b, h, sq, skv, p)
             probs = probs * (kept.float() * (1.0 / (1.0 - p)))
+        if fp8 is not None:
+            return fp8.output(torch.matmul(fp8.probs(probs), v), out_dtype)
         return torch.matmul(probs.to(q.dtype), v)
 
 

@@ -1,7 +1,14 @@
 """te.MultiheadAttention: QKV projection (optionally with the input norm fused in front:
 LayerNormLinear), rotary embedding, DotProductAttention and the output projection (Linear), with
 TE's constructor, parameter names and outputs. The projections are the existing GEMM modules, so
-they run in FP8 under fp8_autocast; the attention itself stays in the activations' precision.
+they run in FP8 under fp8_autocast. The attention itself runs in FP8 under a recipe with fp8_dpa
+or fp8_mha (dot_product_attention/fp8_attention.py); then, as TE's, its output O enters the output
+projection as FP8 bytes (a Float8Tensor, no second quantization). TE's other FP8 hand-offs are
+emulated by the attention's own points with the same delayed-scaling amaxes: fp8_mha's FP8 QKV
+(the QKV GEMM's output quantized once, here by the attention's QKV point from the bf16 output)
+and the projection's FP8 dgrad (here the attention's dO point); the gradient dQKV leaves the
+attention as FP8 values that the QKV projection's backward quantizes with its own scale (TE hands
+it the bytes).
 
 QKV weight layouts (TE's): fuse_qkv_params=False keeps separate query/key/value parameters (the
 GEMM output is [q | k | v]); fuse_qkv_params=True has one `weight` whose output rows are, with
@@ -24,6 +31,7 @@ from ..module.layernorm_linear import LayerNormLinear
 from ..module.linear import Linear
 from ..ops.basic.l2normalization import L2Normalization
 from .dot_product_attention import DotProductAttention
+from .dot_product_attention.fp8_attention import fp8_attention_enabled
 from .inference import check_inference_params
 from .rope import apply_rotary_pos_emb
 
@@ -402,6 +410,7 @@ class MultiheadAttention(torch.nn.Module):
             alibi_slopes=alibi_slopes,
             inference_params=inference_params,
             pad_between_seqs=pad_between_seqs,
+            fp8_output=fp8_attention_enabled(),
         )
         out = self.proj(context, is_first_microbatch)
         outs = list(out) if self.return_bias else [out]

@@ -162,7 +162,16 @@ class _LinearFn(torch.autograd.Function):
         if cfg.mode in ("delayed", "current"):
             s = cfg.slot_fwd
             delayed = cfg.mode == "delayed"
-            xq, x_amax = quantize_per_tensor(x2, cfg.inp, fwd_scale[s : s + 1] if delayed else None)
+            x_op = None if hp_bwd or cfg.save_original_input else _stored_input(inp, cfg)
+            if x_op is not None:
+                # An FP8 input (TE's: a Float8Tensor from an fp8_output producer, e.g. FP8
+                # attention's O) enters the GEMM as its bytes; the input slot records 0 (its
+                # scale stays put), as TE leaves the input quantizer unused.
+                xq, x_amax = x_op, torch.zeros(1, dtype=torch.float32, device=inp.device)
+            else:
+                xq, x_amax = quantize_per_tensor(
+                    x2, cfg.inp, fwd_scale[s : s + 1] if delayed else None
+                )
             if w_op is not None:
                 # nothing to quantize; an FP8 parameter's or a reused cast's history slot records
                 # 0 (its scale stays put), the first microbatch's cast its amax
@@ -422,6 +431,15 @@ def cast_weight(w: torch.Tensor, cfg: GemmConfig, scale: torch.Tensor | None) ->
             return WeightCast(None, (r, c), None)
         op, amax = quantize_per_tensor(w, cfg.weight, scale if cfg.mode == "delayed" else None)
         return WeightCast(op, None, amax if cfg.mode == "delayed" else None)
+
+
+def _stored_input(inp: torch.Tensor, cfg: GemmConfig) -> Operand | None:
+    """The FP8 bytes ([tokens, k]) and scale_inv of a Float8Tensor input in the format cfg casts
+    inputs to (else None: the input is quantized from its values)."""
+    if isinstance(inp, Float8Tensor) and inp._fp8_dtype == to_dtype_enum(cfg.inp.dtype):
+        data = inp._data.reshape(-1, inp.shape[-1]).contiguous()
+        return Operand(data.view(cfg.inp.dtype), inp._scale_inv)
+    return None
 
 
 def _stored_per_tensor(weight: torch.Tensor, cfg: GemmConfig) -> Operand | None:

@@ -11,6 +11,7 @@ does), then selects the backend and runs it. Unsupported TE features raise NotIm
 from __future__ import annotations
 
 import math
+import os
 from collections.abc import Callable
 from typing import Any
 
@@ -18,8 +19,7 @@ import torch
 from torch.utils.checkpoint import checkpoint
 
 from ...distributed import get_distributed_world_size
-from ...fp8 import FP8GlobalStateManager
-from ...module.base import default_device, reject_unsupported
+from ...module.base import TransformerEngineBaseModule, default_device, reject_unsupported
 from ..backends import (
     FlashAttention,
     UnfusedDotProductAttention,
@@ -28,6 +28,7 @@ from ..backends import (
     select_backend,
 )
 from ..inference import attention_inputs, check_inference_params
+from .fp8_attention import fp8_attention_plan
 from ..inputs import (
     QKV_FORMATS,
     check_bias,
@@ -43,7 +44,7 @@ __all__ = ["DotProductAttention", "_attention_backends"]
 SOFTMAX_TYPES = ("vanilla", "off-by-one", "learnable")
 
 
-class DotProductAttention(torch.nn.Module):
+class DotProductAttention(TransformerEngineBaseModule):
     """Scaled dot-product attention (TE's `transformer_engine.pytorch.DotProductAttention`).
 
     num_attention_heads, kv_channels (head dim, or (d_qk, d_v)), num_gqa_groups (KV heads; None =
@@ -82,7 +83,9 @@ class DotProductAttention(torch.nn.Module):
         softmax_type: str = "vanilla",
         return_max_logit: bool = False,
     ) -> None:
-        super().__init__()
+        # A TE module as in TE: FP8 meta for the attention's three GEMMs (FP8 attention's
+        # delayed-scaling slots, fp8_attention.py), saved in the module's _extra_state.
+        super().__init__(num_gemms=3, device=None)
         owner = "DotProductAttention"
         reject_unsupported(
             owner,
@@ -224,15 +227,10 @@ class DotProductAttention(torch.nn.Module):
             f"{owner}.forward",
             # tensors: reported as "given" (reject_unsupported compares values with None / False)
             pad_between_seqs=pad_between_seqs,
-            fp8_output=fp8_output,
         )
-        if FP8GlobalStateManager.is_fp8_enabled():
-            r = FP8GlobalStateManager.get_fp8_recipe()
-            if getattr(r, "fp8_dpa", False) or getattr(r, "fp8_mha", False):
-                raise NotImplementedError(
-                    f"{owner}: FP8 attention (recipe fp8_dpa / fp8_mha = True) is not supported: "
-                    "attention runs in the inputs' precision; set them to False"
-                )
+        fp8 = fp8_attention_plan(self, owner)
+        if not isinstance(fp8_output, bool):
+            raise ValueError(f"{owner}: fp8_output: expected a bool, got {fp8_output!r}")
         q, k, v = query_layer, key_layer, value_layer
         fmt = self.qkv_format if qkv_format is None else qkv_format
         if fmt not in QKV_FORMATS:
@@ -325,6 +323,8 @@ class DotProductAttention(torch.nn.Module):
             v.shape[-1],
             window,
         )
+        if fp8 is not None:
+            backend = self._fp8_backend(owner)
         rng_state = draw_rng_state(q.device, self.attention_dropout_ctx) if p > 0 else None
         if mask == "arbitrary":
             mask_arg = {"attention_mask": attention_mask}
@@ -348,6 +348,8 @@ class DotProductAttention(torch.nn.Module):
                     "take sinks on the CPU only; set NVTE_FLASH_ATTN=0 for the unfused backend"
                 )
             sink_arg = {"softmax_type": self.softmax_type, "softmax_offset": offset}
+        if fp8 is not None:
+            sink_arg["fp8"] = fp8
 
         def core(q, k, v, bias, slopes):
             return run(
@@ -373,7 +375,28 @@ class DotProductAttention(torch.nn.Module):
             out = checkpoint(core, q, k, v, bias, slopes, use_reentrant=False)
         else:
             out = core(q, k, v, bias, slopes)
-        return out if restore is None else restore(out)
+        out = out if restore is None else restore(out)
+        # fp8_output (TE's): O as a Float8Tensor under FP8 attention; without it the output is
+        # in the inputs' precision, as TE's (only FP8 attention produces FP8).
+        return fp8.fp8_tensor(out) if fp8 is not None and fp8_output else out
+
+    def _load_from_state_dict(self, state_dict: dict, prefix: str, *args: Any, **kwargs: Any
+                              ) -> None:
+        # Checkpoints saved before DotProductAttention carried FP8 state have no _extra_state
+        # key: load them as "no FP8 state" instead of reporting a missing key.
+        state_dict.setdefault(prefix + "_extra_state", None)
+        super()._load_from_state_dict(state_dict, prefix, *args, **kwargs)
+
+    @staticmethod
+    def _fp8_backend(owner: str) -> str:
+        """FP8 attention runs on the unfused backend, the one with TE's quantization points
+        between its GEMMs and the softmax (fp8_attention.py)."""
+        if os.environ.get("NVTE_UNFUSED_ATTN", "1") == "0":
+            raise NotImplementedError(
+                f"{owner}: FP8 attention (recipe fp8_dpa / fp8_mha) runs on the unfused backend, "
+                "which NVTE_UNFUSED_ATTN=0 disables"
+            )
+        return "unfused"
 
     def _kv_cache_mask(self, mask: str, attention_mask: Any) -> str:
         """The mask and window of a KV-cache step (TE's rules): a padding mask is required (the

@@ -248,6 +248,15 @@ def check_set_window_size(
     raise ValueError(f"check_set_window_size: invalid attn_mask_type {attn_mask_type!r}")
 
 
+def _fp8_attention(p: AttentionParams) -> bool:
+    """Whether the configuration asks for FP8 attention (fp8 with an fp8_dpa / fp8_mha recipe;
+    NVTE_DPA_FP8_RECIPE=F16 turns it off, as in DotProductAttention)."""
+    recipe = (p.fp8_meta or {}).get("recipe") if p.fp8 else None
+    if recipe is None or os.environ.get("NVTE_DPA_FP8_RECIPE", "") == "F16":
+        return False
+    return bool(getattr(recipe, "fp8_dpa", False) or getattr(recipe, "fp8_mha", False))
+
+
 def _unsupported(p: AttentionParams) -> list[str]:
     """Why DotProductAttention runs this configuration on no backend at all (empty: it may)."""
     why = []
@@ -255,12 +264,13 @@ def _unsupported(p: AttentionParams) -> list[str]:
     if p.qkv_type is not torch.Tensor:
         name = getattr(p.qkv_type, "__name__", p.qkv_type)
         why.append(f"qkv_type = {name} (FP8 attention is not supported)")
-    if recipe is not None and (
-        getattr(recipe, "fp8_dpa", False) or getattr(recipe, "fp8_mha", False)
-    ):
-        why.append("FP8 attention (recipe fp8_dpa / fp8_mha) is not supported")
-    if p.fp8_output:
-        why.append("fp8_output is not supported")
+    if _fp8_attention(p) and not (recipe.delayed() or recipe.float8_current_scaling()):
+        why.append(
+            f"FP8 attention (recipe fp8_dpa / fp8_mha) under {type(recipe).__name__} (emulated "
+            "under DelayedScaling and Float8CurrentScaling only)"
+        )
+    if p.fp8_output and not _fp8_attention(p):
+        why.append("fp8_output without FP8 attention (recipe fp8_dpa / fp8_mha)")
     if p.qkv_dtype not in _backends._DTYPES:
         why.append(f"qkv_dtype = {p.qkv_dtype} (supported: float32, float16, bfloat16)")
     if p.qkv_layout not in _LAYOUTS:
@@ -431,6 +441,10 @@ def get_attention_backend(
         if dev != 0:
             available[0] = False
             logger.debug("Disabling FlashAttention due to softmax_type %r on a GPU", p.softmax_type)
+    if _fp8_attention(p):  # FP8 attention is emulated on the unfused backend only
+        available[0] = available[1] = False
+        logger.debug("Disabling FlashAttention and FusedAttention due to FP8 attention (emulated "
+                     "by UnfusedDotProductAttention)")
     for name, value in selection.PREFERENCE:
         if reasons[value]:
             logger.debug("Disabling %s due to %s", selection.BACKEND_NAMES[name], reasons[value])
