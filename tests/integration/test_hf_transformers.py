@@ -63,3 +63,36 @@ def test_save_pretrained_then_from_pretrained(tmp_path, fp8):
     with torch.no_grad(), te.fp8_autocast(enabled=fp8, fp8_recipe=RECIPE):
         y1 = loaded(x)
     assert torch.equal(y0, y1)
+
+
+def test_te_llama_generate_with_kv_cache(monkeypatch):
+    """The te_llama example (HF's LlamaForCausalLM with te.TransformerLayer decoder layers) under
+    HF's own generate(): with use_cache=True its layers keep TE's KV cache (one InferenceParams
+    step per generated token) and the greedy tokens equal those without the cache and those of
+    HF's Llama on the same weights (fp32)."""
+    import sys
+    from pathlib import Path
+
+    sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "examples" / "pytorch"))
+    import te_llama
+
+    config = te_llama.small_config(num_hidden_layers=2, hidden_size=64, intermediate_size=128,
+                                   num_attention_heads=4, num_key_value_heads=2)
+    hf, model = te_llama.models(config)
+    steps = []
+    pre_step = te.InferenceParams.pre_step
+    monkeypatch.setattr(te.InferenceParams, "pre_step",
+                        lambda self, d: (steps.append(dict(d)), pre_step(self, d))[1])
+    prompt = torch.randint(0, config.vocab_size, (2, 12), generator=torch.Generator().manual_seed(3))
+    cached = te_llama.generate(model, prompt, 10, True)[0]
+    assert steps == [{0: 12, 1: 12}] + [{0: 1, 1: 1}] * 9  # prefill, then one token per step
+    steps.clear()
+    full = te_llama.generate(model, prompt, 10, False)[0]
+    assert not steps
+    assert torch.equal(cached, full)
+    assert torch.equal(cached, te_llama.generate(hf, prompt, 10, True)[0])
+    with pytest.raises(NotImplementedError, match="left-padded"):
+        mask = torch.ones_like(prompt)
+        mask[0, :3] = 0
+        model.generate(prompt, attention_mask=mask, max_new_tokens=2, do_sample=False,
+                       use_cache=True, pad_token_id=0)
