@@ -234,3 +234,28 @@ def group_quantize(tensor: torch.Tensor, quantizer: Any, num_tensors: int,
             tensor.device, tensor.dtype)
     output.quantize(list(torch.split(tensor, rows, 0)), noop_flag=noop_flag)
     return output
+
+
+class _GroupedMLPExperimental:
+    """TE's tex.grouped_mlp_experimental (helpers feeding cuDNN's grouped-GEMM MLP kernel)."""
+
+    @staticmethod
+    def swizzle_scales_and_pack_ptrs_for_discrete_weights(
+        data_tensors: list, scale_tensors: list, swizzle_type: str, device: Any
+    ) -> Any:
+        """TE's: per-expert data pointers, and the experts' block scales swizzled into one buffer
+        in the GEMM layout. That layout (TE's optimize_for_gemm / with_gemm_swizzled_scales) is
+        not implemented here: the MXFP8 kernels take compact scales (NotImplementedError)."""
+        owner = "tex.grouped_mlp_experimental.swizzle_scales_and_pack_ptrs_for_discrete_weights"
+        if swizzle_type not in ("mxfp8_rowwise", "mxfp8_columnwise", "nvfp4"):
+            raise ValueError(f"{owner}: swizzle_type: expected 'mxfp8_rowwise', "
+                             f"'mxfp8_columnwise' or 'nvfp4', got {swizzle_type!r}")
+        if len(data_tensors) != len(scale_tensors):
+            raise ValueError(f"{owner}: expected as many scale tensors as data tensors, got "
+                             f"{len(scale_tensors)} and {len(data_tensors)}")
+        raise NotImplementedError(
+            f"{owner}: GEMM-swizzled block scales are not implemented in transformer_engine_lite "
+            "(its MXFP8 kernels take compact scales; there is no cuDNN grouped-GEMM MLP)")
+
+
+grouped_mlp_experimental = _GroupedMLPExperimental()
