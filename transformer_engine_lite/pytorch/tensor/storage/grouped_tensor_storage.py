@@ -20,7 +20,8 @@ buffers. Per recipe:
     does on such hardware), scale_inv [n]; amax [n] (and scale [n] for current scaling) hold each
     member's amax (and scale) after quantize().
   - MXFP8: uint8 data per usage ([rows, cols] each), E8M0 scales [rows, ceil(cols/32)] row-wise,
-    [ceil(rows/32), cols] column-wise (compact: TE's GEMM-swizzled layout is not implemented).
+    [ceil(rows/32), cols] column-wise (compact: TE's GEMM-swizzled layout is not implemented, so
+    a quantizer's optimize_for_gemm gives compact scales here, as MXFP8Quantizer's own output).
   - Float8BlockScaling: row-wise data [rows, cols] and column-wise (transposed) data, fp32 scales
     in the quantizer's GEMM-ready grid (Float8BlockQuantizer.get_scale_shape).
 NVFP4 is not implemented in transformer_engine_lite (NotImplementedError).
