@@ -192,3 +192,70 @@ def get_fused_attn_backend(*args, **kwargs):  # noqa: ANN002, ANN003, ANN201
     from .cpp_extensions.fused_attn import get_fused_attn_backend as impl
 
     return impl(*args, **kwargs)
+
+
+def get_cublasLt_version() -> int:  # noqa: N802  (TE's name)
+    """TE's tex.get_cublasLt_version (cublasLtGetVersion()): 0, no cuBLASLt is linked into the
+    PyTorch extension (its GEMMs run on the CPU), as utils.get_cudnn_version() is (0, 0, 0)."""
+    return 0
+
+
+def group_quantize(tensor: torch.Tensor, quantizer: Any, num_tensors: int,
+                   first_dims: torch.Tensor | None, last_dims: torch.Tensor | None = None,
+                   tensor_offsets: torch.Tensor | None = None,
+                   noop_flag: torch.Tensor | None = None, output: Any = None) -> Any:
+    """TE's tex.group_quantize: the rows of `tensor` [rows, cols] split into num_tensors members
+    (first_dims [n] rows each; None: rows / n each), quantized into a new GroupedTensor (or into
+    `output`, a GroupedTensor of that layout). last_dims / tensor_offsets (members differing in
+    columns) are not supported: a 2-D tensor's members share its columns."""
+    from .tensor.storage.grouped_tensor_storage import GroupedTensorStorage
+
+    owner = "tex.group_quantize"
+    if last_dims is not None or tensor_offsets is not None:
+        raise NotImplementedError(f"{owner}: last_dims / tensor_offsets are not supported by "
+                                  "transformer_engine_lite (members split along rows only)")
+    if not isinstance(tensor, torch.Tensor) or tensor.dim() != 2:
+        got = f"shape {tuple(tensor.shape)}" if isinstance(tensor, torch.Tensor) else type(tensor)
+        raise ValueError(f"{owner}: tensor: expected a 2-D tensor, got {got}")
+    if quantizer is None:
+        raise ValueError(f"{owner}: quantizer: expected a quantizer, got None")
+    rows = [int(r) for r in first_dims.tolist()] if first_dims is not None else None
+    if rows is None:
+        if num_tensors < 1 or tensor.shape[0] % num_tensors:
+            raise ValueError(f"{owner}: expected rows ({tensor.shape[0]}) divisible by "
+                             f"num_tensors ({num_tensors}) without first_dims")
+        rows = [tensor.shape[0] // num_tensors] * num_tensors
+    if len(rows) != num_tensors or sum(rows) != tensor.shape[0]:
+        raise ValueError(f"{owner}: first_dims: expected {num_tensors} entries summing to "
+                         f"{tensor.shape[0]} rows, got {rows}")
+    if output is None:
+        output = GroupedTensorStorage.make_grouped_tensor(
+            num_tensors, first_dims, None, tensor.shape[0], tensor.shape[1], quantizer,
+            tensor.device, tensor.dtype)
+    output.quantize(list(torch.split(tensor, rows, 0)), noop_flag=noop_flag)
+    return output
+
+
+class _GroupedMLPExperimental:
+    """TE's tex.grouped_mlp_experimental (helpers feeding cuDNN's grouped-GEMM MLP kernel)."""
+
+    @staticmethod
+    def swizzle_scales_and_pack_ptrs_for_discrete_weights(
+        data_tensors: list, scale_tensors: list, swizzle_type: str, device: Any
+    ) -> Any:
+        """TE's: per-expert data pointers, and the experts' block scales swizzled into one buffer
+        in the GEMM layout. That layout (TE's optimize_for_gemm / with_gemm_swizzled_scales) is
+        not implemented here: the MXFP8 kernels take compact scales (NotImplementedError)."""
+        owner = "tex.grouped_mlp_experimental.swizzle_scales_and_pack_ptrs_for_discrete_weights"
+        if swizzle_type not in ("mxfp8_rowwise", "mxfp8_columnwise", "nvfp4"):
+            raise ValueError(f"{owner}: swizzle_type: expected 'mxfp8_rowwise', "
+                             f"'mxfp8_columnwise' or 'nvfp4', got {swizzle_type!r}")
+        if len(data_tensors) != len(scale_tensors):
+            raise ValueError(f"{owner}: expected as many scale tensors as data tensors, got "
+                             f"{len(scale_tensors)} and {len(data_tensors)}")
+        raise NotImplementedError(
+            f"{owner}: GEMM-swizzled block scales are not implemented in transformer_engine_lite "
+            "(its MXFP8 kernels take compact scales; there is no cuDNN grouped-GEMM MLP)")
+
+
+grouped_mlp_experimental = _GroupedMLPExperimental()

@@ -1,8 +1,8 @@
 """general_grouped_gemm: TE's grouped GEMM entry (one GEMM per group, e.g. MoE experts).
 
 Each group is general_gemm on its operands, written into its slice of the output, so a grouped
-call is bit for bit the per-group calls (TE's cuBLAS grouped path promises the same). There is no
-GroupedTensor path here (see module.grouped_linear.is_module_grouped_tensor_path_supported).
+call is bit for bit the per-group calls (TE's cuBLAS grouped path promises the same). The
+GroupedTensor entry is grouped_tensor_gemm.general_grouped_gemm_for_grouped_tensor.
 """
 
 from __future__ import annotations

@@ -19,10 +19,12 @@ __all__ = ["GroupedLinear", "is_module_grouped_tensor_path_supported"]
 
 
 def is_module_grouped_tensor_path_supported(recipe: Recipe | None, dtype: torch.dtype) -> bool:
-    """TE's predicate for GroupedLinear's native GroupedTensor path (one grouped GEMM over a
-    GroupedTensor, device-side m_splits). transformer_engine_lite has no such path, so the answer
-    is False for every recipe and dtype: GroupedLinear(use_grouped_tensor=True) runs the
-    split path, as TE does where the predicate is False."""
+    """TE's predicate for GroupedLinear's native GroupedTensor path (the module's operands packed
+    in GroupedTensors, one general_grouped_gemm_for_grouped_tensor per GEMM, device-side m_splits).
+    GroupedTensor and that GEMM exist here (tensor.grouped_tensor, cpp_extensions), but
+    GroupedLinear does not route through them, so the answer is False for every recipe and
+    dtype: GroupedLinear(use_grouped_tensor=True) runs the split path, as TE does where the
+    predicate is False (with TE's delayed-wgrad bias error, see backward_dw)."""
     if recipe is not None and not isinstance(recipe, Recipe):
         raise TypeError("is_module_grouped_tensor_path_supported: recipe: expected a Recipe or "
                         f"None, got {type(recipe).__name__}")
@@ -235,6 +237,24 @@ class GroupedLinear(TransformerEngineBaseModule):
                     b.sequence_parallel = row_sp
                 self.register_parameter(f"bias{g}", b)
         self.reset_parameters(defer_init=device.type == "meta")  # TE: "meta" defers init
+
+    def backward_dw(self) -> None:
+        """TE's: the queued weight / bias gradients (delay_wgrad_compute=True). As TE, a module
+        that asked for the GroupedTensor path (use_grouped_tensor=True) but ran the split path
+        (is_module_grouped_tensor_path_supported() False, always here) cannot deliver the
+        per-expert bias gradients that path queued: RuntimeError (the queue is dropped)."""
+        if self._wgrad_store and self.use_grouped_tensor and self.use_bias and any(
+                b is not None and b.requires_grad
+                for b in ([self.bias] if self.single_grouped_bias else self._biases())):
+            self._wgrad_store.clear()
+            raise RuntimeError(
+                "GroupedLinear: GroupedLinear(use_grouped_tensor=True) fell back to the split "
+                "path (is_module_grouped_tensor_path_supported() is False in "
+                "transformer_engine_lite), which produced per-expert bias gradients during "
+                "delayed wgrad. This implicit fallback is unsupported with "
+                "delay_wgrad_compute=True: set use_grouped_tensor=False to select the split path "
+                "explicitly, or bias=False")
+        super().backward_dw()
 
     def _weights(self) -> list[torch.Tensor]:
         if self.single_grouped_weight:

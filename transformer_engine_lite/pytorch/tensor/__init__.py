@@ -14,6 +14,8 @@ from .float8_blockwise_tensor import rebuild_float8_blockwise_tensor as _rebuild
 from .mxfp8_tensor import MXFP8Quantizer, MXFP8Tensor, MXFP8TensorStorage
 from .mxfp8_tensor import rebuild_mxfp8_tensor as _rebuild_mx
 from .quantized_tensor import QuantizedTensor, QuantizedTensorStorage, Quantizer
+from .storage.grouped_tensor_storage import GroupedTensorStorage
+from .grouped_tensor import GroupedTensor
 
 # torch.load(weights_only=True) of a state_dict holding FP8 parameters (fp8_model_init): the two
 # rebuild functions take plain tensors and values only.
@@ -26,6 +28,8 @@ __all__ = [
     "Float8CurrentScalingQuantizer",
     "Float8Quantizer",
     "Float8Tensor",
+    "GroupedTensor",
+    "GroupedTensorStorage",
     "MXFP8Quantizer",
     "MXFP8Tensor",
     "MXFP8TensorStorage",

@@ -3,6 +3,12 @@ quantized tensor without the torch.Tensor wrapper."""
 
 from ..quantized_tensor import QuantizedTensorStorage
 from .float8_blockwise_tensor_storage import Float8BlockwiseQTensorStorage
+from .grouped_tensor_storage import GroupedTensorStorage
 from .mxfp8_tensor_storage import MXFP8TensorStorage
 
-__all__ = ["Float8BlockwiseQTensorStorage", "MXFP8TensorStorage", "QuantizedTensorStorage"]
+__all__ = [
+    "Float8BlockwiseQTensorStorage",
+    "GroupedTensorStorage",
+    "MXFP8TensorStorage",
+    "QuantizedTensorStorage",
+]
