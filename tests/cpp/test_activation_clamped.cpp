@@ -1,4 +1,5 @@
-// Clamped SwiGLU (nvte_clamped_swiglu / nvte_clamped_dswiglu, TE's GPT-OSS activation) vs a double
+// Clamped SwiGLU (nvte_clamped_swiglu / nvte_clamped_dswiglu and their _v2 with glu_linear_offset,
+// TE's GPT-OSS activation) vs a double
 // reference written from activation.h's formula; FP8 output bytes vs the independent encoder; the
 // rejected arguments. The input range straddles the limit so both clamps are exercised.
 #include <algorithm>
@@ -29,7 +30,8 @@ double dgate(double a) {
   const double s = sigmoid(double{kAlpha} * a);
   return s + double{kAlpha} * a * s * (1.0 - s);
 }
-double lin(double b) { return std::clamp(b, -double{kLimit}, double{kLimit}) + 1.0; }
+double g_offset = 1.0;  // the linear half's glu_linear_offset of the reference (1: GPT-OSS)
+double lin(double b) { return std::clamp(b, -double{kLimit}, double{kLimit}) + g_offset; }
 double dlin(double b) { return (b >= -kLimit && b <= kLimit) ? 1.0 : 0.0; }
 
 std::vector<double> ref_fwd(const std::vector<double> &x, size_t h) {
@@ -120,6 +122,39 @@ TEST(ClampedSwiGLUFp8, PerTensorBytesMatchEncodedFp32Result) {
   }
 }
 
+// _v2: the linear half's offset is an argument (TE's glu_linear_offset); offset 1 is the v1 op bit
+// for bit.
+TEST(ClampedSwiGLUV2, OffsetMatchesReferenceAndOneIsV1) {
+  const std::vector<size_t> shape = {33, 65};
+  for (NVTEDType dt : {kNVTEFloat32, kNVTEBFloat16}) {
+    std::mt19937 rng(5);
+    TestTensor in(doubled(shape), dt), grad(shape, dt);
+    const std::vector<double> x = in.fill_uniform(rng, kLo, kHi);
+    const std::vector<double> g = grad.fill_uniform(rng, -2.0, 2.0);
+    for (float off : {0.0f, 0.5f, -1.25f}) {
+      g_offset = off;
+      TestTensor out(shape, dt), dx(doubled(shape), dt);
+      ASSERT_NVTE_OK(nvte_clamped_swiglu_v2(in, out, kLimit, kAlpha, off, nullptr));
+      EXPECT_TRUE(test::close(out.to_double(), ref_fwd(x, shape.back()),
+                              test::activation_tolerance(dt)))
+          << off;
+      ASSERT_NVTE_OK(nvte_clamped_dswiglu_v2(grad, in, dx, kLimit, kAlpha, off, nullptr));
+      EXPECT_TRUE(test::close(dx.to_double(), ref_bwd(g, x, shape.back()),
+                              test::activation_tolerance(dt)))
+          << off;
+    }
+    g_offset = 1.0;
+    TestTensor v1(shape, dt), v2(shape, dt), d1(doubled(shape), dt), d2(doubled(shape), dt);
+    ASSERT_NVTE_OK(nvte_clamped_swiglu(in, v1, kLimit, kAlpha, nullptr));
+    ASSERT_NVTE_OK(nvte_clamped_swiglu_v2(in, v2, kLimit, kAlpha, 1.0f, nullptr));
+    const size_t n = shape[0] * shape[1] * (dt == kNVTEFloat32 ? 4 : 2);
+    EXPECT_TRUE(test::same_bytes(v1.bytes(), v2.bytes(), n));
+    ASSERT_NVTE_OK(nvte_clamped_dswiglu(grad, in, d1, kLimit, kAlpha, nullptr));
+    ASSERT_NVTE_OK(nvte_clamped_dswiglu_v2(grad, in, d2, kLimit, kAlpha, 1.0f, nullptr));
+    EXPECT_TRUE(test::same_bytes(d1.bytes(), d2.bytes(), 2 * n));
+  }
+}
+
 TEST(ClampedSwiGLUErrors, RejectedArguments) {
   constexpr NVTEStatus kInvalid = NVTE_ERROR_INVALID_ARGUMENT;
   TestTensor in({4, 8}, kNVTEFloat32), out({4, 4}, kNVTEFloat32), g({4, 4}, kNVTEFloat32);
@@ -135,6 +170,10 @@ TEST(ClampedSwiGLUErrors, RejectedArguments) {
   EXPECT_NVTE_ERROR(nvte_clamped_dswiglu(g, in, dx, kLimit, -INFINITY, nullptr), kInvalid,
                     "nvte_clamped_dswiglu", "'alpha'");
   EXPECT_NVTE_ERROR(nvte_clamped_dswiglu(in, in, dx, kLimit, kAlpha, nullptr), kInvalid, "'grad'");
+  EXPECT_NVTE_ERROR(nvte_clamped_swiglu_v2(in, out, kLimit, kAlpha, NAN, nullptr), kInvalid,
+                    "nvte_clamped_swiglu_v2", "'glu_linear_offset'");
+  EXPECT_NVTE_ERROR(nvte_clamped_dswiglu_v2(g, in, dx, kLimit, kAlpha, INFINITY, nullptr), kInvalid,
+                    "nvte_clamped_dswiglu_v2", "'glu_linear_offset'");
 }
 
 }  // namespace

@@ -289,6 +289,18 @@ def test_clamped_swiglu_glu_linear_offset():
     p1 = tex.ActivationParams.create(act, limit=0.75, alpha=1.702, glu_linear_offset=1.0)
     assert p1 == tex.ActivationParams.create(act, limit=0.75, alpha=1.702)  # TE's default is 1
     assert tex.act_lu(x, act, None, p1).data.shape == (4, 16)
+    # another offset (nvte_clamped_swiglu_v2): forward and gradient vs the fp32 JAX formula
     p2 = tex.ActivationParams.create(act, limit=0.75, alpha=1.702, glu_linear_offset=0.5)
-    with pytest.raises(NotImplementedError, match="glu_linear_offset"):
-        tex.act_lu(x, act, None, p2)
+
+    def ref(v):
+        a, b = v[..., 0, :], v[..., 1, :]
+        ac = jnp.minimum(a, 0.75)
+        return ac * jax.nn.sigmoid(1.702 * ac) * (jnp.clip(b, -0.75, 0.75) + 0.5)
+
+    y = tex.act_lu(x, act, None, p2).data
+    assert jnp.allclose(y, ref(x), rtol=1e-6, atol=1e-6)
+    assert not jnp.allclose(y, tex.act_lu(x, act, None, p1).data)
+    g = _x((4, 16), jnp.float32, seed=15)
+    dx = tex.dact_lu(g, x, act, p2)
+    dx_ref = jax.vjp(ref, x)[1](g)[0]
+    assert jnp.allclose(dx, dx_ref, rtol=1e-5, atol=1e-6)

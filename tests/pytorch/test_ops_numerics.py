@@ -280,6 +280,16 @@ def test_clamped_swiglu_matches_fp64(dtype):
     assert_bytes_equal(yq, encode_oracle((y32 * 8.0).numpy(), torch.float8_e4m3fn), "fp8 out")
     with pytest.raises(RuntimeError, match="'limit'"):
         ops.clamped_swiglu_fwd(x, 0.0, alpha)
+    # TE's glu_linear_offset (nvte_clamped_swiglu_v2): forward and backward
+    for offset in (0.0, 0.5):
+        y = ops.clamped_swiglu_fwd(x, limit, alpha, glu_linear_offset=offset)[0]
+        y_ref = ref_activation("clamped_swiglu", x64, limit, alpha, offset)
+        assert_close(y, y_ref, dtype, f"clamped_swiglu fwd offset {offset}")
+        (dx,) = torch.autograd.grad(y, x, dy.to(dtype))
+        (dx_ref,) = torch.autograd.grad(y_ref, x64, dy.double())
+        assert_close(dx, dx_ref, dtype, f"clamped_swiglu bwd offset {offset}")
+    with pytest.raises(RuntimeError, match="'glu_linear_offset'"):
+        ops.clamped_swiglu_fwd(x, limit, alpha, glu_linear_offset=float("nan"))
 
 
 def test_activation_fp8_output_and_dtype_change():

@@ -514,3 +514,25 @@ def test_userbuffers_onnx_and_torch_version_names():
         with te.onnx_export(enabled="yes"):
             pass
     assert te.torch_version()[:2] == tuple(int(x) for x in torch.__version__.split(".")[:2])
+
+
+def test_layernorm_mlp_glu_linear_offset():
+    """TE main's activation_params["glu_linear_offset"] for clamped SwiGLU: the module equals
+    fc2(clamped_swiglu(fc1(norm(x)), offset)) with the same weights, and differs from offset 1."""
+    from utils import ref_activation
+
+    torch.manual_seed(5)
+    params = {"limit": 2.0, "alpha": 1.702, "glu_linear_offset": 0.25}
+    m = te.LayerNormMLP(32, 64, activation="clamped_swiglu", activation_params=params,
+                        bias=False, normalization="RMSNorm")
+    x = torch.randn(8, 32, dtype=torch.float64).float()
+    y = m(x)
+    x64 = x.double()
+    h = x64 / torch.sqrt((x64 * x64).mean(-1, keepdim=True) + m.eps) * m.layer_norm_weight.double()
+    h = h @ m.fc1_weight.double().t()
+    ref = ref_activation("clamped_swiglu", h, 2.0, 1.702, 0.25) @ m.fc2_weight.double().t()
+    torch.testing.assert_close(y.double(), ref, rtol=2e-5, atol=2e-5)
+    one = te.LayerNormMLP(32, 64, activation="clamped_swiglu", bias=False, normalization="RMSNorm",
+                          activation_params={"limit": 2.0, "alpha": 1.702})
+    one.load_state_dict(m.state_dict())
+    assert not torch.allclose(one(x), y)

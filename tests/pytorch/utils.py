@@ -151,13 +151,13 @@ _GATED = {
 }
 
 
-def ref_activation(name, x, limit=7.0, alpha=1.702):
+def ref_activation(name, x, limit=7.0, alpha=1.702, offset=1.0):
     """TE's activations; gated ones: [..., 2H] = [act input | linear]. clamped_swiglu: GPT-OSS's
-    min(a, limit) * sigmoid(alpha * min(a, limit)) * (clamp(b, -limit, limit) + 1)."""
+    min(a, limit) * sigmoid(alpha * min(a, limit)) * (clamp(b, -limit, limit) + offset)."""
     if name == "clamped_swiglu":
         a, lin = x.chunk(2, -1)
         a = a.clamp(max=limit)
-        return a * torch.sigmoid(alpha * a) * (lin.clamp(-limit, limit) + 1)
+        return a * torch.sigmoid(alpha * a) * (lin.clamp(-limit, limit) + offset)
     if name in _GATED:
         a, lin = x.chunk(2, -1)
         return _ACT[_GATED[name]](a) * lin

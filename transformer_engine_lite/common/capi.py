@@ -108,6 +108,8 @@ for _act in ("gelu", "qgelu", "relu", "srelu", "silu", "geglu", "qgeglu", "reglu
     _SIGNATURES[f"nvte_d{_act}"] = [_T, _T, _T, _S]
 _SIGNATURES["nvte_clamped_swiglu"] = [_T, _T, _f, _f, _S]
 _SIGNATURES["nvte_clamped_dswiglu"] = [_T, _T, _T, _f, _f, _S]
+_SIGNATURES["nvte_clamped_swiglu_v2"] = [_T, _T, _f, _f, _f, _S]
+_SIGNATURES["nvte_clamped_dswiglu_v2"] = [_T, _T, _T, _f, _f, _f, _S]
 for _sm in ("scaled", "scaled_upper_triang_masked", "scaled_aligned_causal_masked"):
     _SIGNATURES[f"nvte_{_sm}_softmax_forward"] = [_T, _T, _f, _S]
     _SIGNATURES[f"nvte_{_sm}_softmax_backward"] = [_T, _T, _T, _f, _S]

@@ -51,8 +51,10 @@ apply are float32 [0].
       -> (y, amax, scale_inv)             activation in ACTIVATIONS; gated ones halve the last dim
   activation_bwd(Tensor grad, Tensor x, str activation) -> Tensor [x's shape and dtype]
   clamped_swiglu_fwd(Tensor x, float limit, float alpha, ScalarType? out_dtype=None,
-      Tensor? scale=None) -> (y, amax, scale_inv)   TE's clamped SwiGLU, [..., 2H] -> [..., H]
-  clamped_swiglu_bwd(Tensor grad, Tensor x, float limit, float alpha) -> Tensor [x's shape]
+      Tensor? scale=None, float glu_linear_offset=1.0) -> (y, amax, scale_inv)
+      TE's clamped SwiGLU, [..., 2H] -> [..., H] (nvte_clamped_swiglu_v2)
+  clamped_swiglu_bwd(Tensor grad, Tensor x, float limit, float alpha,
+      float glu_linear_offset=1.0) -> Tensor [x's shape]
   gemm(Tensor A, Tensor? A_scale_inv, bool transa, Tensor B, Tensor? B_scale_inv, bool transb,
       ScalarType out_dtype, Tensor? bias=None, bool gelu=False, bool grad=False,
       Tensor? gelu_input=None, Tensor? out_scale=None, float alpha=1.0)
@@ -412,28 +414,29 @@ torch.library.register_autograd(
 
 
 @torch.library.register_fake("te_lite::clamped_swiglu_fwd")
-def _(x, limit, alpha, out_dtype=None, scale=None):
+def _(x, limit, alpha, out_dtype=None, scale=None, glu_linear_offset=1.0):
     out = _out_dtype(x, out_dtype)
     y = x.new_empty(_activation_out_shape(x, "glu"), dtype=out)
     return (y, *_side(x, out in FP8_DTYPES))
 
 
 @torch.library.register_fake("te_lite::clamped_swiglu_bwd")
-def _(grad, x, limit, alpha):
+def _(grad, x, limit, alpha, glu_linear_offset=1.0):
     return x.new_empty(x.shape)
 
 
 def _clamped_setup(ctx, inputs, output):
     x, limit, alpha = inputs[:3]
+    offset = inputs[5] if len(inputs) > 5 else 1.0
     y, amax, scale_inv = output
     ctx.save_for_backward(x)
-    ctx.params = (limit, alpha)
+    ctx.params = (limit, alpha, offset)
     ctx.mark_non_differentiable(amax, scale_inv, *((y,) if y.dtype in FP8_DTYPES else ()))
 
 
 def _clamped_backward(ctx, dy, *_):
     (x,) = ctx.saved_tensors
-    return _ops.clamped_swiglu_bwd(dy.to(x.dtype), x, *ctx.params), None, None, None, None
+    return _ops.clamped_swiglu_bwd(dy.to(x.dtype), x, *ctx.params), None, None, None, None, None
 
 
 torch.library.register_autograd(

@@ -24,6 +24,13 @@ NVTEStatus clamped_fwd(const NVTETensor x, NVTETensor out, NVTEStream s) {
 NVTEStatus clamped_bwd(const NVTETensor g, const NVTETensor x, NVTETensor out, NVTEStream s) {
   return nvte_clamped_dswiglu(g, x, out, 2.5f, 1.702f, s);
 }
+// _v2 with another glu_linear_offset (the kernels' offset parameter).
+NVTEStatus clamped_v2_fwd(const NVTETensor x, NVTETensor out, NVTEStream s) {
+  return nvte_clamped_swiglu_v2(x, out, 2.5f, 1.702f, 0.5f, s);
+}
+NVTEStatus clamped_v2_bwd(const NVTETensor g, const NVTETensor x, NVTETensor out, NVTEStream s) {
+  return nvte_clamped_dswiglu_v2(g, x, out, 2.5f, 1.702f, 0.5f, s);
+}
 
 struct ActOp {
   const char *name;
@@ -39,6 +46,7 @@ const ActOp kOps[] = {
     {"qgeglu", true, nvte_qgeglu, nvte_dqgeglu},  {"reglu", true, nvte_reglu, nvte_dreglu},
     {"sreglu", true, nvte_sreglu, nvte_dsreglu},  {"swiglu", true, nvte_swiglu, nvte_dswiglu},
     {"glu", true, nvte_glu, nvte_dglu},           {"clamped_swiglu", true, clamped_fwd, clamped_bwd},
+    {"clamped_swiglu_v2", true, clamped_v2_fwd, clamped_v2_bwd},
 };
 
 // Output configurations: (kind, dtype).

@@ -53,12 +53,15 @@ void check_output_disjoint(const Tensor &out, const SimpleTensor &in, const char
 struct ClampedParams {
   float limit;
   float alpha;
+  float offset;  // glu_linear_offset: 1 for nvte_clamped_swiglu
 };
 
 void check_clamped(const ClampedParams &p) {
   NVTE_CHECK(std::isfinite(p.limit) && p.limit > 0.0f,
              "argument 'limit': expected a finite number > 0, got ", p.limit);
   NVTE_CHECK(std::isfinite(p.alpha), "argument 'alpha': expected a finite number, got ", p.alpha);
+  NVTE_CHECK(std::isfinite(p.offset), "argument 'glu_linear_offset': expected a finite number, got ",
+             p.offset);
 }
 
 NVTEStatus activation_fwd(const char *op, Activation act, bool gated, const NVTETensor input,
@@ -77,7 +80,8 @@ NVTEStatus activation_fwd(const char *op, Activation act, bool gated, const NVTE
     if (gpu) {
 #ifdef NVTE_WITH_GPU
       if (clamped != nullptr) {
-        gpu::launch_clamped_swiglu_fwd(in, clamped->limit, clamped->alpha, out, spec, stream);
+        gpu::launch_clamped_swiglu_fwd(in, clamped->limit, clamped->alpha, clamped->offset, out,
+                                       spec, stream);
       } else {
         gpu::launch_activation_fwd(act, gated, in, out, spec, stream);
       }
@@ -87,7 +91,7 @@ NVTEStatus activation_fwd(const char *op, Activation act, bool gated, const NVTE
     (void)stream;
     const OutputEmitter em(out, spec);
     if (clamped != nullptr) {
-      launch_clamped_swiglu_fwd(in, clamped->limit, clamped->alpha, em);
+      launch_clamped_swiglu_fwd(in, clamped->limit, clamped->alpha, clamped->offset, em);
     } else if (gated) {
       launch_gated_activation_fwd(act, in, em);
     } else {
@@ -116,7 +120,8 @@ NVTEStatus activation_bwd(const char *op, Activation act, bool gated, const NVTE
     if (gpu) {
 #ifdef NVTE_WITH_GPU
       if (clamped != nullptr) {
-        gpu::launch_clamped_swiglu_bwd(g, in, clamped->limit, clamped->alpha, out, spec, stream);
+        gpu::launch_clamped_swiglu_bwd(g, in, clamped->limit, clamped->alpha, clamped->offset,
+                                       out, spec, stream);
       } else {
         gpu::launch_activation_bwd(act, gated, g, in, out, spec, stream);
       }
@@ -126,7 +131,7 @@ NVTEStatus activation_bwd(const char *op, Activation act, bool gated, const NVTE
     (void)stream;
     const OutputEmitter em(out, spec);
     if (clamped != nullptr) {
-      launch_clamped_swiglu_bwd(g, in, clamped->limit, clamped->alpha, em);
+      launch_clamped_swiglu_bwd(g, in, clamped->limit, clamped->alpha, clamped->offset, em);
     } else if (gated) {
       launch_gated_activation_bwd(act, g, in, em);
     } else {
@@ -229,12 +234,25 @@ NVTEStatus nvte_dglu(const NVTETensor grad, const NVTETensor input, NVTETensor o
 // ---------------------------------------------------------------- clamped SwiGLU (GPT-OSS)
 NVTEStatus nvte_clamped_swiglu(const NVTETensor input, NVTETensor output, float limit, float alpha,
                                NVTEStream stream) {
-  const ClampedParams p{limit, alpha};
+  const ClampedParams p{limit, alpha, 1.0f};
   return activation_fwd("nvte_clamped_swiglu", Activation::kSilu, true, input, output, stream, &p);
 }
 NVTEStatus nvte_clamped_dswiglu(const NVTETensor grad, const NVTETensor input, NVTETensor output,
                                 float limit, float alpha, NVTEStream stream) {
-  const ClampedParams p{limit, alpha};
+  const ClampedParams p{limit, alpha, 1.0f};
   return activation_bwd("nvte_clamped_dswiglu", Activation::kSilu, true, grad, input, output,
+                        stream, &p);
+}
+NVTEStatus nvte_clamped_swiglu_v2(const NVTETensor input, NVTETensor output, float limit,
+                                  float alpha, float glu_linear_offset, NVTEStream stream) {
+  const ClampedParams p{limit, alpha, glu_linear_offset};
+  return activation_fwd("nvte_clamped_swiglu_v2", Activation::kSilu, true, input, output, stream,
+                        &p);
+}
+NVTEStatus nvte_clamped_dswiglu_v2(const NVTETensor grad, const NVTETensor input,
+                                   NVTETensor output, float limit, float alpha,
+                                   float glu_linear_offset, NVTEStream stream) {
+  const ClampedParams p{limit, alpha, glu_linear_offset};
+  return activation_bwd("nvte_clamped_dswiglu_v2", Activation::kSilu, true, grad, input, output,
                         stream, &p);
 }

@@ -26,6 +26,7 @@ struct ActivationParams {
   bool gated = false;           // input rows are [a | b]
   float limit = 0.0f;           // clamped SwiGLU only
   float alpha = 0.0f;
+  float offset = 1.0f;          // clamped SwiGLU's glu_linear_offset
 };
 
 // The kernel runs a flat grid-stride loop over the rows * cols outputs: every thread is busy
@@ -73,7 +74,7 @@ struct ClampedFwd {
   __device__ static float at(const ActivationParams &p, size_t row, size_t col) {
     const size_t i = row * 2 * p.cols + col;
     return ClampedSwiGLU::fwd(load_hp(p.input, p.dtype, i), load_hp(p.input, p.dtype, i + p.cols),
-                              p.limit, p.alpha);
+                              p.limit, p.alpha, p.offset);
   }
 };
 
@@ -85,7 +86,7 @@ struct ClampedBwd {
     const float av = load_hp(p.input, p.dtype, row * p.cols + k);
     const float bv = load_hp(p.input, p.dtype, row * p.cols + h + k);
     const float gv = load_hp(p.grad, p.dtype, row * h + k);
-    return first ? gv * ClampedSwiGLU::linear(bv, p.limit) *
+    return first ? gv * ClampedSwiGLU::linear(bv, p.limit, p.offset) *
                        ClampedSwiGLU::dgate(av, p.limit, p.alpha)
                  : gv * ClampedSwiGLU::gate(av, p.limit, p.alpha) *
                        ClampedSwiGLU::dlinear(bv, p.limit);
@@ -130,7 +131,8 @@ void launch(const ActivationParams &p, const Tensor &out, const OutputSpec &spec
 }
 
 ActivationParams make_params(const Tensor &input, const Tensor *grad, const OutputSpec &spec,
-                             bool gated, float limit = 0.0f, float alpha = 0.0f) {
+                             bool gated, float limit = 0.0f, float alpha = 0.0f,
+                             float offset = 1.0f) {
   ActivationParams p;
   p.input = input.data.dptr;
   p.grad = grad != nullptr ? grad->data.dptr : nullptr;
@@ -140,6 +142,7 @@ ActivationParams make_params(const Tensor &input, const Tensor *grad, const Outp
   p.gated = gated;
   p.limit = limit;
   p.alpha = alpha;
+  p.offset = offset;
   return p;
 }
 
@@ -161,14 +164,17 @@ void launch_activation_bwd(Activation act, bool gated, const Tensor &grad, const
   });
 }
 
-void launch_clamped_swiglu_fwd(const Tensor &input, float limit, float alpha, const Tensor &out,
-                               const OutputSpec &spec, void *stream) {
-  launch<ClampedFwd>(make_params(input, nullptr, spec, true, limit, alpha), out, spec, stream);
+void launch_clamped_swiglu_fwd(const Tensor &input, float limit, float alpha, float offset,
+                               const Tensor &out, const OutputSpec &spec, void *stream) {
+  launch<ClampedFwd>(make_params(input, nullptr, spec, true, limit, alpha, offset), out, spec,
+                     stream);
 }
 
 void launch_clamped_swiglu_bwd(const Tensor &grad, const Tensor &input, float limit, float alpha,
-                               const Tensor &out, const OutputSpec &spec, void *stream) {
-  launch<ClampedBwd>(make_params(input, &grad, spec, true, limit, alpha), out, spec, stream);
+                               float offset, const Tensor &out, const OutputSpec &spec,
+                               void *stream) {
+  launch<ClampedBwd>(make_params(input, &grad, spec, true, limit, alpha, offset), out, spec,
+                     stream);
 }
 
 }  // namespace gpu

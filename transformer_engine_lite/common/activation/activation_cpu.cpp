@@ -42,18 +42,19 @@ NVTE_CPU_KERNEL void gated_bwd_span(const IType *g, const IType *a, const IType 
 
 template <typename IType>
 NVTE_CPU_KERNEL void clamped_fwd_span(const IType *a, const IType *b, float *y, size_t n,
-                                      float limit, float alpha) {
+                                      float limit, float alpha, float offset) {
   for (size_t i = 0; i < n; ++i) {
-    y[i] = ClampedSwiGLU::fwd(to_float(a[i]), to_float(b[i]), limit, alpha);
+    y[i] = ClampedSwiGLU::fwd(to_float(a[i]), to_float(b[i]), limit, alpha, offset);
   }
 }
 
 template <typename IType>
 NVTE_CPU_KERNEL void clamped_bwd_span(const IType *g, const IType *a, const IType *b, float *da,
-                                      float *db, size_t n, float limit, float alpha) {
+                                      float *db, size_t n, float limit, float alpha,
+                                      float offset) {
   for (size_t i = 0; i < n; ++i) {
     const float av = to_float(a[i]), bv = to_float(b[i]), gv = to_float(g[i]);
-    da[i] = gv * ClampedSwiGLU::linear(bv, limit) * ClampedSwiGLU::dgate(av, limit, alpha);
+    da[i] = gv * ClampedSwiGLU::linear(bv, limit, offset) * ClampedSwiGLU::dgate(av, limit, alpha);
     db[i] = gv * ClampedSwiGLU::gate(av, limit, alpha) * ClampedSwiGLU::dlinear(bv, limit);
   }
 }
@@ -102,46 +103,47 @@ void gated_activation_bwd_kernel(const IType *g, const IType *x, const OutputEmi
 }
 
 template <typename IType>
-void clamped_swiglu_fwd_kernel(const IType *x, float limit, float alpha, const OutputEmitter &em) {
+void clamped_swiglu_fwd_kernel(const IType *x, float limit, float alpha, float offset,
+                               const OutputEmitter &em) {
   const size_t h = em.cols();
   emit_rows(em, [&](size_t row0, size_t nrows, float *vals) {
     for (size_t r = 0; r < nrows; ++r) {
       const IType *a = x + (row0 + r) * 2 * h;
-      NVTE_CPU_DISPATCH(clamped_fwd_span(a, a + h, vals + r * h, h, limit, alpha));
+      NVTE_CPU_DISPATCH(clamped_fwd_span(a, a + h, vals + r * h, h, limit, alpha, offset));
     }
   });
 }
 
 template <typename IType>
 void clamped_swiglu_bwd_kernel(const IType *g, const IType *x, float limit, float alpha,
-                               const OutputEmitter &em) {
+                               float offset, const OutputEmitter &em) {
   const size_t h = em.cols() / 2;
   emit_rows(em, [&](size_t row0, size_t nrows, float *vals) {
     for (size_t r = 0; r < nrows; ++r) {
       const IType *a = x + (row0 + r) * 2 * h;
       float *da = vals + r * 2 * h;
       NVTE_CPU_DISPATCH(
-          clamped_bwd_span(g + (row0 + r) * h, a, a + h, da, da + h, h, limit, alpha));
+          clamped_bwd_span(g + (row0 + r) * h, a, a + h, da, da + h, h, limit, alpha, offset));
     }
   });
 }
 
 }  // namespace
 
-void launch_clamped_swiglu_fwd(const Tensor &input, float limit, float alpha,
+void launch_clamped_swiglu_fwd(const Tensor &input, float limit, float alpha, float offset,
                                const OutputEmitter &out) {
   dispatch_dtype<HighPrecisionTypes>(input.data.dtype, "input", [&](auto tag) {
     using IType = typename decltype(tag)::type;
-    clamped_swiglu_fwd_kernel(input.data.ptr<const IType>(), limit, alpha, out);
+    clamped_swiglu_fwd_kernel(input.data.ptr<const IType>(), limit, alpha, offset, out);
   });
 }
 
 void launch_clamped_swiglu_bwd(const Tensor &grad, const Tensor &input, float limit, float alpha,
-                               const OutputEmitter &out) {
+                               float offset, const OutputEmitter &out) {
   dispatch_dtype<HighPrecisionTypes>(input.data.dtype, "input", [&](auto tag) {
     using IType = typename decltype(tag)::type;
     clamped_swiglu_bwd_kernel(grad.data.ptr<const IType>(), input.data.ptr<const IType>(), limit,
-                              alpha, out);
+                              alpha, offset, out);
   });
 }
 

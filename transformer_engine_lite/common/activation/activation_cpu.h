@@ -23,10 +23,10 @@ void launch_gated_activation_bwd(Activation act, const Tensor &grad, const Tenso
                                  const OutputEmitter &out);
 
 // Clamped SwiGLU (util/math.h ClampedSwiGLU): input [rows, 2H] = [a | b], output [rows, H].
-void launch_clamped_swiglu_fwd(const Tensor &input, float limit, float alpha,
+void launch_clamped_swiglu_fwd(const Tensor &input, float limit, float alpha, float offset,
                                const OutputEmitter &out);
 // grad [rows, H], input [rows, 2H], output [rows, 2H] = [da | db].
 void launch_clamped_swiglu_bwd(const Tensor &grad, const Tensor &input, float limit, float alpha,
-                               const OutputEmitter &out);
+                               float offset, const OutputEmitter &out);
 
 }  // namespace nvte

@@ -18,11 +18,13 @@ void launch_activation_fwd(Activation act, bool gated, const Tensor &input, cons
 void launch_activation_bwd(Activation act, bool gated, const Tensor &grad, const Tensor &input,
                            const Tensor &out, const OutputSpec &spec, void *stream);
 
-// Clamped SwiGLU (util/math.h ClampedSwiGLU): the gated layout above with limit / alpha.
-void launch_clamped_swiglu_fwd(const Tensor &input, float limit, float alpha, const Tensor &out,
-                               const OutputSpec &spec, void *stream);
-void launch_clamped_swiglu_bwd(const Tensor &grad, const Tensor &input, float limit, float alpha,
+// Clamped SwiGLU (util/math.h ClampedSwiGLU): the gated layout above with limit / alpha and the
+// linear half's offset.
+void launch_clamped_swiglu_fwd(const Tensor &input, float limit, float alpha, float offset,
                                const Tensor &out, const OutputSpec &spec, void *stream);
+void launch_clamped_swiglu_bwd(const Tensor &grad, const Tensor &input, float limit, float alpha,
+                               float offset, const Tensor &out, const OutputSpec &spec,
+                               void *stream);
 
 }  // namespace gpu
 }  // namespace nvte

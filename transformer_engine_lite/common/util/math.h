@@ -181,19 +181,20 @@ struct Sigmoid {  // the gate of GLU
 };
 
 // TE's clamped SwiGLU (GPT-OSS) on one pair (a, b) of a gated row [a | b]:
-//   a' = min(a, limit), b' = clamp(b, -limit, limit), y = a' * sigmoid(alpha * a') * (b' + 1).
-// Gradients: da = g * (b' + 1) * d/da'[a' sigmoid(alpha a')] where a <= limit (else 0);
+//   a' = min(a, limit), b' = clamp(b, -limit, limit), y = a' * sigmoid(alpha * a') * (b' + off),
+// off = glu_linear_offset (1 in GPT-OSS and TE's nvte_clamped_swiglu; nvte_clamped_swiglu_v2 takes it).
+// Gradients: da = g * (b' + off) * d/da'[a' sigmoid(alpha a')] where a <= limit (else 0);
 // db = g * a' sigmoid(alpha a') where -limit <= b <= limit (else 0). Both ends inclusive, as TE.
 struct ClampedSwiGLU {
   static NVTE_MATH_FN float gate(float a, float limit, float alpha) {
     const float ac = a < limit ? a : limit;
     return ac * sigmoidf(alpha * ac);
   }
-  static NVTE_MATH_FN float linear(float b, float limit) {
-    return (b < -limit ? -limit : (b > limit ? limit : b)) + 1.0f;
+  static NVTE_MATH_FN float linear(float b, float limit, float offset) {
+    return (b < -limit ? -limit : (b > limit ? limit : b)) + offset;
   }
-  static NVTE_MATH_FN float fwd(float a, float b, float limit, float alpha) {
-    return gate(a, limit, alpha) * linear(b, limit);
+  static NVTE_MATH_FN float fwd(float a, float b, float limit, float alpha, float offset) {
+    return gate(a, limit, alpha) * linear(b, limit, offset);
   }
   static NVTE_MATH_FN float dgate(float a, float limit, float alpha) {
     if (!(a <= limit)) return 0.0f;

@@ -55,8 +55,7 @@ _GATED = {"geglu", "glu", "swiglu", "reglu", "qgeglu", "sreglu", "clamped_swiglu
 @dataclass(frozen=True)
 class ClampedSwigluParams:
     """GPT-OSS clamped SwiGLU: out = min(a, limit) * sigmoid(alpha * min(a, limit)) *
-    (clip(b, -limit, limit) + glu_linear_offset). The core's kernels add 1 (nvte_clamped_swiglu has
-    no offset argument): other offsets raise NotImplementedError where the activation runs."""
+    (clip(b, -limit, limit) + glu_linear_offset) (the core's nvte_clamped_swiglu_v2)."""
 
     limit: float = 7.0
     alpha: float = 1.702
@@ -104,7 +103,7 @@ _GATE_OF = {"geglu": "gelu", "qgeglu": "qgelu", "reglu": "relu", "sreglu": "srel
             "swiglu": "silu", "glu": None}
 
 
-def _jax_act_fwd32(x32, name, limit, alpha):
+def _jax_act_fwd32(x32, name, limit, alpha, offset=1.0):
     """float32 activation of the core layout ([..., 2H] for gated ones)."""
     if name in _ELEMENTWISE:
         return _ELEMENTWISE[name](x32)
@@ -112,28 +111,29 @@ def _jax_act_fwd32(x32, name, limit, alpha):
     a, b = x32[..., :h], x32[..., h:]
     if name == "clamped_swiglu":
         ac = jnp.minimum(a, limit)
-        return ac * jax.nn.sigmoid(alpha * ac) * (jnp.clip(b, -limit, limit) + 1.0)
+        return ac * jax.nn.sigmoid(alpha * ac) * (jnp.clip(b, -limit, limit) + offset)
     gate = jax.nn.sigmoid(a) if name == "glu" else _ELEMENTWISE[_GATE_OF[name]](a)
     return gate * b
 
 
-def _jax_act_fwd(x, scale, activation, limit, alpha, out_dtype):
+def _jax_act_fwd(x, scale, activation, limit, alpha, out_dtype, offset=1.0):
     x = _core_layout(x, activation)
-    y = _jax_act_fwd32(x.astype(_F32), activation, limit, alpha)
+    y = _jax_act_fwd32(x.astype(_F32), activation, limit, alpha, offset)
     if is_fp8(out_dtype):
         return _jax_quantize_scaled(y, scale, out_dtype)
     z = jnp.zeros((0,), _F32)
     return y.astype(out_dtype), z, z
 
 
-def _jax_act_bwd(grad, x, activation, limit, alpha):
+def _jax_act_bwd(grad, x, activation, limit, alpha, offset=1.0):
     xc = _core_layout(x, activation)
-    _, vjp = jax.vjp(lambda v: _jax_act_fwd32(v, activation, limit, alpha), xc.astype(_F32))
+    _, vjp = jax.vjp(lambda v: _jax_act_fwd32(v, activation, limit, alpha, offset),
+                     xc.astype(_F32))
     return (vjp(grad.astype(_F32))[0].reshape(x.shape).astype(x.dtype),)
 
 
 # ------------------------------------------------------------------------------ primitives
-def _fwd_abstract(x, scale, *, activation, limit, alpha, out_dtype):
+def _fwd_abstract(x, scale, *, activation, limit, alpha, out_dtype, offset=1.0):
     op = "activation_fwd"
     check_dtype(op, "x", x.dtype, HIGH_PRECISION)
     shape = list(x.shape)
@@ -151,11 +151,12 @@ def _fwd_abstract(x, scale, *, activation, limit, alpha, out_dtype):
 
 def _fwd_attrs(p):
     if p["activation"] == "clamped_swiglu":
-        return {"limit": p["limit"], "alpha": p["alpha"]}
+        return {"limit": p["limit"], "alpha": p["alpha"],
+                "glu_linear_offset": p.get("offset", 1.0)}
     return {"activation": p["activation"]}
 
 
-def _bwd_abstract(grad, x, *, activation, limit, alpha):
+def _bwd_abstract(grad, x, *, activation, limit, alpha, offset=1.0):
     out = _fwd_abstract(x, jnp.zeros((0,), _F32), activation=activation, limit=limit,
                         alpha=alpha, out_dtype=x.dtype)[0]
     if tuple(grad.shape) != tuple(out.shape):
@@ -217,11 +218,7 @@ ClampedActLuPrimitive, ClampedDActLuPrimitive = _make(
 def _params(activation_type, act_params):
     name = activation_name(activation_type)
     p = (act_params or ActivationParams()).clamped_swiglu
-    if name == "clamped_swiglu" and float(p.glu_linear_offset) != 1.0:
-        raise NotImplementedError(f"clamped SwiGLU: glu_linear_offset={p.glu_linear_offset} is not "
-                                  "implemented by transformer_engine_lite (the core's kernels add "
-                                  "1)")
-    return name, float(p.limit), float(p.alpha)
+    return name, float(p.limit), float(p.alpha), float(p.glu_linear_offset)
 
 
 def _core_layout(x, name):
@@ -250,7 +247,7 @@ def act_lu(x, activation_type, *args, **kwargs):
 
 def _act_lu(x, activation_type, out_dtype=None, scale=None, act_params=None):
     """(y, amax, scale_inv): y = act(x) in out_dtype (default x's; FP8 needs `scale`)."""
-    name, limit, alpha = _params(activation_type, act_params)
+    name, limit, alpha, offset = _params(activation_type, act_params)
     out_dtype = np.dtype(out_dtype if out_dtype is not None else x.dtype)
     if name == "identity":
         if is_fp8(out_dtype):
@@ -262,27 +259,30 @@ def _act_lu(x, activation_type, out_dtype=None, scale=None, act_params=None):
     prim = (ClampedActLuPrimitive if name == "clamped_swiglu"
             else GatedActLuPrimitive if name in _GATED else ActLuPrimitive)
     scale = as_scalar(scale) if scale is not None else jnp.zeros((0,), _F32)
-    return prim(x, scale, activation=name, limit=limit, alpha=alpha, out_dtype=out_dtype)
+    extra = {"offset": offset} if name == "clamped_swiglu" else {}
+    return prim(x, scale, activation=name, limit=limit, alpha=alpha, out_dtype=out_dtype, **extra)
 
 
 def dact_lu(grad, x, activation_type, act_params=None):
     """d act(x) / dx applied to grad; x as given to act_lu ([..., 2, H] when gated)."""
-    name, limit, alpha = _params(activation_type, act_params)
+    name, limit, alpha, offset = _params(activation_type, act_params)
     if name == "identity":
         return grad.astype(x.dtype)
     _core_layout(x, name)
     prim = (ClampedDActLuPrimitive if name == "clamped_swiglu"
             else GatedDActLuPrimitive if name in _GATED else DActLuPrimitive)
-    (dx,) = prim(grad, x, activation=name, limit=limit, alpha=alpha)
+    extra = {"offset": offset} if name == "clamped_swiglu" else {}
+    (dx,) = prim(grad, x, activation=name, limit=limit, alpha=alpha, **extra)
     return dx
 
 
 def _jax_act_lu_f32(x, activation_type, act_params=None):
     """Pure-JAX float32 reference of act_lu (TE-JAX's name), in x's dtype."""
-    name, limit, alpha = _params(activation_type, act_params)
+    name, limit, alpha, offset = _params(activation_type, act_params)
     if name == "identity":
         return x
-    return _jax_act_fwd32(_core_layout(x, name).astype(_F32), name, limit, alpha).astype(x.dtype)
+    x32 = _core_layout(x, name).astype(_F32)
+    return _jax_act_fwd32(x32, name, limit, alpha, offset).astype(x.dtype)
 
 
 # TE-JAX's quantizer-taking forms and references, importable from this module as in TE.

@@ -115,20 +115,23 @@ ffi::Error activation_bwd(const Device &dev, Buffer grad, Buffer x, Buffer dx,
 }
 
 ffi::Error clamped_swiglu_fwd(const Device &dev, Buffer x, Buffer scale, Buffer y, Buffer amax,
-                              Buffer scale_inv, double limit, double alpha) {
+                              Buffer scale_inv, double limit, double alpha,
+                              double glu_linear_offset) {
   const float l = static_cast<float>(limit), a = static_cast<float>(alpha);
+  const float off = static_cast<float>(glu_linear_offset);
   return run_fwd("te_lite::clamped_swiglu_fwd", true, "clamped_swiglu", dev, x, scale, y, amax,
                  scale_inv, [&](NVTETensor in, NVTETensor o, NVTEStream s) {
-                   return nvte_clamped_swiglu(in, o, l, a, s);
+                   return nvte_clamped_swiglu_v2(in, o, l, a, off, s);
                  });
 }
 
 ffi::Error clamped_swiglu_bwd(const Device &dev, Buffer grad, Buffer x, Buffer dx, double limit,
-                              double alpha) {
+                              double alpha, double glu_linear_offset) {
   const float l = static_cast<float>(limit), a = static_cast<float>(alpha);
+  const float off = static_cast<float>(glu_linear_offset);
   return run_bwd("te_lite::clamped_swiglu_bwd", true, "clamped_swiglu", dev, grad, x, dx,
                  [&](NVTETensor g, NVTETensor in, NVTETensor o, NVTEStream s) {
-                   return nvte_clamped_dswiglu(g, in, o, l, a, s);
+                   return nvte_clamped_dswiglu_v2(g, in, o, l, a, off, s);
                  });
 }
 
@@ -158,6 +161,7 @@ TE_LITE_FFI_HANDLERS(clamped_swiglu_fwd, clamped_swiglu_fwd,
                      .Ret<Buffer>()          // scale_inv: as amax
                      .Attr<double>("limit")  // a <= limit, |b| <= limit (> 0)
                      .Attr<double>("alpha")  // a * sigmoid(alpha * a)
+                     .Attr<double>("glu_linear_offset")  // (clamped b) + glu_linear_offset
 );
 
 TE_LITE_FFI_HANDLERS(clamped_swiglu_bwd, clamped_swiglu_bwd,
@@ -166,6 +170,7 @@ TE_LITE_FFI_HANDLERS(clamped_swiglu_bwd, clamped_swiglu_bwd,
                      .Ret<Buffer>()          // dx: x's shape and dtype
                      .Attr<double>("limit")
                      .Attr<double>("alpha")
+                     .Attr<double>("glu_linear_offset")
 );
 
 }  // namespace te_lite

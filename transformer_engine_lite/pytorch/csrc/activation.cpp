@@ -119,20 +119,22 @@ at::Tensor activation_bwd(const at::Tensor &grad, const at::Tensor &x,
 
 std::tuple<at::Tensor, at::Tensor, at::Tensor> clamped_swiglu_fwd(
     const at::Tensor &x, double limit, double alpha, std::optional<at::ScalarType> out_dtype,
-    const std::optional<at::Tensor> &scale) {
+    const std::optional<at::Tensor> &scale, double glu_linear_offset) {
   const float l = static_cast<float>(limit), a = static_cast<float>(alpha);
+  const float off = static_cast<float>(glu_linear_offset);
   return run_fwd("te_lite::clamped_swiglu_fwd", true, "clamped_swiglu", x, out_dtype, scale,
                  [&](NVTETensor in, NVTETensor o, NVTEStream s) {
-                   return nvte_clamped_swiglu(in, o, l, a, s);
+                   return nvte_clamped_swiglu_v2(in, o, l, a, off, s);
                  });
 }
 
 at::Tensor clamped_swiglu_bwd(const at::Tensor &grad, const at::Tensor &x, double limit,
-                              double alpha) {
+                              double alpha, double glu_linear_offset) {
   const float l = static_cast<float>(limit), a = static_cast<float>(alpha);
+  const float off = static_cast<float>(glu_linear_offset);
   return run_bwd("te_lite::clamped_swiglu_bwd", true, "clamped_swiglu", grad, x,
                  [&](NVTETensor g, NVTETensor in, NVTETensor o, NVTEStream s) {
-                   return nvte_clamped_dswiglu(g, in, o, l, a, s);
+                   return nvte_clamped_dswiglu_v2(g, in, o, l, a, off, s);
                  });
 }
 

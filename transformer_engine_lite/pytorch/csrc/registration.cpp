@@ -69,8 +69,10 @@ TORCH_LIBRARY(te_lite, m) {
   m.def("activation_bwd(Tensor grad, Tensor x, str activation) -> Tensor");
   m.def(
       "clamped_swiglu_fwd(Tensor x, float limit, float alpha, ScalarType? out_dtype=None, "
-      "Tensor? scale=None) -> (Tensor, Tensor, Tensor)");
-  m.def("clamped_swiglu_bwd(Tensor grad, Tensor x, float limit, float alpha) -> Tensor");
+      "Tensor? scale=None, float glu_linear_offset=1.0) -> (Tensor, Tensor, Tensor)");
+  m.def(
+      "clamped_swiglu_bwd(Tensor grad, Tensor x, float limit, float alpha, "
+      "float glu_linear_offset=1.0) -> Tensor");
 
   // ---- GEMM (TE's nvte_cublas_gemm_scaled semantics)
   m.def(

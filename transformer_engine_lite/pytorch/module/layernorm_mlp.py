@@ -49,7 +49,9 @@ ACTIVATIONS = (
 )
 GATED_ACTIVATIONS = ("geglu", "qgeglu", "reglu", "sreglu", "swiglu", "glu", "clamped_swiglu")
 # activation_params each activation takes (TE's names), with defaults (GPT-OSS's clamped SwiGLU).
-ACTIVATION_PARAMS: dict[str, dict[str, float]] = {"clamped_swiglu": {"limit": 7.0, "alpha": 1.702}}
+ACTIVATION_PARAMS: dict[str, dict[str, float]] = {
+    "clamped_swiglu": {"limit": 7.0, "alpha": 1.702, "glu_linear_offset": 1.0}
+}
 
 
 def resolve_activation_params(owner: str, activation: str, params: Any) -> dict[str, float]:
@@ -80,11 +82,14 @@ def resolve_activation_params(owner: str, activation: str, params: Any) -> dict[
     return out
 
 
-def clamped_swiglu(h: torch.Tensor, limit: float, alpha: float) -> torch.Tensor:
+def clamped_swiglu(h: torch.Tensor, limit: float, alpha: float,
+                   glu_linear_offset: float = 1.0) -> torch.Tensor:
     """TE's clamped SwiGLU (GPT-OSS) on [..., 2H] = [a | b]: a' = min(a, limit),
-    b' = clamp(b, -limit, limit); out = a' * sigmoid(alpha * a') * (b' + 1) (the core's
-    nvte_clamped_swiglu, fp32 math, differentiable)."""
-    return torch.ops.te_lite.clamped_swiglu_fwd(h.contiguous(), limit, alpha)[0]
+    b' = clamp(b, -limit, limit); out = a' * sigmoid(alpha * a') * (b' + glu_linear_offset) (the
+    core's nvte_clamped_swiglu_v2, fp32 math, differentiable)."""
+    return torch.ops.te_lite.clamped_swiglu_fwd(
+        h.contiguous(), limit, alpha, glu_linear_offset=glu_linear_offset
+    )[0]
 
 
 class LayerNormMLP(TransformerEngineBaseModule):
@@ -92,7 +97,8 @@ class LayerNormMLP(TransformerEngineBaseModule):
 
     hidden_size, ffn_hidden_size; activation: one of ACTIVATIONS; gated ones (geglu, ...) make fc1
     produce 2 * ffn_hidden_size features laid out [act input | linear] (TE's convention).
-    activation_params: clamped_swiglu's {"limit", "alpha"} (default 7.0, 1.702); other
+    activation_params: clamped_swiglu's {"limit", "alpha", "glu_linear_offset"} (default 7.0,
+    1.702, 1.0); other
     activations take none. checkpoint=True: keep only the input and recompute the activations in
     the backward (TE's selective activation checkpointing; FP8 included).
     delay_wgrad_compute=True: the backward computes input gradients only; backward_dw() then
@@ -246,7 +252,7 @@ class LayerNormMLP(TransformerEngineBaseModule):
     def _activation(self, h: torch.Tensor) -> torch.Tensor:
         if self.activation == "clamped_swiglu":
             p = self.activation_params
-            return clamped_swiglu(h, p["limit"], p["alpha"])
+            return clamped_swiglu(h, p["limit"], p["alpha"], p["glu_linear_offset"])
         return apply_activation(h, self.activation)
 
     def _forward(self, inp: torch.Tensor, is_first_microbatch: bool | None = None) -> Any:

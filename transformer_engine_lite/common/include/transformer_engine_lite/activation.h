@@ -68,6 +68,14 @@ NVTE_API NVTEStatus nvte_clamped_swiglu(const NVTETensor input, NVTETensor outpu
 NVTE_API NVTEStatus nvte_clamped_dswiglu(const NVTETensor grad, const NVTETensor input,
                                          NVTETensor output, float limit, float alpha,
                                          NVTEStream stream);
+/* TE's _v2: the same with (clamp(b, -limit, limit) + glu_linear_offset) as the linear half
+ * (nvte_clamped_swiglu is glu_linear_offset = 1); glu_linear_offset: finite. */
+NVTE_API NVTEStatus nvte_clamped_swiglu_v2(const NVTETensor input, NVTETensor output, float limit,
+                                           float alpha, float glu_linear_offset,
+                                           NVTEStream stream);
+NVTE_API NVTEStatus nvte_clamped_dswiglu_v2(const NVTETensor grad, const NVTETensor input,
+                                            NVTETensor output, float limit, float alpha,
+                                            float glu_linear_offset, NVTEStream stream);
 
 #ifdef __cplusplus
 }
