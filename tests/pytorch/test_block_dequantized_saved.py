@@ -32,7 +32,8 @@ def test_saves_block_bytes_and_backward_uses_them(save_original_input, bias):
                   save_original_input=save_original_input)
     x = torch.randn(64, 256, dtype=torch.bfloat16, requires_grad=True)
     dy = torch.randn(64, 128, dtype=torch.bfloat16)
-    with te.autocast(enabled=True, recipe=recipe.Float8BlockScaling(backward_override="dequantized")):
+    rc = recipe.Float8BlockScaling(backward_override="dequantized")
+    with te.autocast(enabled=True, recipe=rc):
         y = m(x)
     gf = y.grad_fn
     xs, ws = restore_from_saved(gf.tensor_objects, list(gf.saved_tensors))

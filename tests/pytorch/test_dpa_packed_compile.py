@@ -57,7 +57,8 @@ def test_declared_packing_matches_separate(packed, interleave_dim, compiled):
     out, grads = _run(fn, grads_of)
 
     # reference: the same values as separate dense tensors
-    views = [buf.detach().select(interleave_dim, i).contiguous() for i in range(buf.shape[interleave_dim])]
+    n = buf.shape[interleave_dim]
+    views = [buf.detach().select(interleave_dim, i).contiguous() for i in range(n)]
     ref_in = ([] if packed == "qkv" else [q.detach()]) + views
     ref_in = [t.clone().requires_grad_(True) for t in ref_in]
     ref_out, ref_grads = _run(lambda: dpa(*ref_in), ref_in)
@@ -125,7 +126,8 @@ def test_eager_fallback_warns_and_matches(case):
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always")
         out = torch.compile(dpa)(*args, **kwargs)
-    assert any("Falling back to eager" in str(w.message) and reason in str(w.message) for w in caught)
+    messages = [str(w.message) for w in caught]
+    assert any("Falling back to eager" in m and reason in m for m in messages)
     torch.testing.assert_close(out, ref, rtol=0, atol=0)
     torch._dynamo.reset()
     with pytest.raises(Exception, match="torch.compiler.disable"):
