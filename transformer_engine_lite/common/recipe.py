@@ -522,7 +522,7 @@ class Float8BlockScaling(Recipe):
 
     TE's fields, defaults and checks. The PyTorch front end runs it on the CPU (core
     NVTE_BLOCK_SCALING_1D / _2D kernels; Float8BlockQuantizer); the JAX front end does not
-    implement it yet.
+    implement it yet. backward_override: as Float8CurrentScaling.
     """
 
     use_f32_scales: bool = field(default_factory=lambda: _env_flag(
@@ -539,9 +539,11 @@ class Float8BlockScaling(Recipe):
     fp8_gemm_wgrad: MMParams = field(default_factory=lambda: MMParams(True))
     fp8_dpa: bool = False
     fp8_mha: bool = False
+    backward_override: str | None = field(default_factory=_default_backward_override)
 
     def __post_init__(self) -> None:
         name = "Float8BlockScaling"
+        check_backward_override(name, self.backward_override)
         _check_bool(name, "use_f32_scales", self.use_f32_scales)
         _check_format(name, self.fp8_format)
         _check_quant_fields(name, self)
@@ -569,7 +571,8 @@ class Float8BlockScaling(Recipe):
             f"fp8_quant_bwd_grad={self.fp8_quant_bwd_grad}, "
             f"x_block_scaling_dim={self.x_block_scaling_dim}, "
             f"w_block_scaling_dim={self.w_block_scaling_dim}, "
-            f"grad_block_scaling_dim={self.grad_block_scaling_dim}"
+            f"grad_block_scaling_dim={self.grad_block_scaling_dim}, "
+            f"backward_override={self.backward_override}"
         )
 
 

@@ -105,7 +105,8 @@ def no_torch_dynamo(
 
     when(call) -> reason or None makes it conditional: `call` maps parameter names to the
     arguments this call passed (left-out ones are absent); None traces the call as usual, a
-    reason runs it eagerly and warns once per distinct reason. (TE also lets ONNX export trace
+    reason runs it eagerly and warns (shown once per distinct reason under Python's default
+    warning filters). (TE also lets ONNX export trace
     through; this library has no ONNX export.)"""
 
     def decorator(func: Callable[..., Any]) -> Callable[..., Any]:
@@ -119,16 +120,16 @@ def no_torch_dynamo(
                 f"no_torch_dynamo(when=...): {func.__name__} takes *args, which it cannot name"
             )
         names = list(params)
-        reported: set[str] = set()
 
         def run_eagerly(reason: str, *args: Any, **kwargs: Any) -> Any:
-            if reason not in reported:
-                reported.add(reason)
-                warnings.warn(
-                    f"Falling back to eager execution under torch.compile: {reason} is "
-                    "unsupported on the compiled path (graph-breaks under fullgraph=True).",
-                    stacklevel=3,
-                )
+            # Warned on every fallback: Python's warning filters show it once per call site and
+            # message by default, and a caller recording warnings (catch_warnings,
+            # pytest.warns) sees each fallback, not only the process's first one.
+            warnings.warn(
+                f"Falling back to eager execution under torch.compile: {reason} is "
+                "unsupported on the compiled path (graph-breaks under fullgraph=True).",
+                stacklevel=3,
+            )
             return func(*args, **kwargs)
 
         run_eagerly_disabled = torch._dynamo.disable(run_eagerly, recursive=recursive)

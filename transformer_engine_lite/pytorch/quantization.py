@@ -135,6 +135,20 @@ def block_dequantized(
     return r, c
 
 
+def block_rowwise(x2d: torch.Tensor, spec: QuantSpec) -> tuple[torch.Tensor, torch.Tensor]:
+    """The row-wise Float8BlockScaling copy of a 2-D tensor as (FP8 bytes, fp32 scale_inv): what
+    backward_override="dequantized" saves (block_dequantized's row-wise values are its decode)."""
+    row, row_s, _, _ = ops().quantize_fp8_block(
+        x2d.contiguous(), spec.dtype, spec.block_dim, True, False, spec.pow2, spec.eps
+    )
+    return row, row_s
+
+
+def block_rowwise_values(q: tuple[torch.Tensor, torch.Tensor], spec: QuantSpec) -> torch.Tensor:
+    """fp32 [rows, cols] values of a row-wise block copy (block_rowwise's pair)."""
+    return ops().dequantize_fp8_block(q[0], q[1], spec.block_dim, False, torch.float32)
+
+
 def quantize_per_tensor(
     x: torch.Tensor, spec: QuantSpec, scale: torch.Tensor | None
 ) -> tuple[Operand, torch.Tensor]:

@@ -18,11 +18,13 @@ from .tensor import Float8Tensor
 from .tensor.quantized_tensor import QuantizedTensor, Quantizer
 
 __all__ = [
+    "Float8BlockSavedOperand",
     "Float8SavedOperand",
     "MXFP8SavedOperand",
     "QuantizedTensor",
     "Quantizer",
     "SavedFloat8",
+    "SavedFloat8Block",
     "SavedMXFP8",
     "prepare_for_saving",
     "restore_from_saved",
@@ -97,6 +99,42 @@ class SavedMXFP8(SavedFloat8):
             raise ValueError(f"restore_from_saved: a saved MXFP8 operand needs 2 tensors (bytes, "
                              f"scale_inv), got {len(saved)}")
         return MXFP8SavedOperand(self.shape, self.dtype, saved[0], saved[1]), saved[2:]
+
+class Float8BlockSavedOperand(MXFP8SavedOperand):
+    """A row-wise Float8BlockScaling operand as a backward node saved it (TE's
+    Float8BlockwiseQTensorStorage role under backward_override="dequantized"): `_rowwise_data`
+    (FP8 bytes), `_rowwise_scale_inv` (fp32 per 1x128 tile or 128x128 block, block_dim 1 or 2),
+    no column-wise copy. dequantize() gives the fp32 values the forward GEMM used, then `dtype`."""
+
+    def __init__(self, shape: tuple[int, ...], dtype: torch.dtype, data: torch.Tensor,
+                 scale_inv: torch.Tensor, block_dim: int) -> None:
+        super().__init__(shape, dtype, data, scale_inv)
+        self.block_dim = block_dim
+
+    def dequantize(self, *, dtype: torch.dtype | None = None) -> torch.Tensor:
+        from .quantization import ops
+
+        out = ops().dequantize_fp8_block(self._rowwise_data, self._rowwise_scale_inv,
+                                         self.block_dim, False, torch.float32)
+        return out.reshape(self.shape).to(dtype or self.dtype)
+
+
+class SavedFloat8Block(SavedFloat8):
+    """Template of a row-wise Float8BlockScaling operand saved as (bytes, block scales)."""
+
+    def __init__(self, shape: tuple[int, ...], dtype: torch.dtype, fp8_dtype: Any,
+                 block_dim: int) -> None:
+        super().__init__(shape, dtype, fp8_dtype)
+        self.block_dim = block_dim
+
+    def restore_from_saved(self, saved: list[torch.Tensor | None]) -> tuple[
+            Float8BlockSavedOperand, list]:
+        if len(saved) < 2:
+            raise ValueError(f"restore_from_saved: a saved Float8Block operand needs 2 tensors "
+                             f"(bytes, scale_inv), got {len(saved)}")
+        return (Float8BlockSavedOperand(self.shape, self.dtype, saved[0], saved[1],
+                                        self.block_dim), saved[2:])
+
 
 def prepare_for_saving(
     *tensors: torch.Tensor | None,

@@ -137,6 +137,7 @@ class KVCacheManager:
     def __init__(self) -> None:
         self.cache: dict[int, tuple[torch.Tensor | None, torch.Tensor | None]] = {}
         self.sequences: OrderedDict = OrderedDict()
+        self._step_lens: list[int] = []  # this step's new tokens per sequence (pre_step's)
 
     def reset(self) -> None:
         """Forget all sequences (the cache tensors stay allocated)."""
@@ -183,7 +184,20 @@ class KVCacheManager:
                 f"{owner}: sequences {too_long} would exceed max_sequence_length {cap}"
             )
         self.sequences = OrderedDict(lens)
+        self._step_lens = list(step_dict.values())
         return finished, new
+
+    def _step_lengths(
+        self, cu_new_seqlens: torch.Tensor, cu_cached_seqlens: torch.Tensor, n: int
+    ) -> tuple[list[int], list[int]]:
+        """(new tokens, cached tokens after the step) of the n sequences, as host lists: read off
+        the cumulative lengths step() is given (TE's interface). Under torch.compile that read is
+        data-dependent (a host sync no graph can hold), so the lengths pre_step() recorded on the
+        host are used instead -- the same numbers InferenceParams builds those tensors from. They
+        become constants of the graph: dynamo recompiles when they change."""
+        if torch.compiler.is_compiling():
+            return list(self._step_lens), list(self.sequences.values())
+        return _host_lens(cu_new_seqlens, n), _host_lens(cu_cached_seqlens, n)
 
 
 class NonPagedKVCacheManager(KVCacheManager):
@@ -256,8 +270,7 @@ class NonPagedKVCacheManager(KVCacheManager):
             raise ValueError(f"{owner}: layer_number {layer_number} has no cache (allocate_memory)")
         k_cache, v_cache = self.cache[layer_number]
         n = len(self.sequences)
-        new_lens = _host_lens(cu_new_seqlens, n)
-        cached_lens = _host_lens(cu_cached_seqlens, n)
+        new_lens, cached_lens = self._step_lengths(cu_new_seqlens, cu_cached_seqlens, n)
         _check_new_kv(owner, new_k, new_v, qkv_format, k_cache, v_cache, new_lens)
         if self._moves and layer_number not in self._reindexed:
             # Continuing sequences move to the front slots; index_select copies first, so the
@@ -454,8 +467,7 @@ class PagedKVCacheManager(KVCacheManager):
             raise ValueError(f"{owner}: layer_number {layer_number} has no cache (allocate_memory)")
         k_cache, v_cache = self.cache[layer_number]
         n = len(self.sequences)
-        new_lens = _host_lens(cu_new_seqlens, n)
-        cached_lens = _host_lens(cu_cached_seqlens, n)
+        new_lens, cached_lens = self._step_lengths(cu_new_seqlens, cu_cached_seqlens, n)
         _check_new_kv(owner, new_k, new_v, qkv_format, k_cache, v_cache, new_lens)
         src, seq, pos = _new_tokens(
             qkv_format, tuple(new_k.shape), new_lens, cached_lens, k_cache.device

@@ -390,6 +390,11 @@ class MultiheadAttention(torch.nn.Module):
             )
         if self.q_norm is not None and not self.qk_norm_before_rope:
             q, k = self._qk_norm(q, k)
+        if torch.compiler.is_compiling():
+            # Views of the QKV GEMM output are packed q/k/v that DotProductAttention can only
+            # recognise from data pointers, which it does eagerly (a graph break); traced, they
+            # go over dense (the attention kernels copy separate inputs dense anyway).
+            q, k, v = q.contiguous(), k.contiguous(), v.contiguous()
         context = self.core_attention(
             q,
             k,

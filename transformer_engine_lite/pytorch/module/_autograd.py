@@ -14,11 +14,13 @@ from typing import Any, NamedTuple
 import torch
 
 from ..fp8 import FP8GlobalStateManager
-from ..quantized_tensor import SavedFloat8, SavedMXFP8
+from ..quantized_tensor import SavedFloat8, SavedFloat8Block, SavedMXFP8
 from ..quantization import (
     Operand,
     QuantSpec,
     block_dequantized,
+    block_rowwise,
+    block_rowwise_values,
     mx_dequantized,
     ops,
     quantize_per_tensor,
@@ -232,19 +234,28 @@ class _LinearFn(torch.autograd.Function):
             # contracts over K: row-wise tiles of x (1x128) and W (128x128); the column-wise
             # copies (tiles along the tokens for x, the transposed blocks for W) serve wgrad / dgrad.
             quant_bwd = cfg.bwd_override is None
+            deq = cfg.bwd_override == "dequantized"
             x_col = need_wgrad and quant_bwd and not cfg.save_original_input
-            xr, xc = block_dequantized(x2, cfg.inp, True, x_col)
+            # "dequantized" saves the row-wise block bytes and scales the forward used (TE's
+            # quantized operand; a quarter of fp32's memory) and ignores save_original_input
+            x_blk = block_rowwise(x2, cfg.inp) if deq else None
+            xr, xc = (block_rowwise_values(x_blk, cfg.inp), None) if deq else \
+                block_dequantized(x2, cfg.inp, True, x_col)
+            w_blk = None
             if w_mx is not None:
                 wr, wc = w_mx
                 w = wr
+            elif deq:
+                w_blk = block_rowwise(w, cfg.weight)
+                wr, wc = block_rowwise_values(w_blk, cfg.weight), None
             else:
                 wr, wc = block_dequantized(w, cfg.weight, True, need_dgrad and quant_bwd)
             out = _gemm_fwd(wr, None, xr, None, out_dtype, bias, acc, alpha)
             amax = _empty_amax(inp)
             if hp_bwd:
                 saved = (x2, None, w, None)
-            elif cfg.bwd_override == "dequantized":  # the values the forward used
-                saved = (xr, None, wr, None)
+            elif deq:  # the values the forward used, as FP8 block bytes + scales
+                saved = (*x_blk, *(w_blk if w_blk is not None else (wr, None)))
             else:
                 saved = (x2 if cfg.save_original_input else xc, None, wc, None)
         else:
@@ -274,10 +285,15 @@ class _LinearFn(torch.autograd.Function):
         if not torch.compiler.is_compiling():
             # TE's ctx.tensor_objects: how restore_from_saved rebuilds (input, weight) from
             # ctx.saved_tensors: a per-tensor FP8 operand is its (bytes, scale_inv) pair.
-            kind = SavedMXFP8 if cfg.mode == "mxfp8" else SavedFloat8
+            def template(i: int, shape: tuple) -> Any:
+                spec = cfg.inp if i == 0 else cfg.weight
+                if cfg.mode == "block":
+                    return SavedFloat8Block(shape, out_dtype, spec.dtype, spec.block_dim)
+                kind = SavedMXFP8 if cfg.mode == "mxfp8" else SavedFloat8
+                return kind(shape, out_dtype, spec.dtype)
+
             ctx.tensor_objects = [
-                kind(shape, out_dtype, cfg.inp.dtype if i == 0 else cfg.weight.dtype)
-                if saved[2 * i + 1] is not None else None
+                template(i, shape) if saved[2 * i + 1] is not None else None
                 for i, shape in enumerate((x2.shape, tuple(weight.shape)))
             ]
         ctx.mark_non_differentiable(amax)
@@ -346,10 +362,14 @@ class _LinearFn(torch.autograd.Function):
                     te.dequantize_mxfp8(x_data, x_si, False, torch.bfloat16)
                 w_data = w_data if w_si is None else \
                     te.dequantize_mxfp8(w_data, w_si, False, torch.bfloat16)
-            if x_si is not None and cfg.mode != "mxfp8":
-                x_data = te.dequantize(x_data, x_si, act_dtype)
-            if w_si is not None and cfg.mode != "mxfp8":
-                w_data = te.dequantize(w_data, w_si, act_dtype)
+            elif cfg.mode == "block":  # row-wise block bytes ("dequantized"), to fp32 as the fwd
+                x_data = x_data if x_si is None else \
+                    block_rowwise_values((x_data, x_si), cfg.inp)
+                w_data = w_data if w_si is None else \
+                    block_rowwise_values((w_data, w_si), cfg.weight)
+            else:
+                x_data = x_data if x_si is None else te.dequantize(x_data, x_si, act_dtype)
+                w_data = w_data if w_si is None else te.dequantize(w_data, w_si, act_dtype)
             x_data = x_data if x_data.dtype == act_dtype else x_data.to(act_dtype)
             w_data = w_data if w_data.dtype == act_dtype else w_data.to(act_dtype)
             if need_dgrad:

@@ -63,7 +63,8 @@ class _GroupedLinear(torch.autograd.Function):
     ) -> tuple[torch.Tensor, torch.Tensor]:
         n = len(splits)
         subs, outs, amaxes = [], [], []
-        for g, part in enumerate(torch.split(x2, list(splits), dim=0)):
+        parts = torch.split(x2, list(splits), dim=0)
+        for g, part in enumerate(parts):
             meta, main_grad, cfg, store, w_cast = groups[g]
             need = (ctx.needs_input_grad[0], ctx.needs_input_grad[5 + g],
                     ctx.needs_input_grad[5 + n + g]) + (False,) * 10
@@ -75,6 +76,14 @@ class _GroupedLinear(torch.autograd.Function):
             amaxes.append(amax)
         # TE's order of the saved operands: inputs of all groups, then weights of all groups
         pieces = [_split_saved(s) for s in subs]
+        # Every group keeping its rows of the unquantized input (high_precision): the node saves
+        # the whole input once and None for the other groups, as TE, and splits it again in the
+        # backward.
+        ctx.whole_input = n > 0 and all(
+            len(p[0]) == 1 and _same_rows(p[0][0], part) for p, part in zip(pieces, parts)
+        )
+        if ctx.whole_input:
+            pieces = [([x2] if g == 0 else [None], p[1]) for g, p in enumerate(pieces)]
         flat = [t for p in pieces for t in p[0]] + [t for p in pieces for t in p[1]]
         ctx.save_for_backward(*flat)
         ctx.counts = [(len(p[0]), len(p[1])) for p in pieces]
@@ -101,6 +110,8 @@ class _GroupedLinear(torch.autograd.Function):
         n_in = sum(c[0] for c in ctx.counts)
         ins, ws = saved[:n_in], saved[n_in:]
         splits = [s.inp_shape[0] for s in ctx.subs]
+        if ctx.whole_input:
+            ins = list(torch.split(ins[0], splits, dim=0))
         dx, dws, dbs = [], [None] * n, [None] * n
         for g, (sub, dy) in enumerate(zip(ctx.subs, torch.split(grad_out, splits, dim=0))):
             ci, cw = ctx.counts[g]
@@ -116,6 +127,16 @@ class _GroupedLinear(torch.autograd.Function):
             dgrad = torch.cat(dx, 0, out=ctx.dgrad_out) if ctx.dgrad_out is not None else \
                 torch.cat(dx, 0)
         return (dgrad, None, None, None, None, *dws, *dbs)
+
+
+def _same_rows(saved: torch.Tensor | None, part: torch.Tensor) -> bool:
+    """Whether a group saved exactly its rows of the input (same memory, shape and dtype)."""
+    return (
+        isinstance(saved, torch.Tensor)
+        and saved.dtype == part.dtype
+        and saved.shape == part.shape
+        and saved.data_ptr() == part.data_ptr()
+    )
 
 
 def _split_saved(sub: _SubCtx) -> tuple[list[torch.Tensor], list[torch.Tensor]]:

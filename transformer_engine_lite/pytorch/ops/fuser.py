@@ -14,6 +14,9 @@ split again):
       into the extra output's gradient (the residual gradient), no separate add.
   MakeExtraOutput + RMSNorm -> BackwardAddRMSNorm: the norm's backward kernel adds the extra
       output's gradient into dx (nvte_rmsnorm_bwd_add).
+  Linear with Bias + ReLU / GELU under a recipe without backward_override ->
+      BackwardActivationBias (TE main's; composed of the same kernels, fused/backward_fusions.py).
+      The plan is rebuilt when the forward's recipe kind or backward_override changes.
 
 How it runs (with autograd recording): one autograd.Function for the whole list. Its forward runs
 each forward op on detached inputs with grad enabled, so each op builds its own small autograd
@@ -33,6 +36,7 @@ from typing import Any
 
 import torch
 
+from .basic.quantize import active_recipe
 from .fused import OpList, fuse_backward_ops, fuse_forward_ops
 from .op import BasicOperation, FusedOperation, FusibleOperation
 
@@ -103,6 +107,8 @@ class _FuserFunction(torch.autograd.Function):
                 x = run.y
                 outs.extend(run.extras_out)
         ctx.fuser, ctx.runs, ctx.n_extra = fuser, runs, n_extra
+        # the backward plan depends on the forward's recipe (backward_override, TE's rule)
+        ctx.plan = fuser._backward_plan_for(active_recipe())
         ctx.params = params
         ctx.set_materialize_grads(False)
         # An output that aliases an input (in-place residual add) is returned as that input, so
@@ -123,7 +129,7 @@ class _FuserFunction(torch.autograd.Function):
             d_extra.append(tuple(next(it) for _ in run.extras_out))
         d_extra_in: list[tuple[torch.Tensor | None, ...]] = [()] * len(runs)
         pgrads: dict[int, torch.Tensor] = {}
-        for op, units in ctx.fuser._backward_plan:
+        for op, units in ctx.plan:
             if len(units) == 1 and not hasattr(op, "fuser_backward"):
                 u = units[0]
                 dy, d_extra_in[u], g = runs[u].backward(dy, d_extra[u])
@@ -176,6 +182,7 @@ class OperationFuser:
         self._basic_ops = basic
         self._ops: OpList | None = None
         self._bwd: list[tuple[FusibleOperation, list[int]]] | None = None
+        self._bwd_key: Any = None
         self.num_extra_inputs = sum(op.num_extra_inputs for op in basic)
 
     @property
@@ -191,9 +198,21 @@ class OperationFuser:
     @property
     def _backward_plan(self) -> list[tuple[FusibleOperation, list[int]]]:
         """The backward ops in the order they run, each with the forward ops (indices into
-        _forward_ops) whose gradients it computes."""
+        _forward_ops) whose gradients it computes: the plan of the last forward (unquantized
+        before any)."""
         if self._bwd is None:
-            self._bwd = fuse_backward_ops(self._forward_ops)
+            return self._backward_plan_for(None)
+        return self._bwd
+
+    def _backward_plan_for(self, recipe: Any) -> list[tuple[FusibleOperation, list[int]]]:
+        """The plan for a forward under `recipe`, rebuilt when the recipe's kind or its
+        backward_override changes (TE rebuilds its backward fusions the same way)."""
+        key = (
+            None if recipe is None else (type(recipe), getattr(recipe, "backward_override", None))
+        )
+        if self._bwd is None or key != self._bwd_key:
+            self._bwd = fuse_backward_ops(self._forward_ops, recipe)
+            self._bwd_key = key
         return self._bwd
 
     @property

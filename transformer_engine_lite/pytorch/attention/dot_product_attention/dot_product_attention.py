@@ -19,6 +19,7 @@ import torch
 from torch.utils.checkpoint import checkpoint
 
 from ...distributed import get_distributed_world_size
+from ...jit import no_torch_dynamo
 from ...module.base import TransformerEngineBaseModule, default_device, reject_unsupported
 from ..backends import (
     FlashAttention,
@@ -38,6 +39,7 @@ from ..inputs import (
     normalize_mask_type,
     resolve_sequences,
 )
+from .packed_inputs import needs_eager_dpa, unpack_packed_qkv
 
 __all__ = ["DotProductAttention", "_attention_backends"]
 
@@ -175,11 +177,12 @@ class DotProductAttention(TransformerEngineBaseModule):
         )
 
     # ------------------------------------------------------------------ forward
+    @no_torch_dynamo(when=needs_eager_dpa)
     def forward(
         self,
-        query_layer: torch.Tensor,
-        key_layer: torch.Tensor,
-        value_layer: torch.Tensor,
+        query_layer: torch.Tensor | None = None,
+        key_layer: torch.Tensor | None = None,
+        value_layer: torch.Tensor | None = None,
         attention_mask: torch.Tensor | tuple[torch.Tensor, torch.Tensor] | None = None,
         qkv_format: str | None = None,
         cu_seqlens_q: torch.Tensor | None = None,
@@ -199,6 +202,9 @@ class DotProductAttention(TransformerEngineBaseModule):
         fp8_output: bool = False,
         fast_zero_fill: bool = True,
         num_splits: int | None = 1,
+        qkv_layer: torch.Tensor | None = None,
+        kv_layer: torch.Tensor | None = None,
+        qkv_interleave_dim: int = -3,
     ) -> torch.Tensor:
         """Attention output [s_q, b, h * d_v] (sbhd), [b, s_q, h * d_v] (bshd) or
         [t_q, h * d_v] (thd).
@@ -221,6 +227,13 @@ class DotProductAttention(TransformerEngineBaseModule):
         copied into the cache, and q attends to each whole cached sequence, 'padding_causal'
         aligned bottom-right (TE's rule); the sequence lengths are the cache's (TE's: the given
         cu_seqlens_* / max_seqlen_* are superseded by inference_params').
+        qkv_layer / kv_layer (TE main): packed inputs declared instead of detected: qkv_layer
+        [.., 3, h, d] (qkv_interleave_dim -3, e.g. bs3hd) or [.., h, 3, d] (-2, e.g. bsh3d) in
+        place of query/key/value_layer; kv_layer likewise packs K and V beside query_layer.
+        q/k/v become views of it and the layout comes from the declaration, so the call traces
+        under torch.compile. Calls that cannot be traced (packed views not declared, thd without
+        max_seqlen_*, dropout under an RNG tracker) run eagerly with a warning
+        (packed_inputs.needs_eager_dpa).
         """
         owner = "DotProductAttention"
         reject_unsupported(
@@ -231,10 +244,13 @@ class DotProductAttention(TransformerEngineBaseModule):
         fp8 = fp8_attention_plan(self, owner)
         if not isinstance(fp8_output, bool):
             raise ValueError(f"{owner}: fp8_output: expected a bool, got {fp8_output!r}")
-        q, k, v = query_layer, key_layer, value_layer
         fmt = self.qkv_format if qkv_format is None else qkv_format
         if fmt not in QKV_FORMATS:
             raise ValueError(f"{owner}: qkv_format: expected one of {QKV_FORMATS}, got {fmt!r}")
+        q, k, v, declared_layout = unpack_packed_qkv(
+            qkv_layer, kv_layer, query_layer, key_layer, value_layer, fmt, qkv_interleave_dim,
+            inference_params,
+        )
         sizes = (
             self.num_attention_heads_per_partition,
             self.num_gqa_groups_per_partition,
@@ -307,7 +323,8 @@ class DotProductAttention(TransformerEngineBaseModule):
             max_seqlen_kv,
         )
         p = self.attention_dropout if self.training else 0.0
-        layout = detect_qkv_layout(q, k, v, fmt)
+        # A declared packing names the layout (traceable); otherwise it is read off the memory.
+        layout = declared_layout or detect_qkv_layout(q, k, v, fmt)
         backend = select_backend(
             self,
             q,

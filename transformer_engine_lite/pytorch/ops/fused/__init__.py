@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
-from .backward_fusions import BackwardActivationBias
+from typing import Any
+
+from .backward_fusions import BackwardActivationBias, fuse_backward_activation_bias
 from .linear_scale import (
     BackwardLinearScale,
     ForwardLinearScaleAdd,
@@ -27,6 +29,7 @@ __all__ = [
     "ForwardLinearBiasActivation",
     "ForwardLinearBiasAdd",
     "ForwardLinearScaleAdd",
+    "fuse_backward_activation_bias",
     "fuse_backward_add_rmsnorm",
     "fuse_backward_linear_add",
     "fuse_backward_linear_scale",
@@ -50,10 +53,14 @@ def fuse_forward_ops(ops: OpList) -> OpList:
     return ops
 
 
-def fuse_backward_ops(forward_ops: OpList) -> list[tuple[FusibleOperation, list[int]]]:
+def fuse_backward_ops(
+    forward_ops: OpList, recipe: Any = None
+) -> list[tuple[FusibleOperation, list[int]]]:
     """The backward plan: the forward ops reversed (each with its index in forward_ops), then
-    every backward fusion pass in turn."""
+    every backward fusion pass in turn. recipe: the quantization recipe of the forward (None
+    unquantized); the activation + bias fusion depends on it (TE's fuse_backward_ops(recipe=))."""
     plan = [(forward_ops[u][0], [u]) for u in reversed(range(len(forward_ops)))]
+    plan = fuse_backward_activation_bias(plan, recipe)
     for fusion in (fuse_backward_linear_add, fuse_backward_add_rmsnorm, fuse_backward_linear_scale):
         plan = fusion(plan)
     return plan
