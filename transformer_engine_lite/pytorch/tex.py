@@ -84,8 +84,8 @@ def dtype_to_torch(dtype: DType | torch.dtype, what: str = "fp8_dtype") -> torch
     """torch dtype of a DType (a torch dtype passes through)."""
     if isinstance(dtype, torch.dtype):
         return dtype
-    if dtype == DType.kFloat4E2M1:
-        raise NotImplementedError(f"{what}: DType.kFloat4E2M1 (NVFP4) is not implemented")
+    if dtype == DType.kFloat4E2M1:  # NVFP4 data: two E2M1 values per uint8 (TE's storage)
+        return torch.uint8
     try:
         return _TO_TORCH[DType(dtype)]
     except (ValueError, KeyError):

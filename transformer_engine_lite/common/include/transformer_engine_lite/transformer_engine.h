@@ -162,7 +162,7 @@ typedef enum NVTEQuantizationConfigAttribute NVTE_ENUM_INT {
   /*! Ours (TE runs the RHT as separate hadamard_transform calls): bool, apply the 16-point random
    *  Hadamard transform along the rows of the NVFP4 column-wise copy before quantizing it */
   kNVTEQuantizationConfigNVFP4RHT = 64,
-  /*! Ours: uint32, the RHT sign mask (bit i set: sign i is -1; TE's wgrad vector is 0xA7E8) */
+  /*! Ours: uint32, the RHT sign mask (bit i set: sign i is -1; TE's wgrad vector is 0xD7E8) */
   kNVTEQuantizationConfigNVFP4RHTSignMask = 65
 } NVTEQuantizationConfigAttribute;
 

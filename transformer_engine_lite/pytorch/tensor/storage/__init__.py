@@ -4,5 +4,11 @@ quantized tensor without the torch.Tensor wrapper."""
 from ..quantized_tensor import QuantizedTensorStorage
 from .float8_blockwise_tensor_storage import Float8BlockwiseQTensorStorage
 from .mxfp8_tensor_storage import MXFP8TensorStorage
+from .nvfp4_tensor_storage import NVFP4TensorStorage
 
-__all__ = ["Float8BlockwiseQTensorStorage", "MXFP8TensorStorage", "QuantizedTensorStorage"]
+__all__ = [
+    "Float8BlockwiseQTensorStorage",
+    "MXFP8TensorStorage",
+    "NVFP4TensorStorage",
+    "QuantizedTensorStorage",
+]
