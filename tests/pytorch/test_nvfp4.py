@@ -310,3 +310,18 @@ def test_quantized_model_init_and_checkpoint():
     with te.autocast(recipe=recipe):
         y2 = lin2(x)
     assert torch.equal(y, y2)
+
+
+def test_split_quantize():
+    from transformer_engine_lite.pytorch import tex
+
+    torch.manual_seed(11)
+    x = torch.randn(96, 64, dtype=torch.bfloat16)
+    qs = [quantizer(with_rht=True, with_post_rht_amax=True) for _ in range(3)]
+    parts = tex.split_quantize(x, [32, 48, 16], qs)
+    for p, q, xs in zip(parts, qs, torch.split(x, [32, 48, 16])):
+        one = q(xs)
+        assert torch.equal(p._rowwise_data, one._rowwise_data)
+        assert torch.equal(p._columnwise_data, one._columnwise_data)
+    with pytest.raises(ValueError, match="summing to 96"):
+        tex.split_quantize(x, [32, 32], qs[:2])
