@@ -75,12 +75,14 @@ RefCopy ref_quantize(const std::vector<double> &x, size_t rows, size_t cols, boo
       const size_t i0 = two_d ? i / 16 * 16 : i, i1 = two_d ? std::min(rows, i0 + 16) : i + 1;
       std::vector<double> blk;
       for (size_t ii = i0; ii < i1; ++ii)
-        for (size_t j = b * 16; j < std::min(cols, b * 16 + 16); ++j) blk.push_back(x[ii * cols + j]);
+        for (size_t j = b * 16; j < std::min(cols, b * 16 + 16); ++j)
+          blk.push_back(x[ii * cols + j]);
       float d = test::fp32_mul(test::ref_amax(blk), g.mult);
       if (d > 448.0f) d = 448.0f;
       const uint8_t sb = e4m3(d);
       r.s[i * ss[1] + b] = sb;
-      float enc = f32(1.0 / static_cast<double>(test::fp32_mul(test::ref_fp8_decode(sb, kNVTEFloat8E4M3), g.dec)));
+      const double sf = test::ref_fp8_decode(sb, kNVTEFloat8E4M3);
+      float enc = f32(1.0 / static_cast<double>(test::fp32_mul(sf, g.dec)));
       if (enc > FLT_MAX) enc = FLT_MAX;
       for (size_t j = b * 16; j < std::min(cols, b * 16 + 16); ++j) {
         const uint8_t c = ref_e2m1(test::fp32_mul(x[i * cols + j], enc));
@@ -126,11 +128,13 @@ struct Config {
     rng.put(0, static_cast<double>(o.seed), kNVTERowwiseData);
     rng.put(1, static_cast<double>(o.offset), kNVTERowwiseData);
     rng_h = rng;
-    nvte_set_quantization_config_attribute(h, kNVTEQuantizationConfigNVFP42DQuantization, &o.two_d, 1);
+    nvte_set_quantization_config_attribute(h, kNVTEQuantizationConfigNVFP42DQuantization, &o.two_d,
+                                           1);
     nvte_set_quantization_config_attribute(h, kNVTEQuantizationConfigNVFP4RHT, &o.rht, 1);
     nvte_set_quantization_config_attribute(h, kNVTEQuantizationConfigNVFP4RHTSignMask, &o.mask, 4);
     nvte_set_quantization_config_attribute(h, kNVTEQuantizationConfigStochasticRounding, &o.sr, 1);
-    nvte_set_quantization_config_attribute(h, kNVTEQuantizationConfigRNGState, &rng_h, sizeof rng_h);
+    nvte_set_quantization_config_attribute(h, kNVTEQuantizationConfigRNGState, &rng_h,
+                                           sizeof rng_h);
   }
   ~Config() { nvte_destroy_quantization_config(h); }
 };
@@ -172,7 +176,8 @@ void check_exact(TestTensor &in, const std::vector<double> &x, const Shape &shap
                 ref_quantize(x, rows, cols, o.two_d), "row-wise");
   if (test::has_colwise(copies))
     expect_copy(out, kNVTEColumnwiseData, kNVTEColumnwiseScaleInv, kNVTEColumnwiseAmax,
-                ref_quantize(ref_colwise_source(x, rows, cols, o.rht, o.mask, dt), cols, rows, o.two_d),
+                ref_quantize(ref_colwise_source(x, rows, cols, o.rht, o.mask, dt), cols, rows,
+                             o.two_d),
                 "column-wise");
 }
 
@@ -379,7 +384,8 @@ TEST(Nvfp4Dequantize, EachCopyExact) {
         const uint8_t code = i % 2 ? byte >> 4 : byte & 0xF;
         const double sf = test::ref_fp8_decode(src.bytes(sp)[r * ss[1] + c / 16], kNVTEFloat8E4M3);
         const float factor = test::fp32_mul(test::fp32_mul(sf, amax), f32(1.0 / 2688.0));
-        want[i] = test::round_to(test::fp32_mul((code & 8 ? -1.0 : 1.0) * kGrid[code & 7], factor), od);
+        const double v = (code & 8 ? -1.0 : 1.0) * kGrid[code & 7];
+        want[i] = test::round_to(test::fp32_mul(v, factor), od);
       }
       EXPECT_TRUE(test::close(out.to_double(), want, test::Tol{0.0, 0.0}))
           << (colwise ? "colwise " : "rowwise ") << test::dtype_tag(od);

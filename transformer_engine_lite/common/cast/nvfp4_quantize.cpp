@@ -38,7 +38,8 @@ void check_data(const SimpleTensor &d, const char *arg, const char *what,
                 const std::vector<size_t> &logical) {
   check_dtype(d, arg, {kNVTEByte});
   NVTE_CHECK(logical.back() % 2 == 0, "argument '", arg, "': expected an even last dimension for ",
-             what, " NVFP4 data (two E2M1 values per byte), got logical shape ", shape_str(logical));
+             what, " NVFP4 data (two E2M1 values per byte), got logical shape ",
+             shape_str(logical));
   const std::vector<size_t> want = packed(logical);
   NVTE_CHECK(d.shape == want, "argument '", arg, "': expected ", what,
              " NVFP4 data (uint8, two E2M1 per byte) of shape ", shape_str(want), ", got ",
@@ -67,8 +68,8 @@ std::vector<size_t> nvfp4_scale_shape(size_t rows, size_t cols, bool columnwise)
   return {round_up(rows, 128), round_up(ceil_div_sz(cols, kNvfp4BlockLen), 4)};
 }
 
-Nvfp4Spec validate_nvfp4_output(const Tensor &out, const char *arg, const std::vector<size_t> &shape,
-                                const QuantizationConfig &cfg) {
+Nvfp4Spec validate_nvfp4_output(const Tensor &out, const char *arg,
+                                const std::vector<size_t> &shape, const QuantizationConfig &cfg) {
   Nvfp4Spec s;
   NVTE_CHECK(!shape.empty(), "argument 'input': expected at least 1 dimension for "
              "NVTE_NVFP4_1D_SCALING, got a 0-d tensor");
@@ -209,7 +210,8 @@ void colwise_rows(const IType *src, size_t R, size_t C, size_t c0, size_t c1, co
   std::vector<IType> rounded(R);
   for (size_t i = 0; i < w; ++i) {
     float *t = buf + i * R;
-    for (size_t r = 0; r < R; r += kNvfp4BlockLen) nvfp4_rht16(t + r, s.rht_sign_mask, y.data() + r);
+    for (size_t r = 0; r < R; r += kNvfp4BlockLen)
+      nvfp4_rht16(t + r, s.rht_sign_mask, y.data() + r);
     store_row(y.data(), rounded.data(), R);
     load_row(rounded.data(), t, R);
   }
@@ -231,7 +233,7 @@ void quantize_typed(const IType *src, const Tensor &out, const Nvfp4Spec &s) {
           for (size_t c = 0; c < C; ++c) part[b] = nvfp4_amax_acc(part[b], buf[c]);
         }
     });
-    for (float p : part) amax_row = p != p ? p : (amax_row != amax_row ? amax_row : std::max(amax_row, p));
+    for (float p : part) amax_row = nvfp4_amax_acc(amax_row, p);  // NaN-sticky max
   }
   amax_col = amax_row;
   if (s.colwise && s.rht) {  // the column-wise copy is scaled by the amax after the transform
@@ -245,7 +247,7 @@ void quantize_typed(const IType *src, const Tensor &out, const Nvfp4Spec &s) {
       }
     });
     amax_col = 0.0f;
-    for (float p : part) amax_col = p != p ? p : (amax_col != amax_col ? amax_col : std::max(amax_col, p));
+    for (float p : part) amax_col = nvfp4_amax_acc(amax_col, p);
   }
   if (s.rowwise) {
     *out.amax.ptr<float>() = amax_row;

@@ -20,8 +20,8 @@ struct Nvfp4Spec {
 
 // Checks an NVFP4 quantize output for an input of (logical) shape `shape` and the options in
 // `cfg`; returns the spec the kernel runs.
-Nvfp4Spec validate_nvfp4_output(const Tensor &out, const char *arg, const std::vector<size_t> &shape,
-                                const QuantizationConfig &cfg);
+Nvfp4Spec validate_nvfp4_output(const Tensor &out, const char *arg,
+                                const std::vector<size_t> &shape, const QuantizationConfig &cfg);
 // Checks an NVFP4 dequantize input against an output of `out_shape`; returns its spec (the copy
 // it reads: row-wise when present).
 Nvfp4Spec validate_nvfp4_input(const Tensor &in, const char *arg,
