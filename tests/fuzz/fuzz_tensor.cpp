@@ -218,16 +218,22 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
           const uint8_t sz_pick = in.u8() % 8;
           const size_t sz = sz_pick == 0 ? 0 : sz_pick <= 3 ? sizeof(float) : sz_pick <= 5 ? sizeof(bool) : in.size(4);
           unsigned char buf[16] = {};
-          if (attr == kNVTEQuantizationConfigForcePow2Scales) std::memcpy(buf, &b, sizeof(b));
-          else std::memcpy(buf, &f, sizeof(f));
+          const bool bool_attr = attr == kNVTEQuantizationConfigForcePow2Scales ||
+                                 attr == kNVTEQuantizationConfigNVFP42DQuantization ||
+                                 attr == kNVTEQuantizationConfigStochasticRounding;
+          // The RNG-state attribute takes a handle: buf stays zero (a NULL handle) so no garbage
+          // pointer is ever stored.
+          if (bool_attr) std::memcpy(buf, &b, sizeof(b));
+          else if (attr != kNVTEQuantizationConfigRNGState) std::memcpy(buf, &f, sizeof(f));
           NVTEQuantizationConfig c = cfgs.empty() || in.u8() % 8 == 7 ? nullptr : cfgs[in.u8() % cfgs.size()];
           const bool null_buf = in.u8() % 8 == 7;
           const NVTEStatus st = nvte_set_quantization_config_attribute(
               c, static_cast<NVTEQuantizationConfigAttribute>(attr), null_buf ? nullptr : buf, sz);
           Ctx::check_status("nvte_set_quantization_config_attribute", st);
           bool valid = c != nullptr && !null_buf;
-          if (attr == kNVTEQuantizationConfigForcePow2Scales) valid = valid && sz == sizeof(bool);
+          if (bool_attr) valid = valid && sz == sizeof(bool);
           else if (attr == kNVTEQuantizationConfigAmaxEpsilon) valid = valid && sz == sizeof(float) && f >= 0.0f;
+          else if (attr == kNVTEQuantizationConfigRNGState) valid = valid && sz == sizeof(NVTETensor);
           else valid = false;
           if (valid != (st == NVTE_SUCCESS)) {
             fz::fail("nvte_set_quantization_config_attribute: status " +

@@ -262,10 +262,10 @@ def test_tensor_slot_numbers_are_te_s():
 
 
 @pytest.mark.parametrize("cls", [te.NVFP4Quantizer])
-def test_unimplemented_quantizers_can_be_named_in_op_schemas(cls):
-    # TE code defines custom ops taking every quantizer class; NVFP4 (issue #24) must be
-    # nameable in a schema even though making one raises.
+def test_nvfp4_quantizer_is_a_value_type(cls):
+    # TE code defines custom ops taking every quantizer class; NVFP4's is a value quantizer:
+    # nameable in a schema, compared and hashed by its configuration.
     lib = torch.library.Library("te_lite_test_block_schema", "FRAGMENT")
     lib.define(f"f_{cls.__name__}(Tensor x, {get_opaque_type_name(cls)} q) -> Tensor")
-    with pytest.raises(NotImplementedError, match=cls.__name__):
-        cls()
+    a, b = cls(with_rht=True, with_post_rht_amax=True), cls(with_rht=True, with_post_rht_amax=True)
+    assert a == b and hash(a) == hash(b) and a != cls(stochastic_rounding=True)

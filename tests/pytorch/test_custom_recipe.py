@@ -37,7 +37,11 @@ from transformer_engine_lite.pytorch.quantization import (
     get_align_size_for_quantization,
     get_fp8_torch_dtype,
 )
-from transformer_engine_lite.pytorch.tensor import Float8CurrentScalingQuantizer, MXFP8Quantizer
+from transformer_engine_lite.pytorch.tensor import (
+    Float8CurrentScalingQuantizer,
+    MXFP8Quantizer,
+    NVFP4Quantizer,
+)
 from transformer_engine_lite.pytorch.tensor.identity_tensor import IdentityQuantizer
 
 BF16 = torch.bfloat16
@@ -129,13 +133,14 @@ def test_factories():
     assert a is not b
     with pytest.raises(TypeError, match="role: expected a QuantizerRole"):
         current_scaling_factory("input")
-    for f in (nvfp4_factory, nvfp4_ref_rht_2d_factory):
-        with pytest.raises(NotImplementedError, match="issue #24"):
-            f(i)
+    for f in (nvfp4_factory, nvfp4_ref_rht_2d_factory):  # NVFP4: TE's role rules
+        w = f(QuantizerRole("linear", "weight"))
+        assert w.with_2d_quantization and not w.with_rht and f(i).with_rht
+    assert nvfp4_factory(g).stochastic_rounding and not nvfp4_ref_rht_2d_factory(g).stochastic_rounding
     # Float8BlockScaling's defaults: 128x128 blocks for linear weights, 1x128 tiles otherwise
     assert float8_block_scaling_factory(QuantizerRole("linear", "weight")).block_scaling_dim == 2
     assert float8_block_scaling_factory(i).block_scaling_dim == 1
-    with pytest.raises(NotImplementedError, match="NVFP4"):
+    with pytest.raises(NotImplementedError, match="HybridQuantizer"):
         mxfp8_fwd_nvfp4_bwd_factory(g)
     assert isinstance(mxfp8_fwd_nvfp4_bwd_factory(QuantizerRole("dpa", "qkv")), MXFP8Quantizer)
     assert isinstance(mxfp8_fwd_nvfp4_bwd_factory(None), MXFP8Quantizer)
@@ -282,9 +287,9 @@ def test_builtin_recipe_exposes_quantizers():
         (lambda r: delayed_scaling_factory(r) if r is not None and r.tensor_type == "weight"
          else current_scaling_factory(r), "mixing scaling kinds"),
         (lambda r: object(), "quantizer object is not supported"),
-        (nvfp4_factory, "issue #24"),
+        (lambda r: NVFP4Quantizer(row_scaled_nvfp4=True), "row_scaled_nvfp4"),
     ],
-    ids=["mixed", "mixed_delayed_request", "foreign", "nvfp4"],
+    ids=["mixed", "mixed_delayed_request", "foreign", "nvfp4_row_scaled"],
 )
 def test_unsupported_factories_raise(factory, match):
     m = te.Linear(64, 48, params_dtype=BF16)

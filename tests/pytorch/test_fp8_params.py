@@ -307,7 +307,7 @@ def test_module_moves_keep_fp8_storage():
 def test_errors_name_what_was_expected():
     with (
         pytest.raises(TypeError, match="expected DelayedScaling, Float8CurrentScaling, "
-                      "MXFP8BlockScaling, Float8BlockScaling or CustomRecipe"),
+                      "MXFP8BlockScaling, Float8BlockScaling, NVFP4BlockScaling or CustomRecipe"),
         te.fp8_model_init(recipe=object()),
     ):
         pass

@@ -47,6 +47,13 @@ def _blk(shape, dim, columnwise):
     return (col, col_s) if columnwise else (row, row_s)
 
 
+def _nv(shape):
+    row, row_s, row_a, _, _, _ = ops.quantize_nvfp4(
+        randn(*shape), True, False, False, False, 0, False, 0, 0
+    )
+    return row, row_s, row_a
+
+
 def _ln_stats(x, g, b):
     _, mu, rs, _, _ = ops.layernorm_fwd(x, g, b, 1e-5, False)
     return mu, rs
@@ -85,6 +92,17 @@ OPCHECK_CASES: list[tuple[str, str, Callable[[], tuple]]] = [
                                                   torch.float32)),
     ("dequantize_fp8_block", "2d-col", lambda: (*_blk((3, 130, 200), 2, True), 2, True,
                                                   torch.bfloat16)),
+    (
+        "quantize_nvfp4",
+        "bf16-1d-rht-both",
+        lambda: (randn(32, 64, dtype=torch.bfloat16), True, True, False, True, 0xD7E8, False, 0, 0),
+    ),
+    (
+        "quantize_nvfp4",
+        "fp32-2d-sr-col",
+        lambda: (randn(3, 16, 48), False, True, True, False, 0, True, 5, 7),
+    ),
+    ("dequantize_nvfp4", "row-bf16", lambda: (*_nv((40, 96)), torch.bfloat16)),
     ("compute_amax", "fp32", lambda: (randn(5, 96),)),
     ("compute_amax", "bf16", lambda: (randn(3, 7, 33, dtype=torch.bfloat16),)),
     ("compute_scale_from_amax", "e4m3", lambda: (f32(3.0), torch.float8_e4m3fn, 0.0, False)),
@@ -407,7 +425,7 @@ def test_every_op_has_an_opcheck_case():
     assert set(te_ops.OPS) == covered, (
         f"no case for {sorted(set(te_ops.OPS) - covered)}; unknown {sorted(covered - set(te_ops.OPS))}"
     )
-    assert len(te_ops.OPS) == 64
+    assert len(te_ops.OPS) == 66
 
 
 # ===================================================================================== errors

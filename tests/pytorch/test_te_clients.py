@@ -21,6 +21,7 @@ from transformer_engine_lite.common.recipe import (
     Float8BlockScaling,
     Float8CurrentScaling,
     Format,
+    NVFP4BlockScaling,
     QParams,
 )
 from transformer_engine_lite.pytorch import fp8 as te_fp8
@@ -210,9 +211,10 @@ def test_float8_block_scaling_recipe(monkeypatch):
 def test_check_support_functions():
     assert te_fp8.check_fp8_support() == (True, "")
     assert te_fp8.check_mxfp8_support() == (True, "")
-    assert te_fp8.check_nvfp4_support()[0] is False
+    assert te_fp8.check_nvfp4_support() == (True, "")
     te_fp8.check_recipe_support(Float8CurrentScaling())
     te_fp8.check_recipe_support(Float8BlockScaling())
+    te_fp8.check_recipe_support(NVFP4BlockScaling())
 
 
 @pytest.mark.parametrize("mode", [None, "column", "row"])

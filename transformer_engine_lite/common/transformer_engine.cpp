@@ -26,6 +26,7 @@ SimpleTensor *param_slot(Tensor &t, NVTETensorParam p) {
     case kNVTEAmax: return &t.amax;
     case kNVTERowwiseScaleInv: return &t.scale_inv;
     case kNVTEColumnwiseScaleInv: return &t.columnwise_scale_inv;
+    case kNVTEColumnwiseAmax: return &t.columnwise_amax;
     default: return nullptr;
   }
 }
@@ -171,9 +172,31 @@ NVTEStatus nvte_set_quantization_config_attribute(NVTEQuantizationConfig config,
           c.amax_epsilon = eps;
         }
         break;
+      case kNVTEQuantizationConfigRNGState:
+        NVTE_CHECK(size_in_bytes == sizeof(NVTETensor), "argument 'size_in_bytes': expected ",
+                   sizeof(NVTETensor), " (NVTETensor), got ", size_in_bytes);
+        std::memcpy(&c.rng_state, buf, sizeof(NVTETensor));
+        break;
+      case kNVTEQuantizationConfigNVFP42DQuantization:
+      case kNVTEQuantizationConfigStochasticRounding:
+      case kNVTEQuantizationConfigNVFP4RHT:
+        NVTE_CHECK(size_in_bytes == sizeof(bool), "argument 'size_in_bytes': expected ",
+                   sizeof(bool), " (bool), got ", size_in_bytes);
+        std::memcpy(attr == kNVTEQuantizationConfigNVFP42DQuantization ? &c.nvfp4_2d_quantization
+                    : attr == kNVTEQuantizationConfigStochasticRounding ? &c.stochastic_rounding
+                                                                        : &c.nvfp4_rht,
+                    buf, sizeof(bool));
+        break;
+      case kNVTEQuantizationConfigNVFP4RHTSignMask:
+        NVTE_CHECK(size_in_bytes == sizeof(uint32_t), "argument 'size_in_bytes': expected ",
+                   sizeof(uint32_t), " (uint32), got ", size_in_bytes);
+        std::memcpy(&c.nvfp4_rht_sign_mask, buf, sizeof(uint32_t));
+        NVTE_CHECK(c.nvfp4_rht_sign_mask <= 0xFFFFu, "argument 'buf': expected a 16-bit RHT "
+                   "sign mask, got ", c.nvfp4_rht_sign_mask);
+        break;
       default:
-        NVTE_ERROR("argument 'attr': expected 0..", kNVTEQuantizationConfigNumAttributes - 1,
-                   ", got ", static_cast<int>(attr));
+        NVTE_ERROR("argument 'attr': expected 0, 1, 4, 5, 6, 64 or 65, got ",
+                   static_cast<int>(attr));
     }
   });
 }

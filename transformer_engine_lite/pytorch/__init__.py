@@ -122,14 +122,14 @@ __all__ = [
     "recipe",
 ]
 
-# Quantized-tensor storages and the block-scaled classes TE names (the latter refuse to be made:
-# NVFP4 / Float8 block scaling are not implemented).
+# Quantized-tensor storages and the block-scaled classes TE names.
 from .tensor import (  # noqa: E402
     Float8BlockQuantizer,
     Float8BlockwiseQTensor,
     MXFP8TensorStorage,
     NVFP4Quantizer,
     NVFP4Tensor,
+    NVFP4TensorStorage,
     QuantizedTensorStorage,
 )
 
@@ -139,5 +139,6 @@ __all__ += [
     "MXFP8TensorStorage",
     "NVFP4Quantizer",
     "NVFP4Tensor",
+    "NVFP4TensorStorage",
     "QuantizedTensorStorage",
 ]

@@ -35,6 +35,7 @@ from ..common.recipe import (
     Format,
     Float8BlockScaling,
     MXFP8BlockScaling,
+    NVFP4BlockScaling,
     Recipe,
 )
 
@@ -162,10 +163,17 @@ def is_fp8_block_scaling_available(return_reason: bool = False) -> bool | tuple[
     return _answer(_fp8_block_scaling_support(), return_reason)
 
 
+def _nvfp4_support() -> tuple[bool, str]:
+    """CPU: yes (the core's CPU kernels). A GPU: no, until NVFP4 gets GPU kernels (the core
+    refuses GPU tensors for NVTE_NVFP4_1D_SCALING)."""
+    if _cuda_arch() is None:
+        return True, ""
+    return False, "NVFP4BlockScaling has no GPU kernel in transformer_engine_lite yet (CPU only)"
+
+
 def is_nvfp4_available(return_reason: bool = False) -> bool | tuple[bool, str]:
-    """NVFP4BlockScaling: not implemented here."""
-    reason = "NVFP4BlockScaling is not implemented in transformer_engine_lite"
-    return _answer((False, reason), return_reason)
+    """Whether NVFP4BlockScaling (E2M1 with E4M3 scales per 16 values) quantizes here."""
+    return _answer(_nvfp4_support(), return_reason)
 
 
 # TE's check_*_support: (available, reason) pairs (accelerate and Megatron-Core call them).
@@ -190,6 +198,7 @@ def check_recipe_support(recipe: Recipe) -> None:
     _check_recipe(recipe)
     ok, reason = (check_mxfp8_support() if recipe.mxfp8()
                   else _fp8_block_scaling_support() if recipe.float8_block_scaling()
+                  else _nvfp4_support() if recipe.nvfp4()
                   else check_fp8_support())
     if not ok:
         raise RuntimeError(f"{type(recipe).__name__}: {reason}")
@@ -198,17 +207,20 @@ def check_recipe_support(recipe: Recipe) -> None:
 def _check_recipe(recipe: Any) -> Recipe:
     if recipe is None:
         return get_default_fp8_recipe()
-    if isinstance(recipe, Recipe) and recipe.nvfp4():
-        raise NotImplementedError(
-            f"fp8 recipe: {type(recipe).__name__} (FP4) is not implemented by "
-            "transformer_engine_lite yet; use DelayedScaling, Float8CurrentScaling, "
-            "MXFP8BlockScaling or Float8BlockScaling"
-        )
+    if isinstance(recipe, NVFP4BlockScaling):
+        # TE 2.12+'s NVFP4 variants: one amax per activation row, 4over6 block scale selection
+        if recipe.row_scaled_activation:
+            raise NotImplementedError("NVFP4BlockScaling: row_scaled_activation=True is not "
+                                      "implemented by transformer_engine_lite")
+        if recipe.nvfp4_4over6 != "none":
+            raise NotImplementedError(f"NVFP4BlockScaling: nvfp4_4over6={recipe.nvfp4_4over6!r} "
+                                      "(4over6 block scale selection) is not implemented by "
+                                      "transformer_engine_lite; expected 'none'")
     if not isinstance(recipe, (DelayedScaling, Float8CurrentScaling, MXFP8BlockScaling,
-                               Float8BlockScaling, CustomRecipe)):
+                               Float8BlockScaling, NVFP4BlockScaling, CustomRecipe)):
         raise TypeError(
             "fp8 recipe: expected DelayedScaling, Float8CurrentScaling, MXFP8BlockScaling, "
-            "Float8BlockScaling or CustomRecipe, "
+            "Float8BlockScaling, NVFP4BlockScaling or CustomRecipe, "
             f"got {type(recipe).__name__}"
         )
     return recipe

@@ -100,3 +100,46 @@ ROUTER_FAKE_KERNELS = {
     "fused_moe_aux_loss_fwd": _aux_loss_fwd,
     "fused_moe_aux_loss_bwd": _aux_loss_bwd,
 }
+
+
+# ------------------------------------------------------------------------------------ NVFP4
+def _math_prod(dims):
+    p = 1
+    for d in dims:
+        p *= d
+    return p
+
+
+def _cdiv(a, b):
+    return (a + b - 1) // b
+
+
+def _nvfp4_scale_shape(rows, cols):
+    return (_cdiv(rows, 128) * 128, _cdiv(_cdiv(cols, 16), 4) * 4)
+
+
+def _fake_quantize_nvfp4(x, rowwise, columnwise, two_d, rht, rht_sign_mask, stochastic_rounding, seed, offset):
+    torch._check(rowwise or columnwise, lambda: "quantize_nvfp4: rowwise or columnwise required")
+    rows, cols = _math_prod(x.shape[:-1]), x.shape[-1]
+    empty = (0,)
+    shape = (*x.shape[:-1], x.shape[-1] // 2)
+    tshape = (x.shape[-1], *x.shape[:-2], x.shape[-2] // 2) if x.dim() > 1 else (cols,)
+    u8 = torch.uint8
+    return (
+        x.new_empty(shape if rowwise else empty, dtype=u8),
+        x.new_empty(_nvfp4_scale_shape(rows, cols) if rowwise else empty, dtype=u8),
+        x.new_empty((1,) if rowwise else empty, dtype=torch.float32),
+        x.new_empty(tshape if columnwise else empty, dtype=u8),
+        x.new_empty(_nvfp4_scale_shape(cols, rows) if columnwise else empty, dtype=u8),
+        x.new_empty((1,) if columnwise else empty, dtype=torch.float32),
+    )
+
+
+def _fake_dequantize_nvfp4(data, scale_inv, amax, out_dtype):
+    return data.new_empty((*data.shape[:-1], data.shape[-1] * 2), dtype=out_dtype)
+
+
+NVFP4_FAKE_KERNELS = {
+    "quantize_nvfp4": _fake_quantize_nvfp4,
+    "dequantize_nvfp4": _fake_dequantize_nvfp4,
+}

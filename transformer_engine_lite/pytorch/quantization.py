@@ -72,10 +72,13 @@ def ops():
 class QuantSpec(NamedTuple):
     """Static description of how one operand is cast (hashable: a compile-time constant).
 
-    mode: "hp" (no cast), "delayed", "current", "mxfp8" or "block" (Float8BlockScaling).
-    dtype: FP8 torch dtype (None for "hp").
+    mode: "hp" (no cast), "delayed", "current", "mxfp8", "block" (Float8BlockScaling) or
+    "nvfp4" (NVFP4BlockScaling, which the modules run through the "block" GEMM path).
+    dtype: FP8 torch dtype (None for "hp"; uint8 for NVFP4's packed E2M1).
     pow2, eps: current-scaling and block-scaling options.
-    block_dim: Float8BlockScaling's 1 (1x128 tiles) or 2 (128x128 blocks); 0 otherwise.
+    block_dim: Float8BlockScaling's 1 (1x128 tiles) or 2 (128x128 blocks); NVFP4's 1 (1x16) or 2
+    (16x16); 0 otherwise.
+    rht, sr: NVFP4's random Hadamard transform (column-wise copy) and stochastic rounding.
     """
 
     mode: str = "hp"
@@ -83,6 +86,8 @@ class QuantSpec(NamedTuple):
     pow2: bool = False
     eps: float = 0.0
     block_dim: int = 0
+    rht: bool = False
+    sr: bool = False
 
 
 class Operand(NamedTuple):
@@ -104,7 +109,13 @@ def spec_for(recipe: Recipe, mode: str, forward: bool, qparams: QParams | None =
 
 
 def block_spec(recipe: Recipe, role: str) -> QuantSpec:
-    """Float8BlockScaling's QuantSpec of one operand role ("input", "weight" or "grad")."""
+    """Float8BlockScaling's or NVFP4BlockScaling's QuantSpec of one operand role ("input",
+    "weight" or "grad")."""
+    if recipe.nvfp4():
+        qp = {"input": recipe.fp4_quant_fwd_inp, "weight": recipe.fp4_quant_fwd_weight,
+              "grad": recipe.fp4_quant_bwd_grad}[role]
+        return QuantSpec("nvfp4", torch.uint8, block_dim=2 if qp.fp4_2d_quantization else 1,
+                         rht=bool(qp.random_hadamard_transform), sr=bool(qp.stochastic_rounding))
     qp, dim = {
         "input": (recipe.fp8_quant_fwd_inp, recipe.x_block_scaling_dim),
         "weight": (recipe.fp8_quant_fwd_weight, recipe.w_block_scaling_dim),
@@ -124,6 +135,8 @@ def block_dequantized(
     block GEMM: FP8 products scaled per block into an fp32 accumulator)."""
     if not (rowwise or columnwise):
         return None, None
+    if spec.mode == "nvfp4":
+        return nvfp4_dequantized(x2d, spec, rowwise, columnwise)
     te = ops()
     row, row_s, col, col_s = te.quantize_fp8_block(
         x2d.contiguous(), spec.dtype, spec.block_dim, rowwise, columnwise, spec.pow2, spec.eps
@@ -147,6 +160,28 @@ def block_rowwise(x2d: torch.Tensor, spec: QuantSpec) -> tuple[torch.Tensor, tor
 def block_rowwise_values(q: tuple[torch.Tensor, torch.Tensor], spec: QuantSpec) -> torch.Tensor:
     """fp32 [rows, cols] values of a row-wise block copy (block_rowwise's pair)."""
     return ops().dequantize_fp8_block(q[0], q[1], spec.block_dim, False, torch.float32)
+
+
+def nvfp4_quantizer(spec: QuantSpec, rowwise: bool = True, columnwise: bool = True) -> Any:
+    """The NVFP4Quantizer a QuantSpec("nvfp4") describes (TE's recipe: the post-RHT amax)."""
+    from .tensor.nvfp4_tensor import NVFP4Quantizer
+
+    return NVFP4Quantizer(rowwise=rowwise, columnwise=columnwise, with_rht=spec.rht,
+                          with_post_rht_amax=spec.rht, with_2d_quantization=spec.block_dim == 2,
+                          stochastic_rounding=spec.sr)
+
+
+def nvfp4_dequantized(
+    x2d: torch.Tensor, spec: QuantSpec, rowwise: bool, columnwise: bool
+) -> tuple[torch.Tensor | None, torch.Tensor | None]:
+    """NVFP4 round trip of a 2-D tensor for the fp32 GEMM (as block_dequantized): the row-wise
+    copy and/or the column-wise one transposed back to [rows, cols]. The column-wise copy keeps
+    the random Hadamard transform along the rows (tokens) when spec.rht: the wgrad GEMM contracts
+    two such copies over the tokens, where the orthogonal transform cancels (TE's wgrad)."""
+    t = nvfp4_quantizer(spec, rowwise, columnwise)._quantize(x2d.contiguous())
+    r = t._dequantize_copy(False, torch.float32) if rowwise else None
+    c = t._dequantize_copy(True, torch.float32) if columnwise else None
+    return r, c
 
 
 def quantize_per_tensor(
@@ -197,7 +232,7 @@ def fake_quantize(w: torch.Tensor, recipe: Recipe) -> torch.Tensor:
     if isinstance(recipe, MXFP8BlockScaling):
         row, row_s, _, _ = te.quantize_mxfp8(w2, dtype, True, False)
         out = te.dequantize_mxfp8(row, row_s, False, w.dtype)
-    elif recipe.float8_block_scaling():
+    elif recipe.float8_block_scaling() or recipe.nvfp4():
         out = block_dequantized(w2, block_spec(recipe, "weight"), True, False)[0].to(w.dtype)
     elif recipe.delayed():
         data, _, scale_inv = te.quantize(w2, torch.ones(1, device=w.device), dtype)

@@ -15,13 +15,14 @@ from typing import Any
 import torch
 
 from .tensor import Float8Tensor
-from .tensor.quantized_tensor import QuantizedTensor, Quantizer
+from .tensor.quantized_tensor import QuantizedTensor, QuantizedTensorStorage, Quantizer
 
 __all__ = [
     "Float8BlockSavedOperand",
     "Float8SavedOperand",
     "MXFP8SavedOperand",
     "QuantizedTensor",
+    "QuantizedTensorStorage",
     "Quantizer",
     "SavedFloat8",
     "SavedFloat8Block",

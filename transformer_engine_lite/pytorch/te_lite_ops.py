@@ -27,6 +27,11 @@ apply are float32 [0].
       TE's GEMM_READY layout (core cast.h, nvte_quantize_v2); copies not requested are [0].
   dequantize_fp8_block(Tensor data, Tensor scale_inv, int block_scaling_dim, bool columnwise,
       ScalarType out_dtype) -> Tensor                            (of data's stored shape)
+  quantize_nvfp4(Tensor x, bool rowwise, bool columnwise, bool two_d, bool rht, int rht_sign_mask,
+      bool stochastic_rounding, int seed, int offset)
+      -> (row_data [..., n/2] uint8, row_scale_inv uint8 E4M3, row_amax [1],
+          col_data [last dim, leading dims...] halved, col_scale_inv, col_amax)   (NVFP4)
+  dequantize_nvfp4(Tensor data, Tensor scale_inv, Tensor amax, ScalarType out_dtype) -> Tensor
   compute_amax(Tensor x) -> Tensor [1]
   compute_scale_from_amax(Tensor amax, ScalarType fp8_dtype, float epsilon, bool force_pow_2_scales)
       -> (scale, scale_inv)                                      (current scaling)
@@ -562,7 +567,7 @@ for _op, _adjoint in (("fused_rope_fwd", "fused_rope_bwd"), ("fused_rope_bwd", "
     _fake, _setup, _backward = misc_ops.rope_kernels(_adjoint)
     torch.library.register_fake(f"te_lite::{_op}", _fake)
     torch.library.register_autograd(f"te_lite::{_op}", _backward, setup_context=_setup)
-for _name, _fake in misc_ops.ROUTER_FAKE_KERNELS.items():
+for _name, _fake in {**misc_ops.ROUTER_FAKE_KERNELS, **misc_ops.NVFP4_FAKE_KERNELS}.items():
     torch.library.register_fake(f"te_lite::{_name}", _fake)
 
 

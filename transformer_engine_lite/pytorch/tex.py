@@ -31,6 +31,7 @@ __all__ = [
     "dtype_to_torch",
     "fused_amax_and_scale_update_after_reduction",
     "quantize",
+    "split_quantize",
     "torch_to_dtype",
     *_MULTI_TENSOR,
 ]
@@ -84,8 +85,8 @@ def dtype_to_torch(dtype: DType | torch.dtype, what: str = "fp8_dtype") -> torch
     """torch dtype of a DType (a torch dtype passes through)."""
     if isinstance(dtype, torch.dtype):
         return dtype
-    if dtype == DType.kFloat4E2M1:
-        raise NotImplementedError(f"{what}: DType.kFloat4E2M1 (NVFP4) is not implemented")
+    if dtype == DType.kFloat4E2M1:  # NVFP4 data: two E2M1 values per uint8 (TE's storage)
+        return torch.uint8
     try:
         return _TO_TORCH[DType(dtype)]
     except (ValueError, KeyError):
@@ -169,6 +170,20 @@ def quantize(tensor: torch.Tensor, quantizer: Any, output: Any = None, noop: Any
     if output is None:
         return quantizer(tensor)
     return quantizer.update_quantized(tensor, output)
+
+
+def split_quantize(tensor: torch.Tensor, split_sections: Any, quantizers: Any) -> list[Any]:
+    """TE's tex.split_quantize: tensor split along dim 0 into split_sections rows, each part
+    cast by its quantizer (the same bytes as quantizing the parts one by one)."""
+    sections = [int(s) for s in split_sections]
+    quantizers = list(quantizers)
+    if len(sections) != len(quantizers):
+        raise ValueError(f"tex.split_quantize: expected one quantizer per split section "
+                         f"({len(sections)}), got {len(quantizers)}")
+    if sum(sections) != tensor.shape[0]:
+        raise ValueError(f"tex.split_quantize: split_sections: expected sizes summing to "
+                         f"{tensor.shape[0]} (dim 0), got {sections}")
+    return [q(part) for q, part in zip(quantizers, torch.split(tensor, sections))]
 
 
 def generic_gemm(*args, **kwargs):  # noqa: ANN002, ANN003, ANN201

@@ -10,6 +10,7 @@
 #include "../util/api.h"
 #include "../util/tensor.h"
 #include "block_quantize.h"
+#include "nvfp4_quantize.h"
 #include "emit_cpu.h"
 #include "quantize.h"
 #include "quantize_cpu.h"
@@ -51,6 +52,21 @@ void quantize_block(const Tensor &in, const Tensor &out, const QuantizationConfi
   launch_block_quantize(in, out, spec, cfg);
 }
 
+// NVFP4 outputs: checks, then the CPU kernel (no GPU kernel yet).
+void quantize_nvfp4(const Tensor &in, const Tensor &out, const QuantizationConfig &cfg) {
+  check_has_data(in, "input");
+  check_dtype(in.data, "input", {kNVTEFloat32, kNVTEFloat16, kNVTEBFloat16});
+  const NVTEDevice dev = check_same_device({{&in, "input"}, {&out, "output"}});
+  const Nvfp4Spec spec = validate_nvfp4_output(out, "output", in.data.shape, cfg);
+  check_outputs_disjoint(in.data, out);
+  check_no_overlap(in.data, "input", out.columnwise_amax, "output (columnwise_amax)");
+  check_no_overlap(out.data, "output (row-wise data)", out.columnwise_data,
+                   "output (column-wise data)");
+  NVTE_CHECK_SUPPORTED(dev == kNVTEDeviceCPU, "NVFP4 (NVTE_NVFP4_1D_SCALING) has no GPU kernel "
+                       "yet (expected device cpu, got gpu)");
+  launch_nvfp4_quantize(in, out, spec);
+}
+
 }  // namespace
 
 QuantizeArgs check_quantize_args(const Tensor &in, const Tensor &out) {
@@ -79,6 +95,8 @@ NVTEStatus nvte_quantize(const NVTETensor input, NVTETensor output, NVTEStream s
     const Tensor &in = as_tensor(input, "input");
     const Tensor &out = as_tensor(output, "output");
     if (is_block_scaling(out.scaling_mode)) return quantize_block(in, out, QuantizationConfig{});
+    if (out.scaling_mode == NVTE_NVFP4_1D_SCALING)
+      return quantize_nvfp4(in, out, QuantizationConfig{});
     const QuantizeArgs args = check_quantize_args(in, out);
     if (use_gpu(args.device, "nvte_quantize")) {
 #ifdef NVTE_WITH_GPU
@@ -93,11 +111,15 @@ NVTEStatus nvte_quantize(const NVTETensor input, NVTETensor output, NVTEStream s
 
 NVTEStatus nvte_quantize_v2(const NVTETensor input, NVTETensor output,
                             const NVTEQuantizationConfig config, NVTEStream stream) {
-  if (!config || !is_block_scaling(nvte_tensor_scaling_mode(output)))
+  const NVTEScalingMode mode = nvte_tensor_scaling_mode(output);
+  if (!config || !(is_block_scaling(mode) || mode == NVTE_NVFP4_1D_SCALING))
     return nvte_quantize(input, output, stream);  // other modes take their scales from `output`
   return guarded("nvte_quantize_v2", [&] {
-    quantize_block(as_tensor(input, "input"), as_tensor(output, "output"),
-                   *static_cast<const QuantizationConfig *>(config));
+    const auto &cfg = *static_cast<const QuantizationConfig *>(config);
+    if (mode == NVTE_NVFP4_1D_SCALING)
+      quantize_nvfp4(as_tensor(input, "input"), as_tensor(output, "output"), cfg);
+    else
+      quantize_block(as_tensor(input, "input"), as_tensor(output, "output"), cfg);
   });
 }
 
@@ -107,6 +129,19 @@ NVTEStatus nvte_dequantize(const NVTETensor input, NVTETensor output, NVTEStream
     const Tensor &in = as_tensor(input, "input");
     const Tensor &out = as_tensor(output, "output");
     const bool has_row = in.data.has_data(), has_col = in.columnwise_data.has_data();
+    if (in.scaling_mode == NVTE_NVFP4_1D_SCALING) {
+      check_has_data(out, "output");
+      check_dtype(out.data, "output", {kNVTEFloat32, kNVTEFloat16, kNVTEBFloat16});
+      const Nvfp4Spec spec = validate_nvfp4_input(in, "input", out.data.shape);
+      for (const SimpleTensor *b : {&in.data, &in.columnwise_data, &in.scale_inv,
+                                    &in.columnwise_scale_inv, &in.amax, &in.columnwise_amax})
+        check_no_overlap(*b, "input", out.data, "output");
+      const NVTEDevice dev = check_same_device({{&in, "input"}, {&out, "output"}});
+      NVTE_CHECK_SUPPORTED(dev == kNVTEDeviceCPU, "NVFP4 (NVTE_NVFP4_1D_SCALING) has no GPU "
+                           "kernel yet (expected device cpu, got gpu)");
+      launch_nvfp4_dequantize(in, spec, out.data);
+      return;
+    }
     std::optional<BlockSpec> block;  // set for NVTE_BLOCK_SCALING_1D/2D input
     if (is_block_scaling(in.scaling_mode)) {
       block = validate_block_input(in, "input");
@@ -131,7 +166,7 @@ NVTEStatus nvte_dequantize(const NVTETensor input, NVTETensor output, NVTEStream
     } else {
       NVTE_CHECK(in.scaling_mode == NVTE_DELAYED_TENSOR_SCALING,
                  "argument 'input': expected scaling mode NVTE_DELAYED_TENSOR_SCALING, "
-                 "NVTE_MXFP8_1D_SCALING or NVTE_BLOCK_SCALING_1D/2D, got ",
+                 "NVTE_MXFP8_1D_SCALING, NVTE_BLOCK_SCALING_1D/2D or NVTE_NVFP4_1D_SCALING, got ",
                  static_cast<int>(in.scaling_mode));
       NVTE_CHECK(has_row, "argument 'input': expected per-tensor FP8 row-wise data, got a null ",
                  "pointer (", in.data.describe(), ")");

@@ -46,6 +46,7 @@ struct Tensor {
   SimpleTensor amax;                  // fp32 scalar
   SimpleTensor scale_inv;             // fp32 scalar or E8M0 row-wise block scales
   SimpleTensor columnwise_scale_inv;  // E8M0 column-wise block scales
+  SimpleTensor columnwise_amax;       // fp32 scalar: amax of the column-wise NVFP4 copy
   NVTEScalingMode scaling_mode = NVTE_DELAYED_TENSOR_SCALING;
   NVTEDevice device = kNVTEDeviceCPU;
 
@@ -104,5 +105,10 @@ namespace nvte {
 struct QuantizationConfig {
   bool force_pow_2_scales = false;
   float amax_epsilon = 0.0f;
+  NVTETensor rng_state = nullptr;      // int64 [2] (seed, offset) for stochastic rounding
+  bool nvfp4_2d_quantization = false;  // NVFP4: one scale per 16x16 block
+  bool stochastic_rounding = false;    // NVFP4: stochastic E2M1 rounding
+  bool nvfp4_rht = false;              // NVFP4: RHT before the column-wise copy
+  uint32_t nvfp4_rht_sign_mask = 0;    // NVFP4: RHT sign mask (bit i: sign i is -1)
 };
 }  // namespace nvte

@@ -11,6 +11,7 @@ from ..tensor import (
     Float8BlockwiseQTensor,
     Float8Tensor,
     MXFP8Tensor,
+    NVFP4Tensor,
     QuantizedTensor,
     Quantizer,
 )
@@ -40,6 +41,12 @@ def _operand(name: str, t: Any, rowwise: bool) -> tuple[torch.Tensor, torch.Tens
         view = t._shallow_copy()
         view.update_usage(rowwise_usage=not use_col, columnwise_usage=use_col)
         return view._dequantize_nd(torch.float32), None
+    if isinstance(t, NVFP4Tensor):
+        # NVFP4: the copy TE's GEMM reads, dequantized to fp32 as stored (TE's dequantize
+        # arithmetic: e2m1 * (e4m3 scale * amax / 2688) in fp32); a column-wise copy keeps its
+        # random Hadamard transform, which cancels in the wgrad GEMM (both operands carry it).
+        use_col = (not rowwise and t._columnwise_data is not None) or t._rowwise_data is None
+        return t._dequantize_copy(use_col, torch.float32), None
     if isinstance(t, QuantizedTensor):
         return t.dequantize(), None
     if not isinstance(t, torch.Tensor):
@@ -114,7 +121,8 @@ def _general_gemm(
         return block_scaled_gemm(A, transa, B, transb, dtype, bias, out, accumulate), None, None, None
     a, a_si = _operand("A", A, transa)
     b, b_si = _operand("B", B, not transb)
-    if (isinstance(A, Float8BlockwiseQTensor) or isinstance(B, Float8BlockwiseQTensor)) \
+    fp32_kinds = (Float8BlockwiseQTensor, NVFP4Tensor)
+    if (isinstance(A, fp32_kinds) or isinstance(B, fp32_kinds)) \
             and a_si is None and b_si is None and a.dtype != b.dtype:
         a, b = a.float(), b.float()  # a block-scaled operand is fp32: the pair must match
     dtype = (

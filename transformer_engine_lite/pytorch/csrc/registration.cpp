@@ -25,6 +25,13 @@ TORCH_LIBRARY(te_lite, m) {
   m.def(
       "dequantize_fp8_block(Tensor data, Tensor scale_inv, int block_scaling_dim, bool columnwise, "
       "ScalarType out_dtype) -> Tensor");
+  m.def(
+      "quantize_nvfp4(Tensor x, bool rowwise, bool columnwise, bool two_d, bool rht, "
+      "int rht_sign_mask, bool stochastic_rounding, int seed, int offset) -> "
+      "(Tensor, Tensor, Tensor, Tensor, Tensor, Tensor)");
+  m.def(
+      "dequantize_nvfp4(Tensor data, Tensor scale_inv, Tensor amax, ScalarType out_dtype) -> "
+      "Tensor");
   m.def("compute_amax(Tensor x) -> Tensor");
   m.def(
       "compute_scale_from_amax(Tensor amax, ScalarType fp8_dtype, float epsilon, "

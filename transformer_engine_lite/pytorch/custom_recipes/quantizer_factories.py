@@ -89,9 +89,13 @@ def float8_block_scaling_factory(role: QuantizerRole | None) -> Any:
 
 
 def nvfp4_factory(role: QuantizerRole | None) -> Any:
-    """TE: NVFP4BlockScaling's quantizers. Not implemented (issue #24)."""
+    """NVFP4BlockScaling's defaults (TE's): linear weights 16x16 blocks; linear gradients the
+    random Hadamard transform and stochastic rounding; every other role 1x16 with the RHT."""
     _check_role("nvfp4_factory", role)
-    raise NotImplementedError(
-        "nvfp4_factory: NVFP4 quantization (NVFP4Quantizer) is not implemented by "
-        f"transformer_engine_lite (issue #24); role: {role}"
-    )
+    from ..tensor.nvfp4_tensor import NVFP4Quantizer
+
+    linear = role is not None and role.module_type in ("linear", "grouped_linear")
+    if linear and role.tensor_type == "weight":
+        return NVFP4Quantizer(with_2d_quantization=True)
+    grad = linear and role.tensor_type == "grad_output"
+    return NVFP4Quantizer(with_rht=True, with_post_rht_amax=True, stochastic_rounding=grad)

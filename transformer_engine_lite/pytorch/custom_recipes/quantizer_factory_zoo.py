@@ -2,7 +2,8 @@
 
 mxfp8_fwd_nvfp4_bwd_factory keeps TE's dispatch: MXFP8 for every role outside linear GEMMs,
 NVFP4 (or an MXFP8-forward / NVFP4-backward hybrid) for linear inputs, weights and gradients.
-NVFP4 is not implemented (issue #24), so those roles raise NotImplementedError when asked.
+TE's HybridQuantizer (one format per usage) is not implemented, so those roles raise
+NotImplementedError when asked.
 """
 
 from __future__ import annotations
@@ -22,7 +23,7 @@ def mxfp8_fwd_nvfp4_bwd_factory(role: QuantizerRole | None) -> Any:
     linear = role is not None and role.module_type in ("linear", "grouped_linear")
     if linear and role.tensor_type in ("input", "weight", "grad_output"):
         raise NotImplementedError(
-            "mxfp8_fwd_nvfp4_bwd_factory: the NVFP4 backward operands (HybridQuantizer / "
-            f"NVFP4Quantizer) are not implemented by transformer_engine_lite (issue #24); role: {role}"
+            "mxfp8_fwd_nvfp4_bwd_factory: HybridQuantizer (MXFP8 row-wise with NVFP4 column-wise "
+            f"copies) is not implemented by transformer_engine_lite; role: {role}"
         )
     return mxfp8_factory(role)

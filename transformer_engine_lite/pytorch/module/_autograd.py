@@ -17,6 +17,7 @@ from ..fp8 import FP8GlobalStateManager
 from ..quantized_tensor import SavedFloat8, SavedFloat8Block, SavedMXFP8
 from ..quantization import (
     Operand,
+    nvfp4_quantizer,
     QuantSpec,
     block_dequantized,
     block_rowwise,
@@ -33,6 +34,7 @@ from ..tensor import (
     Float8Tensor,
     MXFP8Quantizer,
     MXFP8Tensor,
+    NVFP4Tensor,
     QuantizedTensor,
 )
 from ..tensor.quantized_tensor import to_dtype_enum
@@ -416,6 +418,8 @@ def _expose_backward_state(
     q = None
     if ctx.fp8 and cfg.mode == "mxfp8":
         q = MXFP8Quantizer(cfg.grad.dtype)
+    elif ctx.fp8 and cfg.mode == "block" and cfg.grad.mode == "nvfp4":
+        q = nvfp4_quantizer(cfg.grad)
     elif ctx.fp8 and cfg.mode == "block":
         q = Float8BlockQuantizer(cfg.grad.dtype, rowwise=True, columnwise=True,
                                  amax_epsilon=cfg.grad.eps, force_pow_2_scales=cfg.grad.pow2,
@@ -569,6 +573,8 @@ def _stored_block(
     dequantized to fp32 (as block_dequantized): the operands the forward would make from it. With
     128x128 blocks both copies hold the same values (square blocks, same scales)."""
     spec = cfg.weight
+    if spec.mode == "nvfp4":
+        return _stored_nvfp4(weight, spec, columnwise)
     if (not isinstance(weight, Float8BlockwiseQTensor)
             or weight._fp8_dtype != to_dtype_enum(spec.dtype)
             or weight._is_2D_scaled != (spec.block_dim == 2)
@@ -584,3 +590,23 @@ def _stored_block(
     c = te.dequantize_fp8_block(weight._columnwise_data.view(spec.dtype),
                                 weight._columnwise_scale_inv, 1, True, torch.float32)
     return r, c.reshape(weight.shape[-1], -1).t().contiguous()
+
+
+def _stored_nvfp4(
+    weight: torch.Tensor, spec: QuantSpec, columnwise: bool
+) -> tuple[torch.Tensor, torch.Tensor | None] | None:
+    """An NVFP4Tensor weight quantized as spec casts weights (same 1x16 / 16x16 blocks, RHT and
+    rounding), its copies dequantized to fp32: the operands the forward would make from it (the
+    column-wise one made from the row-wise copy for 16x16 blocks, as TE's update_usage)."""
+    q = getattr(weight, "_quantizer", None)
+    if (not isinstance(weight, NVFP4Tensor) or q is None or weight._rowwise_data is None
+            or q.with_2d_quantization != (spec.block_dim == 2) or q.with_rht != spec.rht):
+        return None
+    if columnwise and weight._columnwise_data is None and not q.with_2d_quantization:
+        return None
+    view = weight._shallow_copy()
+    view.update_usage(rowwise_usage=True, columnwise_usage=columnwise)
+    r = view._dequantize_copy(False, torch.float32).reshape(-1, weight.shape[-1])
+    if not columnwise:
+        return r, None
+    return r, view._dequantize_copy(True, torch.float32).reshape(-1, weight.shape[-1])

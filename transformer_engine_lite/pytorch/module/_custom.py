@@ -24,6 +24,8 @@ from __future__ import annotations
 
 from typing import Any
 
+import torch
+
 from ...common.recipe import Recipe, check_backward_override
 from ..fp8 import FP8GlobalStateManager, get_fp8_torch_dtype
 from ..quantization import DelayedScalingRequest, QuantizerRole, QuantSpec, check_factory_output
@@ -103,6 +105,11 @@ def builtin_quantizers(module: Any, gemm: int, recipe: Recipe) -> None:
                mk_block(fd, r.fp8_quant_fwd_weight, r.w_block_scaling_dim),
                mk_block(fd, r.fp8_quant_fwd_inp, r.x_block_scaling_dim)]
         bwd = [mk_block(bd, r.fp8_quant_bwd_grad, r.grad_block_scaling_dim) for _ in range(2)]
+    elif recipe.nvfp4():
+        from ..quantization import block_spec, nvfp4_quantizer
+
+        fwd = [nvfp4_quantizer(block_spec(recipe, r)) for r in ("input", "weight", "input")]
+        bwd = [nvfp4_quantizer(block_spec(recipe, "grad")) for _ in range(2)]
     else:
         qps = (recipe.fp8_quant_fwd_inp, recipe.fp8_quant_fwd_weight, recipe.fp8_quant_fwd_inp)
         mk = lambda dt, qp: Float8CurrentScalingQuantizer(  # noqa: E731
@@ -131,13 +138,19 @@ def _spec(owner: str, slot: str, q: Any) -> tuple[str, QuantSpec]:
         dt = dtype_to_torch(q.dtype, f"{owner}: {slot} quantizer dtype")
         return "block", QuantSpec("block", dt, q.force_pow_2_scales, q.amax_epsilon,
                                   q.block_scaling_dim)
+    from ..tensor import NVFP4Quantizer
+
+    if isinstance(q, NVFP4Quantizer):
+        q._check_supported()
+        return "block", QuantSpec("nvfp4", torch.uint8, block_dim=2 if q.with_2d_quantization else 1,
+                                  rht=q.with_rht, sr=q.stochastic_rounding)
     if isinstance(q, DelayedScalingRequest):
         fmt = q.fp8_format
         return "delayed", QuantSpec("delayed", get_fp8_torch_dtype(fmt, slot != "grad_output"))
     raise NotImplementedError(
         f"{owner}: CustomRecipe {slot}: quantizer {type(q).__name__} is not supported in modules "
         "by transformer_engine_lite (expected Float8CurrentScalingQuantizer, MXFP8Quantizer, "
-        "Float8BlockQuantizer, IdentityQuantizer or a DelayedScalingRequest)")
+        "Float8BlockQuantizer, NVFP4Quantizer, IdentityQuantizer or a DelayedScalingRequest)")
 
 
 def custom_gemm_config(module: Any, gemm: int, recipe: Recipe, code: int, fuse_wgrad: bool,

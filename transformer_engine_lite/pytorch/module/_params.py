@@ -50,9 +50,13 @@ def weight_param_quantizer(owner: str, recipe: Recipe, weight: torch.Tensor) -> 
             get_fp8_torch_dtype(fmt, True), rowwise=True, columnwise=True,
             amax_epsilon=float(qp.amax_epsilon), force_pow_2_scales=bool(qp.power_2_scale),
             block_scaling_dim=recipe.w_block_scaling_dim)
+    if recipe.nvfp4():  # the recipe's weight cast: 16x16 blocks unless disabled, no RHT
+        from ..quantization import block_spec, nvfp4_quantizer
+
+        return nvfp4_quantizer(block_spec(recipe, "weight"))
     raise ValueError(
         f"{owner}: quantized_model_init recipe: expected DelayedScaling, Float8CurrentScaling, "
-        f"MXFP8BlockScaling or Float8BlockScaling for FP8 weight parameters, got "
+        f"MXFP8BlockScaling, Float8BlockScaling or NVFP4BlockScaling for FP8 weight parameters, got "
         f"{type(recipe).__name__}"
     )
 

@@ -19,6 +19,7 @@ from ...common.recipe import (
     Float8BlockScaling,
     Float8CurrentScaling,
     MXFP8BlockScaling,
+    NVFP4BlockScaling,
     Recipe,
 )
 from ..tensor import (
@@ -26,6 +27,7 @@ from ..tensor import (
     Float8CurrentScalingQuantizer,
     Float8Quantizer,
     MXFP8Quantizer,
+    NVFP4Quantizer,
     QuantizedTensor,
 )
 
@@ -37,6 +39,7 @@ _COMPATIBLE = (
     (Float8CurrentScalingQuantizer, Float8CurrentScaling),
     (MXFP8Quantizer, MXFP8BlockScaling),
     (Float8BlockQuantizer, Float8BlockScaling),
+    (NVFP4Quantizer, NVFP4BlockScaling),
 )
 
 

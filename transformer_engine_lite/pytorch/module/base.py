@@ -236,7 +236,8 @@ class TransformerEngineBaseModule(torch.nn.Module):
         if m.is_fp8_enabled():
             r = m.get_fp8_recipe()
             mode = ("delayed" if r.delayed() else "current" if r.float8_current_scaling()
-                    else "custom" if r.custom() else "block" if r.float8_block_scaling()
+                    else "custom" if r.custom()
+                    else "block" if r.float8_block_scaling() or r.nvfp4()  # block-scaled path
                     else "mxfp8")
             return mode, r, m.get_recipe_code()
         if m.is_fp8_calibration() and m.get_fp8_recipe().delayed():

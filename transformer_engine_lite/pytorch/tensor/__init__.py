@@ -4,7 +4,8 @@ import torch as _torch
 
 from .float8_tensor import Float8CurrentScalingQuantizer, Float8Quantizer, Float8Tensor
 from .float8_tensor import rebuild_float8_tensor as _rebuild_f8
-from ._block_scaling import NVFP4Quantizer, NVFP4Tensor
+from .nvfp4_tensor import NVFP4Quantizer, NVFP4Tensor, NVFP4TensorStorage
+from .nvfp4_tensor import rebuild_nvfp4_tensor as _rebuild_nv
 from .float8_blockwise_tensor import (
     Float8BlockQuantizer,
     Float8BlockwiseQTensor,
@@ -19,7 +20,7 @@ from .grouped_tensor import GroupedTensor
 
 # torch.load(weights_only=True) of a state_dict holding FP8 parameters (fp8_model_init): the two
 # rebuild functions take plain tensors and values only.
-_torch.serialization.add_safe_globals([_rebuild_f8, _rebuild_mx, _rebuild_fb])
+_torch.serialization.add_safe_globals([_rebuild_f8, _rebuild_mx, _rebuild_fb, _rebuild_nv])
 
 __all__ = [
     "Float8BlockQuantizer",
@@ -35,6 +36,7 @@ __all__ = [
     "MXFP8TensorStorage",
     "NVFP4Quantizer",
     "NVFP4Tensor",
+    "NVFP4TensorStorage",
     "QuantizedTensor",
     "QuantizedTensorStorage",
     "Quantizer",

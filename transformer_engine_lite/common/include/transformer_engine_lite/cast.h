@@ -38,7 +38,20 @@ NVTE_API NVTEStatus nvte_quantize(const NVTETensor input, NVTETensor output, NVT
  *  Scale of a tile: amax = max(tile amax, eps); amax 0 / Inf / NaN -> 1; else fp8_max / amax in
  *  fp32 (an Inf quotient becomes the input dtype's largest finite value), optionally rounded down
  *  to a power of two; scale_inv = 1 / scale; q = encode(x * scale) (fp32 product, nearest even,
- *  satfinite). E4M3 and E5M2 outputs. */
+ *  satfinite). E4M3 and E5M2 outputs.
+ *
+ *  NVFP4 (NVTE_NVFP4_1D_SCALING, TE's NVFP4BlockScaling; nvte_quantize = defaults): data is
+ *  kNVTEByte of the logical shape with the last dim halved, two E2M1 codes per byte (element 2j in
+ *  the low nibble); column-wise data the transpose [last dim, leading dims...] packed the same way.
+ *  scale_inv (kNVTEFloat8E4M3 or kNVTEByte) [roundup(rows,128), roundup(ceil(cols/16),4)], the
+ *  column-wise grid with rows and cols swapped, padding 0; kNVTEAmax / kNVTEColumnwiseAmax (fp32
+ *  [1]) receive each copy's amax (NaN propagates). With S = min(2688 / amax, FLT_MAX) (0 -> 1):
+ *  block scale e4m3(min(block_amax * (S * fp32(1/6)), 448)), q = E2M1(clamp(x / (scale / S),
+ *  +-6)), nearest even or, with kNVTEQuantizationConfigStochasticRounding, stochastic from the
+ *  kNVTEQuantizationConfigRNGState stream (README "NVFP4"). kNVTEQuantizationConfigNVFP42DQuantization:
+ *  16x16 blocks; kNVTEQuantizationConfigNVFP4RHT: the column-wise copy is made from the 16-point
+ *  random Hadamard transform of each column (groups of 16 rows; signs from
+ *  kNVTEQuantizationConfigNVFP4RHTSignMask), rounded to the input dtype, with its own amax. */
 NVTE_API NVTEStatus nvte_quantize_v2(const NVTETensor input, NVTETensor output,
                                      const NVTEQuantizationConfig config, NVTEStream stream);
 

@@ -69,6 +69,7 @@ typedef enum NVTEScalingMode NVTE_ENUM_INT {
   NVTE_MXFP8_1D_SCALING = 1,       /*!< one E8M0 scale per 32 consecutive elements */
   NVTE_BLOCK_SCALING_1D = 2,       /*!< one fp32 scale per 1x128 tile (Float8BlockScaling) */
   NVTE_BLOCK_SCALING_2D = 3,       /*!< one fp32 scale per 128x128 block (Float8BlockScaling) */
+  NVTE_NVFP4_1D_SCALING = 4,       /*!< E2M1 data, one E4M3 scale per 16 elements x fp32 amax */
   NVTE_INVALID_SCALING = 100
 } NVTEScalingMode;
 
@@ -96,6 +97,7 @@ typedef enum NVTETensorParam NVTE_ENUM_INT {
   kNVTEAmax = 3,               /*!< fp32 scalar: max|x| recorded by producers */
   kNVTERowwiseScaleInv = 4,    /*!< fp32 scalar (per-tensor) or E8M0 [rows, cols/32] (MXFP8) */
   kNVTEColumnwiseScaleInv = 5, /*!< E8M0 [rows/32, cols] (MXFP8 column-wise) */
+  kNVTEColumnwiseAmax = 6,     /*!< fp32 scalar: amax of the column-wise NVFP4 copy */
   kNVTENumTensorParams
 } NVTETensorParam;
 
@@ -151,7 +153,17 @@ typedef void *NVTEQuantizationConfig;
 typedef enum NVTEQuantizationConfigAttribute NVTE_ENUM_INT {
   kNVTEQuantizationConfigForcePow2Scales = 0, /*!< bool: clear the scale's mantissa bits */
   kNVTEQuantizationConfigAmaxEpsilon = 1,     /*!< float: amax is clamped to at least this */
-  kNVTEQuantizationConfigNumAttributes
+  /*! NVTETensor: int64 [2] (seed, offset) in host memory, read by each quantize that rounds
+   *  stochastically (values 2 and 3, TE's noop tensor and deprecated block format, are not taken) */
+  kNVTEQuantizationConfigRNGState = 4,
+  kNVTEQuantizationConfigNVFP42DQuantization = 5, /*!< bool: NVFP4 16x16 block scales (weights) */
+  kNVTEQuantizationConfigStochasticRounding = 6,  /*!< bool: NVFP4 stochastic E2M1 rounding */
+  kNVTEQuantizationConfigNumAttributes,
+  /*! Ours (TE runs the RHT as separate hadamard_transform calls): bool, apply the 16-point random
+   *  Hadamard transform along the rows of the NVFP4 column-wise copy before quantizing it */
+  kNVTEQuantizationConfigNVFP4RHT = 64,
+  /*! Ours: uint32, the RHT sign mask (bit i set: sign i is -1; TE's wgrad vector is 0xD7E8) */
+  kNVTEQuantizationConfigNVFP4RHTSignMask = 65
 } NVTEQuantizationConfigAttribute;
 
 NVTE_API NVTEQuantizationConfig nvte_create_quantization_config(void);

@@ -193,6 +193,10 @@ class BasicLinear(TransformerEngineBaseModule, BasicOperation):
             return Float8CurrentScalingQuantizer(
                 dtype, force_pow_2_scales=bool(qp.power_2_scale), amax_epsilon=float(qp.amax_epsilon)
             )
+        if recipe.nvfp4():
+            from ...quantization import block_spec, nvfp4_quantizer
+
+            return nvfp4_quantizer(block_spec(recipe, ("input", "weight")[index] if fwd else "grad"))
         if recipe.float8_block_scaling():
             from ...quantization import block_spec
 

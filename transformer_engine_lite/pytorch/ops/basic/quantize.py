@@ -23,6 +23,10 @@ def _quantizer(recipe: Recipe, forward: bool) -> Quantizer:
     dtype = get_fp8_torch_dtype(recipe.fp8_format, forward)
     if isinstance(recipe, MXFP8BlockScaling):
         return MXFP8Quantizer(dtype)
+    if recipe.nvfp4():  # activations / gradients: the recipe's NVFP4 options
+        from ...quantization import block_spec, nvfp4_quantizer
+
+        return nvfp4_quantizer(block_spec(recipe, "input" if forward else "grad"))
     if recipe.float8_block_scaling():  # activations / gradients: the recipe's 1D or 2D tiles
         from ...quantization import block_spec
         from ...tensor import Float8BlockQuantizer

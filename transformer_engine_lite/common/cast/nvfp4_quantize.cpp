@@ -1,0 +1,325 @@
+// NVFP4 (TE's NVTE_NVFP4_1D_SCALING, the NVFP4BlockScaling recipe) on the CPU. Layouts as TE's
+// NVFP4Tensor holds them: E2M1 codes packed two per byte, element 2j in the low nibble ("data" is
+// kNVTEByte of the logical shape with the last dim halved); one E4M3 scale per 16 elements along
+// the last dim in a [roundup(rows,128), roundup(cols/16,4)] grid (padding zeroed); an fp32 amax per
+// copy. The column-wise copy is the transpose ([last dim, leading dims...], last dim halved),
+// optionally random-Hadamard-transformed along its rows first; 2D mode shares one scale per 16x16
+// block. The arithmetic is nvfp4_math.h's, in TE's reference order.
+#include "nvfp4_quantize.h"
+
+#include <algorithm>
+#include <cmath>
+#include <cstring>
+
+#include "../util/dtype_dispatch.h"
+#include "../util/parallel.h"
+#include "emit_cpu.h"
+#include "nvfp4_math.h"
+
+namespace nvte {
+
+namespace {
+
+size_t ceil_div_sz(size_t a, size_t b) { return (a + b - 1) / b; }
+size_t round_up(size_t a, size_t m) { return ceil_div_sz(a, m) * m; }
+
+std::vector<size_t> packed(std::vector<size_t> s) {
+  s.back() /= 2;
+  return s;
+}
+
+std::vector<size_t> transposed_shape(const std::vector<size_t> &shape) {
+  std::vector<size_t> t{shape.back()};
+  t.insert(t.end(), shape.begin(), shape.end() - 1);
+  return t;
+}
+
+void check_data(const SimpleTensor &d, const char *arg, const char *what,
+                const std::vector<size_t> &logical) {
+  check_dtype(d, arg, {kNVTEByte});
+  NVTE_CHECK(logical.back() % 2 == 0, "argument '", arg, "': expected an even last dimension for ",
+             what, " NVFP4 data (two E2M1 values per byte), got logical shape ",
+             shape_str(logical));
+  const std::vector<size_t> want = packed(logical);
+  NVTE_CHECK(d.shape == want, "argument '", arg, "': expected ", what,
+             " NVFP4 data (uint8, two E2M1 per byte) of shape ", shape_str(want), ", got ",
+             shape_str(d.shape));
+}
+
+void check_scales(const SimpleTensor &s, const char *arg, const char *what,
+                  const std::vector<size_t> &want) {
+  NVTE_CHECK(s.has_data(), "argument '", arg, "': expected ", what,
+             " E4M3 scale_inv for NVFP4 data, got a null pointer");
+  check_dtype(s, arg, {kNVTEFloat8E4M3, kNVTEByte});
+  NVTE_CHECK(s.shape == want, "argument '", arg, "': expected ", what, " scale_inv shape ",
+             shape_str(want), ", got ", shape_str(s.shape));
+}
+
+size_t prod(const std::vector<size_t> &v, size_t b, size_t e) {
+  size_t p = 1;
+  for (size_t i = b; i < e; ++i) p *= v[i];
+  return p;
+}
+
+}  // namespace
+
+std::vector<size_t> nvfp4_scale_shape(size_t rows, size_t cols, bool columnwise) {
+  if (columnwise) std::swap(rows, cols);
+  return {round_up(rows, 128), round_up(ceil_div_sz(cols, kNvfp4BlockLen), 4)};
+}
+
+Nvfp4Spec validate_nvfp4_output(const Tensor &out, const char *arg,
+                                const std::vector<size_t> &shape, const QuantizationConfig &cfg) {
+  Nvfp4Spec s;
+  NVTE_CHECK(!shape.empty(), "argument 'input': expected at least 1 dimension for "
+             "NVTE_NVFP4_1D_SCALING, got a 0-d tensor");
+  s.cols = shape.back();
+  s.rows = prod(shape, 0, shape.size() - 1);
+  s.rowwise = out.data.has_data();
+  s.colwise = out.columnwise_data.has_data();
+  NVTE_CHECK(s.rowwise || s.colwise, "argument '", arg,
+             "': expected row-wise and/or column-wise NVFP4 data, got neither (null pointers)");
+  if (s.rowwise) {
+    check_data(out.data, arg, "row-wise", shape);
+    check_scales(out.scale_inv, arg, "row-wise", nvfp4_scale_shape(s.rows, s.cols, false));
+    check_fp32_scalar(out.amax, arg, "amax (row-wise)");
+  }
+  if (s.colwise) {
+    NVTE_CHECK(shape.size() >= 2, "argument 'input': expected at least 2 dimensions for a "
+               "column-wise NVFP4 copy (it packs pairs of rows), got shape ", shape_str(shape));
+    check_data(out.columnwise_data, arg, "column-wise (transposed)", transposed_shape(shape));
+    check_scales(out.columnwise_scale_inv, arg, "column-wise",
+                 nvfp4_scale_shape(s.rows, s.cols, true));
+    check_fp32_scalar(out.columnwise_amax, arg, "columnwise_amax");
+  }
+  s.two_d = cfg.nvfp4_2d_quantization;
+  s.rht = cfg.nvfp4_rht;
+  s.rht_sign_mask = cfg.nvfp4_rht_sign_mask;
+  NVTE_CHECK(!s.rht || !s.colwise || s.rows % kNvfp4BlockLen == 0,
+             "argument 'input': the random Hadamard transform runs over 16 rows at a time; "
+             "expected rows (product of the leading dims) divisible by 16, got ", s.rows);
+  s.stochastic = cfg.stochastic_rounding;
+  if (s.stochastic) {
+    NVTE_CHECK(cfg.rng_state != nullptr, "argument 'config': stochastic rounding needs "
+               "kNVTEQuantizationConfigRNGState (int64 [2]: seed, offset), got none");
+    const Tensor &rng = as_tensor(cfg.rng_state, "config (rng_state)");
+    NVTE_CHECK(rng.device == kNVTEDeviceCPU && rng.data.has_data() &&
+                   rng.data.dtype == kNVTEInt64 && rng.data.numel() == 2,
+               "argument 'config': expected an RNG state of int64 [2] (seed, offset) in host "
+               "memory, got ", rng.data.describe());
+    s.seed = static_cast<uint64_t>(rng.data.ptr<const int64_t>()[0]);
+    s.offset = static_cast<uint64_t>(rng.data.ptr<const int64_t>()[1]);
+  }
+  return s;
+}
+
+Nvfp4Spec validate_nvfp4_input(const Tensor &in, const char *arg,
+                               const std::vector<size_t> &out_shape) {
+  Nvfp4Spec s;
+  s.rowwise = in.data.has_data();
+  NVTE_CHECK(s.rowwise || in.columnwise_data.has_data(), "argument '", arg,
+             "': expected NVFP4 row-wise or column-wise data, got neither (null pointers)");
+  NVTE_CHECK(!out_shape.empty(), "argument 'output': expected at least 1 dimension for "
+             "NVTE_NVFP4_1D_SCALING, got a 0-d tensor");
+  // The output has the stored copy's logical shape. A row-wise copy is the [rows, cols] view of
+  // it; a column-wise one ([last dim, leading dims...]) is a [last dim, the rest] matrix.
+  if (s.rowwise) {
+    s.cols = out_shape.back();
+    s.rows = prod(out_shape, 0, out_shape.size() - 1);
+  } else {
+    s.rows = out_shape[0];
+    s.cols = prod(out_shape, 1, out_shape.size());
+  }
+  const char *what = s.rowwise ? "row-wise" : "column-wise (as stored, transposed)";
+  check_data(s.rowwise ? in.data : in.columnwise_data, arg, what, out_shape);
+  // The column-wise grid of an [R, C] tensor is the row-wise grid of its stored [C, R] copy.
+  check_scales(s.rowwise ? in.scale_inv : in.columnwise_scale_inv, arg, what,
+               nvfp4_scale_shape(s.rows, s.cols, false));
+  check_fp32_scalar(s.rowwise ? in.amax : in.columnwise_amax, arg,
+                    s.rowwise ? "amax (row-wise)" : "columnwise_amax");
+  s.colwise = !s.rowwise;
+  return s;
+}
+
+namespace {
+
+// Quantizes a panel of `nr` rows (starting at matrix row r0) of a [*, C] fp32 matrix into codes and
+// scales. In 2D mode the panel is one 16-row block (or the last, shorter one).
+void quantize_panel(const float *buf, size_t nr, size_t r0, size_t C, bool two_d,
+                    const Nvfp4Global &g, const Nvfp4Spec &s, int copy, uint8_t *q, uint8_t *sc,
+                    size_t sld) {
+  const size_t n = kNvfp4BlockLen;
+  std::vector<uint8_t> codes(C);
+  std::vector<float> benc(ceil_div_sz(C, n));
+  std::vector<uint8_t> bsc(benc.size());
+  if (two_d) {
+    for (size_t b = 0; b * n < C; ++b) {
+      float amax = 0.0f;
+      for (size_t r = 0; r < nr; ++r)
+        for (size_t c = b * n; c < std::min(C, b * n + n); ++c)
+          amax = nvfp4_amax_acc(amax, buf[r * C + c]);
+      const Nvfp4BlockScale bs = nvfp4_block_scale(amax, g);
+      benc[b] = bs.enc;
+      bsc[b] = bs.e4m3;
+    }
+  }
+  for (size_t r = 0; r < nr; ++r) {
+    const float *x = buf + r * C;
+    const size_t row = r0 + r;
+    for (size_t b = 0; b * n < C; ++b) {
+      const size_t c0 = b * n, c1 = std::min(C, c0 + n);
+      if (!two_d) {
+        float amax = 0.0f;
+        for (size_t c = c0; c < c1; ++c) amax = nvfp4_amax_acc(amax, x[c]);
+        const Nvfp4BlockScale bs = nvfp4_block_scale(amax, g);
+        benc[b] = bs.enc;
+        bsc[b] = bs.e4m3;
+      }
+      sc[row * sld + b] = bsc[b];
+      for (size_t c = c0; c < c1; ++c) {
+        const float v = nvfp4_scaled(x[c], benc[b]);
+        if (!s.stochastic) {
+          codes[c] = e2m1_rne(v);
+        } else {
+          const uint64_t idx = static_cast<uint64_t>(row) * C + c;
+          const Philox4 rnd = nvfp4_sr_block(s.seed, s.offset, copy, idx / 4);
+          codes[c] = e2m1_stochastic(v, rnd.v[idx % 4] >> 8);
+        }
+      }
+    }
+    uint8_t *dst = q + row * (C / 2);
+    for (size_t j = 0; j < C / 2; ++j)
+      dst[j] = static_cast<uint8_t>(codes[2 * j] | (codes[2 * j + 1] << 4));
+  }
+}
+
+// Rows c0..c1 of the column-wise source matrix T = x^T ([C, R]), Hadamard-transformed along each
+// row in groups of 16 and rounded to the input dtype (as TE's RHT, which works in that dtype)
+// when spec.rht; written to buf as [c1 - c0, R].
+template <typename IType>
+void colwise_rows(const IType *src, size_t R, size_t C, size_t c0, size_t c1, const Nvfp4Spec &s,
+                  float *buf) {
+  const size_t w = c1 - c0;
+  std::vector<float> tmp(w);
+  for (size_t r = 0; r < R; ++r) {
+    load_row(src + r * C + c0, tmp.data(), w);
+    for (size_t i = 0; i < w; ++i) buf[i * R + r] = tmp[i];
+  }
+  if (!s.rht) return;
+  std::vector<float> y(R);
+  std::vector<IType> rounded(R);
+  for (size_t i = 0; i < w; ++i) {
+    float *t = buf + i * R;
+    for (size_t r = 0; r < R; r += kNvfp4BlockLen)
+      nvfp4_rht16(t + r, s.rht_sign_mask, y.data() + r);
+    store_row(y.data(), rounded.data(), R);
+    load_row(rounded.data(), t, R);
+  }
+}
+
+template <typename IType>
+void quantize_typed(const IType *src, const Tensor &out, const Nvfp4Spec &s) {
+  const size_t R = s.rows, C = s.cols, n = kNvfp4BlockLen;
+  const size_t panels_r = ceil_div_sz(R, n), panels_c = ceil_div_sz(C, n);
+  // Global amaxes first: every scale depends on them.
+  float amax_row = 0.0f, amax_col = 0.0f;
+  {
+    std::vector<float> part(std::max<size_t>(1, panels_r), 0.0f);
+    parallel_for(panels_r, 1, [&](size_t b0, size_t b1) {
+      std::vector<float> buf(C);
+      for (size_t b = b0; b < b1; ++b)
+        for (size_t r = b * n; r < std::min(R, b * n + n); ++r) {
+          load_row(src + r * C, buf.data(), C);
+          for (size_t c = 0; c < C; ++c) part[b] = nvfp4_amax_acc(part[b], buf[c]);
+        }
+    });
+    for (float p : part) amax_row = nvfp4_amax_acc(amax_row, p);  // NaN-sticky max
+  }
+  amax_col = amax_row;
+  if (s.colwise && s.rht) {  // the column-wise copy is scaled by the amax after the transform
+    std::vector<float> part(std::max<size_t>(1, panels_c), 0.0f);
+    parallel_for(panels_c, 1, [&](size_t b0, size_t b1) {
+      std::vector<float> buf(n * R);
+      for (size_t b = b0; b < b1; ++b) {
+        const size_t c0 = b * n, c1 = std::min(C, c0 + n);
+        colwise_rows(src, R, C, c0, c1, s, buf.data());
+        for (size_t i = 0; i < (c1 - c0) * R; ++i) part[b] = nvfp4_amax_acc(part[b], buf[i]);
+      }
+    });
+    amax_col = 0.0f;
+    for (float p : part) amax_col = nvfp4_amax_acc(amax_col, p);
+  }
+  if (s.rowwise) {
+    *out.amax.ptr<float>() = amax_row;
+    const Nvfp4Global g = nvfp4_global(amax_row);
+    uint8_t *q = out.data.ptr<uint8_t>(), *sc = out.scale_inv.ptr<uint8_t>();
+    const size_t sld = out.scale_inv.shape[1];
+    parallel_for(panels_r, 1, [&](size_t b0, size_t b1) {
+      std::vector<float> buf(n * C);
+      for (size_t b = b0; b < b1; ++b) {
+        const size_t r0 = b * n, nr = std::min(n, R - r0);
+        load_row(src + r0 * C, buf.data(), nr * C);
+        quantize_panel(buf.data(), nr, r0, C, s.two_d, g, s, 0, q, sc, sld);
+      }
+    });
+  }
+  if (s.colwise) {
+    *out.columnwise_amax.ptr<float>() = amax_col;
+    const Nvfp4Global g = nvfp4_global(amax_col);
+    uint8_t *q = out.columnwise_data.ptr<uint8_t>(), *sc = out.columnwise_scale_inv.ptr<uint8_t>();
+    const size_t sld = out.columnwise_scale_inv.shape[1];
+    parallel_for(panels_c, 1, [&](size_t b0, size_t b1) {
+      std::vector<float> buf(n * R);
+      for (size_t b = b0; b < b1; ++b) {
+        const size_t c0 = b * n, c1 = std::min(C, c0 + n);
+        colwise_rows(src, R, C, c0, c1, s, buf.data());
+        quantize_panel(buf.data(), c1 - c0, c0, R, s.two_d, g, s, 1, q, sc, sld);
+      }
+    });
+  }
+}
+
+}  // namespace
+
+void launch_nvfp4_quantize(const Tensor &in, const Tensor &out, const Nvfp4Spec &s) {
+  // Padding entries of the scale grids are zeroed (TE leaves them unwritten; GEMMs ignore them).
+  if (s.rowwise) std::memset(out.scale_inv.dptr, 0, out.scale_inv.numel());
+  if (s.colwise) std::memset(out.columnwise_scale_inv.dptr, 0, out.columnwise_scale_inv.numel());
+  if (s.rows == 0 || s.cols == 0) {  // empty tensor: amax 0, as a max over nothing
+    if (s.rowwise) *out.amax.ptr<float>() = 0.0f;
+    if (s.colwise) *out.columnwise_amax.ptr<float>() = 0.0f;
+    return;
+  }
+  dispatch_dtype<HighPrecisionTypes>(in.data.dtype, "input", [&](auto itag) {
+    using IType = typename decltype(itag)::type;
+    quantize_typed(in.data.ptr<const IType>(), out, s);
+  });
+}
+
+void launch_nvfp4_dequantize(const Tensor &in, const Nvfp4Spec &s, const SimpleTensor &out) {
+  const size_t R = s.rows, C = s.cols, n = kNvfp4BlockLen;
+  if (R == 0 || C == 0) return;
+  const bool row = s.rowwise;
+  const uint8_t *q = (row ? in.data : in.columnwise_data).ptr<const uint8_t>();
+  const SimpleTensor &st = row ? in.scale_inv : in.columnwise_scale_inv;
+  const uint8_t *sc = st.ptr<const uint8_t>();
+  const size_t sld = st.shape[1];
+  const float amax = *(row ? in.amax : in.columnwise_amax).ptr<const float>();
+  dispatch_dtype<HighPrecisionTypes>(out.dtype, "output", [&](auto otag) {
+    using OType = typename decltype(otag)::type;
+    OType *dst = out.ptr<OType>();
+    parallel_for(R, std::max<size_t>(1, 32768 / C), [&](size_t r0, size_t r1) {
+      std::vector<float> buf(C);
+      for (size_t r = r0; r < r1; ++r) {
+        for (size_t c = 0; c < C; ++c) {
+          const uint8_t byte = q[r * (C / 2) + c / 2];
+          const uint8_t code = (c % 2) ? (byte >> 4) : (byte & 0xF);
+          buf[c] = e2m1_value(code) * nvfp4_dequant_factor(sc[r * sld + c / n], amax);
+        }
+        store_row(buf.data(), dst + r * C, C);
+      }
+    });
+  });
+}
+
+}  // namespace nvte

@@ -1,0 +1,399 @@
+"""NVFP4Tensor (TE's NVFP4BlockScaling tensor: E2M1 values two per byte, one E4M3 scale per 16
+values times a per-tensor fp32 amax, row-wise and transposed column-wise copies) and
+NVFP4Quantizer (1x16 or 16x16 blocks, random Hadamard transform of the column-wise copy,
+stochastic rounding), over torch.ops.te_lite.quantize_nvfp4 / dequantize_nvfp4.
+
+Stochastic rounding draws its (seed, offset) pair from torch's default CPU generator at every
+quantize (two int64 values from torch.randint), so torch.manual_seed makes a run reproducible and
+two quantizations of one tensor draw independently; the per-element stream is the core's
+(README, "NVFP4").
+"""
+
+from __future__ import annotations
+
+import functools
+import math
+from typing import Any, Iterable
+
+import torch
+
+from ..constants import NVFP4_BLOCK_SCALING_SIZE
+from ..dynamo.quantizer_opaque import register_value_opaque_quantizer
+from ..quantization import ops
+from ..tex import DType
+from ._quantizer_value import flatten_context, unflatten_kwargs
+from .quantized_tensor import QuantizedTensor, Quantizer
+from .storage.nvfp4_tensor_storage import _INNER, NVFP4TensorStorage
+
+__all__ = ["NVFP4Quantizer", "NVFP4Tensor", "NVFP4TensorStorage"]
+
+# TE's hard-coded wgrad RHT signs (transformer_engine/pytorch/tensor/nvfp4_tensor.py).
+_WGRAD_SIGNS = (1, 1, 1, -1, 1, -1, -1, -1, -1, -1, -1, 1, -1, 1, -1, -1)
+
+
+def get_wgrad_sign_vector(device: Any = None) -> torch.Tensor:
+    """TE's fixed sign vector of the random Hadamard transform."""
+    return torch.tensor(_WGRAD_SIGNS, dtype=torch.float32, device=device)
+
+
+def get_sign_from_vector(vector: torch.Tensor) -> int:
+    """Sign vector -> bit mask (bit i set where sign i is -1)."""
+    return sum(1 << i for i, v in enumerate(vector.tolist()) if v == -1)
+
+
+def get_hadamard_matrix(hadamard_dimension: int, device: Any = None) -> torch.Tensor:
+    """The Sylvester Hadamard matrix of size 16, scaled by 1/4."""
+    if hadamard_dimension != 16:
+        raise ValueError(f"get_hadamard_matrix: hadamard_dimension: expected 16, got "
+                         f"{hadamard_dimension}")
+    i = torch.arange(16)
+    parity = torch.zeros(16, 16, dtype=torch.int64)
+    for b in range(4):
+        parity ^= ((i[:, None] >> b) & (i[None, :] >> b)) & 1
+    return ((1 - 2 * parity).to(torch.float32) / 4.0).to(device)
+
+
+@functools.lru_cache(maxsize=None)
+def get_random_sign_mask_for_rht(with_random_sign_mask: bool, device: Any = None) -> int:
+    return get_sign_from_vector(get_wgrad_sign_vector()) if with_random_sign_mask else 0
+
+
+def get_rht_matrix(with_random_sign_mask: bool, device: Any = None) -> torch.Tensor:
+    """diag(signs) @ H / 4 in bf16 (TE's)."""
+    signs = get_wgrad_sign_vector(device) if with_random_sign_mask else torch.ones(16, device=device)
+    return (torch.diag(signs) @ get_hadamard_matrix(16, device)).to(torch.bfloat16)
+
+
+class NVFP4Tensor(QuantizedTensor, NVFP4TensorStorage):
+    """See storage/nvfp4_tensor_storage.py for the layout. Operations other than view / reshape
+    keeping the last dim run on the dequantized values."""
+
+    @staticmethod
+    def __new__(
+        cls,
+        *,
+        shape: Any,
+        dtype: torch.dtype,
+        rowwise_data: torch.Tensor | None,
+        rowwise_scale_inv: torch.Tensor | None,
+        columnwise_data: torch.Tensor | None,
+        columnwise_scale_inv: torch.Tensor | None,
+        amax_rowwise: torch.Tensor | None,
+        amax_columnwise: torch.Tensor | None,
+        fp4_dtype: Any = DType.kFloat4E2M1,
+        quantizer: Quantizer | None = None,
+        with_gemm_swizzled_scales: bool = False,
+        requires_grad: bool = False,
+        **kwargs: Any,
+    ) -> NVFP4Tensor:
+        ref = rowwise_data if rowwise_data is not None else columnwise_data
+        if ref is None:
+            raise ValueError("NVFP4Tensor: expected rowwise_data or columnwise_data, got neither")
+        self = super().__new__(cls, shape, dtype, device=ref.device, requires_grad=requires_grad)
+        kwargs.pop("fake_dtype", None)
+        self._set_nvfp4_fields("NVFP4Tensor", rowwise_data, rowwise_scale_inv, columnwise_data,
+                               columnwise_scale_inv, amax_rowwise, amax_columnwise, fp4_dtype,
+                               quantizer, with_gemm_swizzled_scales, **kwargs)
+        return self
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        pass  # __new__ set everything
+
+    size = torch.Tensor.size  # the wrapper's shape
+
+    def _logical_shape(self) -> torch.Size:
+        return torch.Size(self.shape)
+
+    def _get_quantizer(self) -> Quantizer:
+        """TE's: this tensor's quantizer, or a default NVFP4 one."""
+        if self._quantizer is not None:
+            return self._quantizer
+        return NVFP4Quantizer()
+
+    def _dequantize(self, dtype: torch.dtype | None) -> torch.Tensor:
+        dtype = dtype or self.dtype
+        if dtype not in (torch.float32, torch.float16, torch.bfloat16):
+            dtype = torch.float32
+        return self._dequantize_nd(dtype)
+
+    def _assign_from(self, other: QuantizedTensor) -> None:
+        assert isinstance(other, NVFP4Tensor)
+        for name in _INNER:
+            mine, theirs = getattr(self, name), getattr(other, name)
+            if mine is not None and theirs is not None and mine.shape == theirs.shape:
+                mine.copy_(theirs)
+            else:
+                setattr(self, name, theirs)
+
+    def _quantized_op(self, func: Any, args: Any, kwargs: Any) -> Any:
+        aten = torch.ops.aten
+        if func in (aten.view.default, aten._unsafe_view.default, aten.reshape.default):
+            # Blocks run along the last dim and over the flattened leading dims: any shape that
+            # keeps the last dim (and, for a column-wise copy, an even last leading dim) keeps
+            # every buffer.
+            shape = list(args[1])
+            if -1 in shape:
+                known = math.prod(d for d in shape if d != -1)
+                shape[shape.index(-1)] = self.numel() // max(known, 1)
+            if not shape or shape[-1] != self.shape[-1] or math.prod(shape) != self.numel():
+                return NotImplemented
+            rd = None if self._rowwise_data is None else self._rowwise_data.view(
+                *shape[:-1], shape[-1] // 2)
+            cd = None
+            if self._columnwise_data is not None:
+                if len(shape) < 2 or shape[-2] % 2:
+                    return NotImplemented
+                cd = self._columnwise_data.view(shape[-1], *shape[:-2], shape[-2] // 2)
+            return self._like(shape, rd, self._rowwise_scale_inv, cd, self._columnwise_scale_inv,
+                              self._amax_rowwise, self._amax_columnwise)
+        return NotImplemented
+
+    def _like(self, shape: Any, *inner: Any) -> NVFP4Tensor:
+        return type(self)(shape=shape, dtype=self.dtype, **{n[1:]: t for n, t in zip(_INNER, inner)},
+                          quantizer=self._quantizer)
+
+    def _inner_names(self) -> list[str]:
+        return list(_INNER)
+
+    def _with_inner(self, inner: dict[str, torch.Tensor | None]) -> NVFP4Tensor:
+        return self._like(self.shape, *(inner[n] for n in _INNER))
+
+    def _shallow_copy(self) -> NVFP4Tensor:
+        return self._like(self.shape, *(getattr(self, n) for n in _INNER))
+
+    def __tensor_flatten__(self) -> tuple[list[str], dict[str, Any]]:
+        names = [n for n in _INNER if getattr(self, n) is not None]
+        q = self._quantizer
+        kwargs = {"fp4_dtype": self._fp4_dtype, "fake_dtype": self.dtype,
+                  "quantizer": None if q is None else q._context_quantizer()}
+        return names, flatten_context(self, kwargs)
+
+    @staticmethod
+    def __tensor_unflatten__(
+        inner: dict[str, torch.Tensor], ctx: dict[str, Any], outer_size: Any, outer_stride: Any
+    ) -> NVFP4Tensor:
+        cls, kw, requires_grad = unflatten_kwargs("NVFP4Tensor", ctx)
+        return cls(shape=outer_size, dtype=kw["fake_dtype"], **{n[1:]: inner.get(n) for n in _INNER},
+                   quantizer=kw.get("quantizer"), requires_grad=requires_grad)
+
+    def __reduce_ex__(self, protocol: int) -> Any:
+        q = self._quantizer
+        return (rebuild_nvfp4_tensor, ({n: getattr(self, n) for n in _INNER}, tuple(self.shape),
+                                       self.dtype, None if q is None else q.state()))
+
+
+def rebuild_nvfp4_tensor(inner: dict[str, torch.Tensor | None], shape: tuple[int, ...],
+                         dtype: torch.dtype, quantizer_state: dict[str, Any] | None) -> NVFP4Tensor:
+    """Unpickling target of NVFP4Tensor (see __reduce_ex__)."""
+    q = None
+    if quantizer_state is not None:
+        st = dict(quantizer_state)
+        st.pop("kind", None)
+        st.pop("fp8_dtype", None)
+        q = NVFP4Quantizer(**st)
+    return NVFP4Tensor(shape=shape, dtype=dtype, **{n[1:]: inner.get(n) for n in _INNER},
+                       quantizer=q)
+
+
+class NVFP4Quantizer(Quantizer):
+    """TE's NVFP4 quantizer (see the module docstring). A torch.compile value quantizer."""
+
+    dtype: DType
+    with_rht: bool
+    with_post_rht_amax: bool
+    with_amax_reduction: bool
+    with_2d_quantization: bool
+    stochastic_rounding: bool
+    row_scaled_nvfp4: bool
+    nvfp4_use_4over6: bool
+    nvfp4_e4m3_max: int
+    nvfp4_4over6_err_mode: str
+    rht_matrix_random_sign_mask_t: int
+
+    def __init__(
+        self,
+        fp4_dtype: Any = DType.kFloat4E2M1,
+        rowwise: bool = True,
+        columnwise: bool = True,
+        with_amax_reduction: bool = False,
+        amax_reduction_group: Any = None,
+        with_rht: bool = False,
+        with_post_rht_amax: bool = False,
+        with_2d_quantization: bool = False,
+        stochastic_rounding: bool = False,
+        row_scaled_nvfp4: bool = False,
+        nvfp4_use_4over6: bool = False,
+        nvfp4_e4m3_max: int = 448,
+        nvfp4_4over6_err_mode: str = "MAE",
+        with_random_sign_mask: bool = True,
+    ) -> None:
+        super().__init__(rowwise=rowwise, columnwise=columnwise)
+        if DType(fp4_dtype) != DType.kFloat4E2M1:
+            raise ValueError(f"NVFP4Quantizer: fp4_dtype: expected DType.kFloat4E2M1, got "
+                             f"{fp4_dtype!r}")
+        self.dtype = DType.kFloat4E2M1
+        self.with_rht = bool(with_rht)
+        self.with_post_rht_amax = bool(with_post_rht_amax)
+        self.with_amax_reduction = bool(with_amax_reduction)
+        self.amax_reduction_group = amax_reduction_group
+        self.with_2d_quantization = bool(with_2d_quantization)
+        self.stochastic_rounding = bool(stochastic_rounding)
+        self.row_scaled_nvfp4 = bool(row_scaled_nvfp4)
+        self.nvfp4_use_4over6 = bool(nvfp4_use_4over6)
+        self.nvfp4_e4m3_max = int(nvfp4_e4m3_max) if nvfp4_use_4over6 else 448
+        if self.nvfp4_e4m3_max not in (448, 256):
+            raise ValueError("nvfp4_e4m3_max must be 448 or 256.")
+        self.nvfp4_4over6_err_mode = str(nvfp4_4over6_err_mode).upper()
+        if self.nvfp4_4over6_err_mode not in ("MAE", "MSE"):
+            raise ValueError("nvfp4_4over6_err_mode must be 'MAE' or 'MSE'.")
+        self.rht_matrix_random_sign_mask_t = get_random_sign_mask_for_rht(bool(with_random_sign_mask))
+        self.rht_matrix = get_rht_matrix(self.rht_matrix_random_sign_mask_t != 0)
+
+    def __getstate__(self) -> dict[str, Any]:
+        state = self.__dict__.copy()
+        state["amax_reduction_group"] = None
+        return state
+
+    def state(self) -> dict[str, Any]:
+        return {"kind": "nvfp4", "rowwise": self.rowwise_usage,
+                "columnwise": self.columnwise_usage, "with_rht": self.with_rht,
+                "with_post_rht_amax": self.with_post_rht_amax,
+                "with_2d_quantization": self.with_2d_quantization,
+                "stochastic_rounding": self.stochastic_rounding,
+                "with_random_sign_mask": self.rht_matrix_random_sign_mask_t != 0}
+
+    def copy(self) -> NVFP4Quantizer:
+        new = NVFP4Quantizer(
+            rowwise=self.rowwise_usage, columnwise=self.columnwise_usage,
+            with_amax_reduction=self.with_amax_reduction,
+            amax_reduction_group=getattr(self, "amax_reduction_group", None),
+            with_rht=self.with_rht, with_post_rht_amax=self.with_post_rht_amax,
+            with_2d_quantization=self.with_2d_quantization,
+            stochastic_rounding=self.stochastic_rounding, row_scaled_nvfp4=self.row_scaled_nvfp4,
+            nvfp4_use_4over6=self.nvfp4_use_4over6, nvfp4_e4m3_max=self.nvfp4_e4m3_max,
+            nvfp4_4over6_err_mode=self.nvfp4_4over6_err_mode,
+            with_random_sign_mask=self.rht_matrix_random_sign_mask_t != 0,
+        )
+        new.internal, new.optimize_for_gemm = self.internal, self.optimize_for_gemm
+        return new
+
+    def _check_supported(self) -> None:
+        if self.row_scaled_nvfp4:
+            raise NotImplementedError("NVFP4Quantizer: row_scaled_nvfp4=True (one amax per row) is "
+                                      "not implemented in transformer_engine_lite")
+        if self.nvfp4_use_4over6:
+            raise NotImplementedError("NVFP4Quantizer: nvfp4_use_4over6=True (4over6 block scale "
+                                      "selection) is not implemented in transformer_engine_lite")
+        if self.with_rht and self.columnwise_usage and not self.with_post_rht_amax:
+            raise NotImplementedError(
+                "NVFP4Quantizer: with_rht=True with with_post_rht_amax=False (the column-wise copy "
+                "scaled by the pre-transform amax) is not implemented; the column-wise copy is "
+                "scaled by the amax after the transform (with_post_rht_amax=True, TE's recipe)")
+        if self.with_amax_reduction and torch.distributed.is_available() \
+                and torch.distributed.is_initialized() \
+                and torch.distributed.get_world_size(self.amax_reduction_group) > 1:
+            raise NotImplementedError("NVFP4Quantizer: with_amax_reduction across ranks is not "
+                                      "implemented in transformer_engine_lite")
+
+    def _quantize(self, tensor: torch.Tensor) -> NVFP4Tensor:
+        if not (self.rowwise_usage or self.columnwise_usage):
+            raise ValueError("NVFP4Quantizer: expected rowwise or columnwise usage, got neither")
+        self._check_supported()
+        if tensor.dim() == 0 or tensor.shape[-1] % 2:
+            raise ValueError(f"NVFP4Quantizer: expected a tensor whose last dim is even (two E2M1 "
+                             f"values per byte), got shape {tuple(tensor.shape)}")
+        seed = offset = 0
+        if self.stochastic_rounding:
+            seed, offset = torch.randint(-(2**62), 2**62, (2,), dtype=torch.int64).tolist()
+        r, rs, ra, c, cs, ca = ops().quantize_nvfp4(
+            tensor.contiguous(), self.rowwise_usage, self.columnwise_usage,
+            self.with_2d_quantization, self.with_rht, self.rht_matrix_random_sign_mask_t,
+            self.stochastic_rounding, seed, offset)
+        row, col = self.rowwise_usage, self.columnwise_usage
+        return NVFP4Tensor(
+            shape=tensor.shape, dtype=tensor.dtype,
+            rowwise_data=r if row else None, rowwise_scale_inv=rs if row else None,
+            columnwise_data=c if col else None, columnwise_scale_inv=cs if col else None,
+            amax_rowwise=ra if row else None, amax_columnwise=ca if col else None,
+            quantizer=self,
+        )
+
+    def update_quantized(self, src: torch.Tensor, dst: QuantizedTensor, *,
+                         noop_flag: torch.Tensor | None = None) -> QuantizedTensor:
+        if not isinstance(dst, NVFP4Tensor):
+            raise ValueError(f"NVFP4Quantizer.update_quantized: dst: expected an NVFP4Tensor, "
+                             f"got {type(dst).__name__}")
+        return super().update_quantized(src, dst, noop_flag=noop_flag)
+
+    def make_empty(self, shape: Any, *, dtype: torch.dtype = torch.float32, device: Any = None,
+                   requires_grad: bool = False, pin_memory: bool = False) -> NVFP4Tensor:
+        """A tensor of `shape` with zeroed buffers (TE's: allocated, not quantized; dtype is the
+        nominal dtype only)."""
+        shape = tuple(int(d) for d in shape)
+        buf = {n: torch.zeros(s, dtype=dt, device=device)
+               for n, (s, dt) in self.inner_tensor_specs(shape).items()}
+        return NVFP4Tensor(shape=shape, dtype=dtype, **{n[1:]: buf.get(n) for n in _INNER},
+                           quantizer=self, requires_grad=requires_grad)
+
+    def get_scale_shape(self, shape: Iterable[int], columnwise: bool) -> tuple[int, int]:
+        """TE's: [roundup(M, 128), roundup(ceil(K / 16), 4)] row-wise; K and M swapped
+        column-wise (M: leading dims flattened, K: last dim)."""
+        shape = tuple(int(d) for d in shape)
+        m, k = math.prod(shape[:-1]), shape[-1]
+        if columnwise:
+            m, k = k, m
+        up = lambda v, n: (v + n - 1) // n * n  # noqa: E731
+        return (up(m, 128), up(math.ceil(k / NVFP4_BLOCK_SCALING_SIZE), 4))
+
+    @staticmethod
+    def get_columnwise_shape(shape: Iterable[int]) -> tuple[int, ...]:
+        shape = tuple(int(d) for d in shape)
+        return (shape[-1], *shape[:-1]) if shape else ()
+
+    @staticmethod
+    def convert_shape_for_fp4(shape: Iterable[int]) -> tuple[int, ...]:
+        shape = list(shape)
+        shape[-1] = shape[-1] // 2
+        return tuple(shape)
+
+    def is_quantizable(self, inp: torch.Tensor) -> bool:
+        """TE's: 2+ dims, both dims of the 2-D view a multiple of 16."""
+        if self.row_scaled_nvfp4 or inp.ndim < 2:
+            return False
+        return (inp.shape[-1] % NVFP4_BLOCK_SCALING_SIZE == 0
+                and math.prod(inp.shape[:-1]) % NVFP4_BLOCK_SCALING_SIZE == 0)
+
+    def is_requantization_safe(self) -> bool:
+        return not self.stochastic_rounding
+
+    def calibrate(self, tensor: torch.Tensor) -> None:
+        """Stateless: nothing to record."""
+
+    def _get_compatible_recipe(self) -> Any:
+        from ...common.recipe import NVFP4BlockScaling
+
+        return NVFP4BlockScaling
+
+    def inner_tensor_specs(self, shape: tuple[int, ...]) -> dict[str, tuple[tuple[int, ...], torch.dtype]]:
+        shape = tuple(shape)
+        specs: dict[str, tuple[tuple[int, ...], torch.dtype]] = {}
+        if self.rowwise_usage:
+            specs["_rowwise_data"] = (self.convert_shape_for_fp4(shape), torch.uint8)
+            specs["_rowwise_scale_inv"] = (self.get_scale_shape(shape, False), torch.uint8)
+        if self.columnwise_usage:
+            specs["_columnwise_data"] = (
+                self.convert_shape_for_fp4(self.get_columnwise_shape(shape)), torch.uint8)
+            specs["_columnwise_scale_inv"] = (self.get_scale_shape(shape, True), torch.uint8)
+        if self.rowwise_usage:
+            specs["_amax_rowwise"] = ((1,), torch.float32)
+        if self.columnwise_usage:
+            specs["_amax_columnwise"] = ((1,), torch.float32)
+        return specs
+
+    def storage_metadata(self, fake_dtype: torch.dtype) -> dict[str, Any]:
+        return {"cls": NVFP4Tensor,
+                "nontensor_kwargs": {"fp4_dtype": self.dtype, "fake_dtype": fake_dtype,
+                                     "quantizer": self._context_quantizer()}}
+
+
+register_value_opaque_quantizer(NVFP4Quantizer)
