@@ -25,6 +25,7 @@ from utils import assert_close
 import transformer_engine_lite.pytorch as te
 from transformer_engine_lite.pytorch.attention.dot_product_attention.context_parallel import (
     attn_forward_func_with_cp,
+    cp_rank_indices,
     get_batch_on_this_cp_rank,
 )
 
@@ -41,6 +42,9 @@ CASES_2 = [
     ("a2a_causal_bshd_f32", "a2a", "causal", None, "bshd", torch.float32, 4, 2, "vanilla"),
     ("a2a_window_sbhd_bf16", "a2a", "no_mask", (2, 3), "sbhd", torch.bfloat16, 4, 2, "vanilla"),
     ("a2a_sink_bshd_f32", "a2a", "causal", None, "bshd", torch.float32, 4, 2, "learnable"),
+    ("p2p_causal_thd_f32", "p2p", "padding_causal", None, "thd", torch.float32, 4, 2, "vanilla"),
+    ("p2p_nomask_thd_bf16", "p2p", "padding", None, "thd", torch.bfloat16, 4, 2, "vanilla"),
+    ("a2a_causal_thd_f32", "a2a", "padding_causal", None, "thd", torch.float32, 4, 2, "vanilla"),
 ]
 CASES_4 = [
     ("p2p_causal_bshd_f32", "p2p", "causal", None, "bshd", torch.float32, 4, 2, "vanilla"),
@@ -50,14 +54,23 @@ CASES_4 = [
     ("a2a+p2p_causal_bshd_f32", "a2a+p2p", "causal", None, "bshd", torch.float32, 4, 2, "vanilla"),
     ("a2a+p2p_nomask_sbhd_bf16", "a2a+p2p", "no_mask", None, "sbhd", torch.bfloat16, 4, 2,
      "vanilla"),  # fmt: skip
+    ("p2p_causal_thd_f32", "p2p", "padding_causal", None, "thd", torch.float32, 4, 2, "vanilla"),
+    ("a2a+p2p_causal_thd_f32", "a2a+p2p", "padding_causal", None, "thd", torch.float32, 4, 2,
+     "vanilla"),  # fmt: skip
 ]
 SEQ = {2: 20, 4: 24}  # divisible by 2 * cp; chunks of 5 and 3 tokens (odd sizes on purpose)
+# thd: packed sequence lengths (multiples of 2 * cp; an empty one, as TE's runner draws them)
+THD_LENS = {2: [12, 4, 0, 20], 4: [8, 24, 0, 16]}
+
+
+def _cu(world: int) -> torch.Tensor:
+    return torch.tensor([0, *torch.tensor(THD_LENS[world]).cumsum(0).tolist()], dtype=torch.int32)
 
 
 def _inputs(case, s: int):
     _, _, _, _, fmt, dtype, h, hkv, _ = case
     g = torch.Generator().manual_seed(zlib.crc32(case[0].encode()))
-    shape = (B, s) if fmt == "bshd" else (s, B)
+    shape = {"bshd": (B, s), "sbhd": (s, B), "thd": (s,)}[fmt]
     q = torch.randn(*shape, h, D_QK, generator=g).to(dtype)
     k = torch.randn(*shape, hkv, D_QK, generator=g).to(dtype)
     v = torch.randn(*shape, hkv, D_V, generator=g).to(dtype)
@@ -66,7 +79,9 @@ def _inputs(case, s: int):
     return q, k, v, dout, offset
 
 
-def _shard(x: torch.Tensor, sdim: int, cp: int, r: int) -> torch.Tensor:
+def _shard(x: torch.Tensor, sdim: int, cp: int, r: int, thd: bool = False) -> torch.Tensor:
+    if thd:  # every packed sequence cut in 2 cp chunks (get_batch_on_this_cp_rank's layout)
+        return x.index_select(0, cp_rank_indices(_cu(cp), cp, r))
     c = x.chunk(2 * cp, sdim)
     return torch.cat((c[r], c[2 * cp - 1 - r]), sdim)
 
@@ -86,12 +101,12 @@ def _module(case, cp_group=None, cp_comm_type="p2p"):
     )
 
 
-def _run(m, q, k, v, dout, offset):
+def _run(m, q, k, v, dout, offset, cu=None):
     if m.softmax_type == "learnable":
         with torch.no_grad():
             m.softmax_offset.copy_(offset)
     q, k, v = (t.clone().requires_grad_(True) for t in (q, k, v))
-    out = m(q, k, v)
+    out = m(q, k, v, cu_seqlens_q=cu, cu_seqlens_kv=cu, cu_seqlens_q_padded=cu)
     out.backward(dout)
     grads = [q.grad, k.grad, v.grad]
     if m.softmax_type == "learnable":
@@ -150,11 +165,12 @@ def _worker(rank: int, world: int, init_file: str, out_dir: str) -> None:
         results = {}
         for case in CASES_2 if world == 2 else CASES_4:
             fmt, comm_type = case[4], case[1]
-            sdim = 1 if fmt == "bshd" else 0
-            q, k, v, dout, offset = _inputs(case, SEQ[world])
-            q, k, v, dout = (_shard(t, sdim, world, rank) for t in (q, k, v, dout))
+            sdim, thd = (1 if fmt == "bshd" else 0), fmt == "thd"
+            s = int(_cu(world)[-1]) if thd else SEQ[world]
+            q, k, v, dout, offset = _inputs(case, s)
+            q, k, v, dout = (_shard(t, sdim, world, rank, thd) for t in (q, k, v, dout))
             m = _module(case, _groups(world, comm_type), comm_type)
-            results[case[0]] = _run(m, q, k, v, dout, offset)
+            results[case[0]] = _run(m, q, k, v, dout, offset, _cu(world) if thd else None)
         layer, x, dy, freqs = _layer_inputs(SEQ[world])
         groups = _groups(world, LAYER_COMM[world])
         layer.set_context_parallel_group(groups, None, None, LAYER_COMM[world])
@@ -190,16 +206,17 @@ def test_cp_equals_one_process(world, cp_results):
     ranks = cp_results[world]
     for case in CASES_2 if world == 2 else CASES_4:
         name, comm_type, fmt, dtype = case[0], case[1], case[4], case[5]
-        sdim = 1 if fmt == "bshd" else 0
-        q, k, v, dout, offset = _inputs(case, SEQ[world])
-        out1, grads1 = _run(_module(case), q, k, v, dout, offset)
+        sdim, thd = (1 if fmt == "bshd" else 0), fmt == "thd"
+        s = int(_cu(world)[-1]) if thd else SEQ[world]
+        q, k, v, dout, offset = _inputs(case, s)
+        out1, grads1 = _run(_module(case), q, k, v, dout, offset, _cu(world) if thd else None)
         kind = "compiled" if comm_type == "a2a" else dtype  # (0, 0): bit for bit
         for r in range(world):
             out_r, grads_r = ranks[r][name]
             what = f"{name} rank {r}/{world}"
-            assert_close(out_r, _shard(out1, sdim, world, r), kind, f"out of {what}")
+            assert_close(out_r, _shard(out1, sdim, world, r, thd), kind, f"out of {what}")
             for label, g, g1 in zip("qkv", grads_r, grads1):
-                assert_close(g, _shard(g1, sdim, world, r), kind, f"d{label} of {what}")
+                assert_close(g, _shard(g1, sdim, world, r, thd), kind, f"d{label} of {what}")
         if len(grads1) == 4:  # learnable sinks: each rank has its heads' share; the sum is whole
             total = sum(ranks[r][name][1][3] for r in range(world))
             assert_close(total, grads1[3], torch.float32, f"d softmax_offset of {name}")
@@ -232,9 +249,17 @@ def test_bad_cp_arguments():
         with pytest.raises(ValueError, match=r"cp_global_ranks: expected .*\[0\], got \[3\]"):
             te.DotProductAttention(2, 8, cp_group=g, cp_global_ranks=[3])
         q = torch.randn(1, 4, 2, 8)
-        with pytest.raises(NotImplementedError, match="qkv_format='thd'"):
-            attn_forward_func_with_cp(True, q, q, q, None, None, None, None, None, None, 0.0, g,
+        q3 = q[0]
+        with pytest.raises(ValueError, match="'thd' needs cu_seqlens_q_padded"):
+            attn_forward_func_with_cp(True, q3, q3, q3, None, None, None, None, None, None, 0.0,
+                                      g, None, None, "p2p", qkv_format="thd")  # fmt: skip
+        cu, cu2 = torch.tensor([0, 4], dtype=torch.int32), torch.tensor([0, 3], dtype=torch.int32)
+        with pytest.raises(NotImplementedError, match="padding between sequences"):
+            attn_forward_func_with_cp(True, q3, q3, q3, cu2, cu2, None, None, cu, cu, 0.0, g,
                                       None, None, "p2p", qkv_format="thd")  # fmt: skip
+        with pytest.raises(NotImplementedError, match="'thd' with cp_comm_type='all_gather'"):
+            attn_forward_func_with_cp(True, q3, q3, q3, cu, cu, None, None, cu, cu, 0.0, g,
+                                      None, None, "all_gather", qkv_format="thd")  # fmt: skip
         with pytest.raises(NotImplementedError, match="dropout"):
             attn_forward_func_with_cp(True, q, q, q, None, None, None, None, None, None, 0.1, g,
                                       None, None, "p2p")  # fmt: skip
@@ -288,3 +313,20 @@ def test_transformer_layer_cp_equals_one_process(world, cp_results):
     for name, g1 in w1.items():
         total = sum(ranks[r]["layer"][2][name] for r in range(world))
         assert_close(total, g1, torch.float32, f"layer grad of {name} ({world} ranks)")
+
+
+def test_thd_get_partitioned_indices():
+    """TE's tex helper: TE's dual-chunk example, int32."""
+    from transformer_engine_lite.pytorch import tex
+
+    cu = torch.tensor([0, 8, 16], dtype=torch.int32)
+    assert torch.equal(
+        tex.thd_get_partitioned_indices(cu, 16, 2, 0),
+        torch.tensor([0, 1, 6, 7, 8, 9, 14, 15], dtype=torch.int32),
+    )
+    assert torch.equal(
+        tex.thd_get_partitioned_indices(cu, 16, 2, 1),
+        torch.tensor([2, 3, 4, 5, 10, 11, 12, 13], dtype=torch.int32),
+    )
+    with pytest.raises(ValueError, match=r"rank 2: expected \[0, 2\)"):
+        tex.thd_get_partitioned_indices(cu, 16, 2, 2)

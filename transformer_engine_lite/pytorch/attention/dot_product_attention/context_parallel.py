@@ -4,13 +4,16 @@ context_parallel): attn_forward_func_with_cp over cp_comm_type 'p2p' (ring), 'al
 generate_positional_ids_for_cp, get_batch_on_this_cp_rank).
 
 Inputs are each CP rank's share of the sequence in TE's DualChunkSwap layout (rank r holds chunks r
-and 2 cp - 1 - r of 2 cp equal chunks, for every mask type), qkv_format 'bshd' or 'sbhd', masks
-'no_mask' and 'causal' (and 'causal_bottom_right', the same for self attention). Outputs are the
-rank's rows of the full attention; gradients flow to the rank's own q, k, v. Softmax LSEs are
-combined in fp32 (cp_comm.py). Communication is torch.distributed (gloo on the CPU): eager and, but
-for the ring's K/V exchange, synchronous; cp_stream is accepted for TE's signature and unused.
-Not supported (NotImplementedError): qkv_format 'thd', padding masks, attention bias, dropout,
-FP8, and sliding windows except with 'a2a' (any window) and 'all_gather' (causal, left window).
+and 2 cp - 1 - r of 2 cp equal chunks, for every mask type; thd: of every packed sequence, whose
+padded lengths divide by 2 cp, as get_batch_on_this_cp_rank cuts them), qkv_format 'bshd', 'sbhd'
+or 'thd' (not with 'all_gather'), masks 'no_mask' and 'causal' (thd: 'padding', 'padding_causal';
+bottom-right variants are the same for self attention). Outputs are the rank's rows of the full
+attention; gradients flow to the rank's own q, k, v. Softmax LSEs are combined in fp32
+(cp_comm.merge). Communication is torch.distributed (gloo on the CPU): eager and, but for the
+ring's K/V exchange, synchronous; cp_stream is accepted for TE's signature and unused.
+Not supported (NotImplementedError): padding between sequences, cross attention, padding masks
+for bshd / sbhd, attention bias, dropout, FP8, return_max_logit, and sliding windows except with
+'a2a' (any window) and 'all_gather' (causal, left window); attention sinks with 'a2a' only.
 """
 
 from __future__ import annotations
@@ -21,6 +24,7 @@ import torch
 import torch.distributed as dist
 
 from . import cp_comm as comm
+from .cp_layout import DenseLayout, ThdLayout, thd_a2a_perm
 
 __all__ = [
     "CP_COMM_TYPES",
@@ -112,19 +116,10 @@ def attn_forward_func_with_cp(
     cp = check_cp_config(_OWNER, cp_group, cp_global_ranks, cp_comm_type)
     if cp_group is None:
         raise ValueError(f"{_OWNER}: cp_group: expected a process group, got None")
-    if qkv_format not in ("bshd", "sbhd"):
-        if qkv_format == "thd":
-            raise _unsupported("qkv_format='thd'")
-        raise ValueError(f"{_OWNER}: qkv_format: expected 'bshd' or 'sbhd', got {qkv_format!r}")
-    for name, val in (
-        ("cu_seqlens_q", cu_seqlens_q),
-        ("cu_seqlens_kv", cu_seqlens_kv),
-        ("cu_seqlens_q_padded", cu_seqlens_q_padded),
-        ("cu_seqlens_kv_padded", cu_seqlens_kv_padded),
-        ("attn_bias", attn_bias),
-        ("fp8_meta", fp8_meta),
-        ("quantizers", quantizers),
-    ):
+    if qkv_format not in ("bshd", "sbhd", "thd"):
+        raise ValueError(f"{_OWNER}: qkv_format: expected bshd, sbhd or thd, got {qkv_format!r}")
+    given = (("attn_bias", attn_bias), ("fp8_meta", fp8_meta), ("quantizers", quantizers))
+    for name, val in given:
         if val is not None:
             raise _unsupported(f"{name} (given)")
     for name, flag in (
@@ -139,7 +134,12 @@ def attn_forward_func_with_cp(
         raise _unsupported(f"attn_bias_type={attn_bias_type!r}")
     if dropout_p:
         raise _unsupported(f"dropout_p={dropout_p!r} (dropout)")
-    mask = {"causal_bottom_right": "causal"}.get(attn_mask_type, attn_mask_type)
+    thd = qkv_format == "thd"
+    plain = {"causal_bottom_right": "causal"}
+    if thd:  # thd's masks are padding masks (the packed sequences are the padding)
+        plain = {"padding": "no_mask", "padding_causal": "causal", "causal_bottom_right": "causal",
+                 "padding_causal_bottom_right": "causal"}  # fmt: skip
+    mask = plain.get(attn_mask_type, attn_mask_type)
     if mask not in ("no_mask", "causal"):
         raise _unsupported(f"attn_mask_type={attn_mask_type!r} (only 'no_mask' and 'causal')")
     causal = mask == "causal"
@@ -157,7 +157,19 @@ def attn_forward_func_with_cp(
             f"{_OWNER}: q, k, v: expected one local sequence length (self attention), got "
             f"{q.shape[sdim]}, {k.shape[sdim]}, {v.shape[sdim]}"
         )
-    if s % 2:
+    if thd:
+        cu = _thd_offsets(cu_seqlens_q, cu_seqlens_kv, cu_seqlens_q_padded, cu_seqlens_kv_padded)
+        if int(cu[-1]) % cp or bool(((cu[1:] - cu[:-1]) % (2 * cp)).any()):
+            raise ValueError(
+                f"{_OWNER}: cu_seqlens_q_padded {cu.tolist()}: every sequence length must be a "
+                f"multiple of 2 * cp = {2 * cp} (pad with pad_thd_sequences_for_cp)"
+            )
+        if int(cu[-1]) // cp != s:
+            raise ValueError(
+                f"{_OWNER}: q: {s} tokens, expected cu_seqlens_q_padded[-1] / cp = "
+                f"{int(cu[-1]) // cp} (this rank's share of the packed batch)"
+            )
+    elif s % 2:
         raise ValueError(
             f"{_OWNER}: local sequence length {s}: expected an even number (two chunks per rank: "
             f"the full sequence must divide by 2 * cp = {2 * cp})"
@@ -175,28 +187,61 @@ def attn_forward_func_with_cp(
                 )
         if cp_comm_type == "a2a+p2p" and not full:
             raise _unsupported(f"window_size={window!r} with cp_comm_type='a2a+p2p'")
-        qh, kh, vh = (comm.SeqToHeads.apply(t, sdim, a2a_group) for t in (q, k, v))
+        perm = layout = None
+        if thd:
+            local = cu // cp
+            perm = thd_a2a_perm(local, a)
+            layout = ThdLayout(local * a)
+        else:
+            layout = DenseLayout(qkv_format, s * a)
+        qh, kh, vh = (comm.SeqToHeads.apply(t, sdim, a2a_group, perm) for t in (q, k, v))
         if cp_comm_type == "a2a":
             offset = softmax_offset
             if softmax_type == "learnable" and offset is not None:
                 per = q.shape[-2] // a
                 i = comm.group_rank(a2a_group)
                 offset = offset.reshape(-1)[i * per : (i + 1) * per]
-            oh, _ = comm.attn_fwd(qh, kh, vh, qkv_format, mask, window, scale, softmax_type, offset)
+            oh, _ = layout.attn_fwd(
+                qh, kh, vh, None, None, layout.mask(causal), window, scale, softmax_type, offset
+            )
         else:
             p2p = cp_group[1]
-            oh = comm.RingAttention.apply(
-                qh, kh, vh, qkv_format, causal, scale, p2p, comm.global_ranks(p2p, None)
-            )
-        out = comm.HeadsToSeq.apply(oh, sdim, a2a_group)
+            ranks = comm.global_ranks(p2p, None)
+            oh = comm.RingAttention.apply(qh, kh, vh, layout, causal, scale, p2p, ranks)
+        out = comm.HeadsToSeq.apply(oh, sdim, a2a_group, perm)
     elif cp_comm_type == "p2p":
         if not full:
             raise _unsupported(f"window_size={window!r} with cp_comm_type='p2p'")
         ranks = comm.global_ranks(cp_group, cp_global_ranks)
-        out = comm.RingAttention.apply(q, k, v, qkv_format, causal, scale, cp_group, ranks)
+        layout = ThdLayout(cu // cp) if thd else DenseLayout(qkv_format, s)
+        out = comm.RingAttention.apply(q, k, v, layout, causal, scale, cp_group, ranks)
     else:  # all_gather
+        if thd:
+            raise _unsupported("qkv_format='thd' with cp_comm_type='all_gather'")
         out = _all_gather_attention(q, k, v, qkv_format, causal, window, scale, cp_group)
     return out.reshape(*out.shape[:-2], out.shape[-2] * out.shape[-1])
+
+
+def _thd_offsets(cu_q, cu_kv, cu_q_padded, cu_kv_padded) -> torch.Tensor:  # noqa: ANN001
+    """The packed batch's (global) sequence offsets for thd CP: cu_seqlens_q_padded (TE's
+    argument; cu_seqlens_q when not given). Self attention only (kv's equal q's), and no
+    padding between sequences (cu_seqlens equal to their padded offsets)."""
+    pad_q = cu_q_padded if cu_q_padded is not None else cu_q
+    pad_kv = cu_kv_padded if cu_kv_padded is not None else cu_kv
+    if pad_q is None:
+        raise ValueError(f"{_OWNER}: qkv_format='thd' needs cu_seqlens_q_padded (or cu_seqlens_q)")
+    pad_q = pad_q.to(torch.int64)
+    for name, t in (
+        ("cu_seqlens_q", cu_q),
+        ("cu_seqlens_kv", cu_kv),
+        ("cu_seqlens_kv_padded", pad_kv),
+    ):
+        if t is not None and not torch.equal(t.to(pad_q.device, torch.int64), pad_q):
+            raise _unsupported(
+                f"{name} different from cu_seqlens_q_padded (cross attention or padding between "
+                "sequences)"
+            )
+    return pad_q
 
 
 def _all_gather_attention(q, k, v, fmt, causal, window, scale, group):  # noqa: ANN001, ANN202
@@ -209,14 +254,16 @@ def _all_gather_attention(q, k, v, fmt, causal, window, scale, group):  # noqa: 
     if not causal:
         if window != (-1, -1):
             raise _unsupported(f"window_size={window!r} without a causal mask with 'all_gather'")
-        return comm.attn_fwd(q, kf, vf, fmt, "no_mask", window, scale)[0]
+        layout = DenseLayout(fmt, q.shape[sdim])
+        return layout.attn_fwd(q, kf, vf, None, None, "no_mask", window, scale)[0]
     c = q.shape[sdim] // 2
     outs = []
     for which, chunk in ((0, r), (1, 2 * cp - 1 - r)):
         qs = q.narrow(sdim, which * c, c).contiguous()
         n = (chunk + 1) * c
         ks, vs = (t.narrow(sdim, 0, n).contiguous() for t in (kf, vf))
-        outs.append(comm.attn_fwd(qs, ks, vs, fmt, "causal_bottom_right", window, scale)[0])
+        mask = "causal_bottom_right"  # q's chunk ends where the keys end
+        outs.append(DenseLayout(fmt, c).attn_fwd(qs, ks, vs, None, None, mask, window, scale)[0])
     return torch.cat(outs, sdim)
 
 
@@ -233,7 +280,7 @@ def forward_with_cp(
     bias_type: str,
     bias: torch.Tensor | None,
     alibi_slopes: torch.Tensor | None,
-    cu_seqlens: tuple[Any, Any],
+    cu_seqlens: tuple[Any, Any, Any, Any],
     checkpoint_core_attention: bool,
 ) -> torch.Tensor:
     """DotProductAttention.forward's CP branch (its arguments already checked and normalized):
@@ -244,13 +291,14 @@ def forward_with_cp(
         ("inference_params", inference_params),
         ("core_attention_bias", bias),
         ("alibi_slopes", alibi_slopes),
-        ("cu_seqlens_q", cu_seqlens[0]),
-        ("cu_seqlens_kv", cu_seqlens[1]),
     ):
         if val is not None:
             raise NotImplementedError(f"{owner}: {name} is not supported (given)")
     if bias_type != "no_bias":
         raise NotImplementedError(f"{owner}: core_attention_bias_type={bias_type!r}")
+    if fmt != "thd" and any(c is not None for c in cu_seqlens):
+        raise NotImplementedError(f"{owner}: cu_seqlens_q / cu_seqlens_kv with {fmt} (padding)")
+    cu_q, cu_kv, cu_q_pad, cu_kv_pad = cu_seqlens
     p = dpa.attention_dropout if dpa.training else 0.0
     offset = dpa.softmax_offset
     if offset is not None and offset.device != q.device:
@@ -262,12 +310,12 @@ def forward_with_cp(
             q,
             k,
             v,
+            cu_q,
+            cu_kv,
             None,
             None,
-            None,
-            None,
-            None,
-            None,
+            cu_q_pad,
+            cu_kv_pad,
             p,
             dpa.cp_group,
             dpa.cp_global_ranks,

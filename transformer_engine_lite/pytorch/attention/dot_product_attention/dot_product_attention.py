@@ -285,7 +285,8 @@ class DotProductAttention(torch.nn.Module):
             return forward_with_cp(
                 self, q, k, v, fmt, mask, window, attention_mask, inference_params,
                 core_attention_bias_type, core_attention_bias, alibi_slopes,
-                (cu_seqlens_q, cu_seqlens_kv), checkpoint_core_attention,
+                (cu_seqlens_q, cu_seqlens_kv, cu_seqlens_q_padded, cu_seqlens_kv_padded),
+                checkpoint_core_attention,
             )  # fmt: skip
         restore = None
         if inference_params is not None:
