@@ -110,6 +110,10 @@ def test_env_switches(monkeypatch, env, available, selected):
         # context parallelism runs the flash kernel per chunk: flash only
         (dict(context_parallel=True, attn_mask_type="causal"), [True, False, False]),
         (dict(context_parallel=True, cp_comm_type="a2a", window_size=(4, 4)), [True, False, False]),
+        (
+            dict(context_parallel=True, qkv_layout="thd_thd_thd", attn_mask_type="padding_causal"),
+            [True, False, False],
+        ),
     ],
 )
 def test_configuration_rules(kw, available):
@@ -120,7 +124,8 @@ def test_configuration_rules(kw, available):
     "kw",
     [
         dict(softmax_type="off_by_one"),  # TE-JAX's spelling: not the PyTorch name
-        dict(context_parallel=True, qkv_layout="thd_thd_thd", attn_mask_type="padding"),
+        dict(context_parallel=True, qkv_layout="thd_thd_thd", cp_comm_type="all_gather"),
+        dict(context_parallel=True, attn_mask_type="padding"),
         dict(context_parallel=True, window_size=(4, 0), attn_mask_type="causal"),
         dict(num_splits=2),
         dict(return_max_logit=True),

@@ -308,9 +308,13 @@ def _cp_unsupported(p: AttentionParams) -> list[str]:
     why = []
     if p.cp_comm_type not in ("p2p", "all_gather", "a2a", "a2a+p2p"):
         why.append(f"cp_comm_type = {p.cp_comm_type!r}")
-    if p.qkv_layout.startswith("t"):
-        why.append("context parallelism with the thd format")
-    if p.attn_mask_type not in ("no_mask", "causal", "causal_bottom_right"):
+    thd = p.qkv_layout.startswith("t")
+    if thd and p.cp_comm_type == "all_gather":
+        why.append("context parallelism with the thd format and 'all_gather'")
+    masks = ("no_mask", "causal", "causal_bottom_right")
+    if thd:  # the packed sequences are the padding
+        masks += ("padding", "padding_causal", "padding_causal_bottom_right")
+    if p.attn_mask_type not in masks:
         why.append(f"context parallelism with attn_mask_type = {p.attn_mask_type!r}")
     if p.core_attention_bias_type != "no_bias":
         why.append(f"context parallelism with bias type {p.core_attention_bias_type!r}")
