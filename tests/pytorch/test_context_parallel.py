@@ -330,3 +330,20 @@ def test_thd_get_partitioned_indices():
     )
     with pytest.raises(ValueError, match=r"rank 2: expected \[0, 2\)"):
         tex.thd_get_partitioned_indices(cu, 16, 2, 2)
+
+
+def test_get_cu_seqlens_on_cp_rank():
+    """Real tokens per rank: sequences of 10 and 3 real tokens padded to 16 and 8 (cp 2: chunks
+    of 4 and 2). Rank 0 holds chunks 0 and 3: 4 + 0 and 2 + 0 real tokens; rank 1 chunks 1 and
+    2: 4 + 2 and 1 + 0; every real token is held once over the ranks."""
+    from transformer_engine_lite.pytorch.attention.dot_product_attention.context_parallel import (
+        get_cu_seqlens_on_cp_rank,
+    )
+
+    cu = torch.tensor([0, 10, 13], dtype=torch.int32)
+    local = torch.tensor([0, 16, 24], dtype=torch.int32) // 2
+    r0 = get_cu_seqlens_on_cp_rank(cu, local, 2, 0, True, True)
+    r1 = get_cu_seqlens_on_cp_rank(cu, local, 2, 1, True, True)
+    assert r0.tolist() == [0, 4, 6] and r0.dtype == torch.int32
+    assert r1.tolist() == [0, 6, 7]
+    assert get_cu_seqlens_on_cp_rank(cu, local, 2, 1, False, True).tolist() == [0, 2, 2]

@@ -33,6 +33,7 @@ __all__ = [
     "forward_with_cp",
     "generate_positional_ids_for_cp",
     "get_batch_on_this_cp_rank",
+    "get_cu_seqlens_on_cp_rank",
     "pad_thd_sequences_for_cp",
 ]
 
@@ -108,7 +109,10 @@ def attn_forward_func_with_cp(
 ) -> torch.Tensor:
     """TE's entry point: attention of this rank's q rows against the whole sequence's k, v, which
     are spread over cp_group. q, k, v: [b, 2c, h, d] (bshd) or [2c, b, h, d] (sbhd), the rank's
-    two chunks. Returns [b, 2c, h * d_v] / [2c, b, h * d_v]. is_training, deterministic (the
+    two chunks, or thd [t / cp, h, d] with the batch's global offsets cu_seqlens_*(_padded)
+    (equal: no padding between sequences). Returns [b, 2c, h * d_v] / [2c, b, h * d_v] /
+    [t / cp, h * d_v]. max_seqlen_* are not needed (the offsets give them). is_training (the
+    LSE is always computed: the merge needs it), deterministic (the
     backward follows torch.are_deterministic_algorithms_enabled()), use_fused_attention,
     use_flash_attn_3 and layer_number select among TE's kernels and have no counterpart here: one
     kernel serves every case."""
@@ -386,6 +390,32 @@ def generate_positional_ids_for_cp(
     total = int(padded.sum())
     pos = torch.arange(total) - torch.repeat_interleave(starts, padded)
     return pos.to(dtype)
+
+
+def get_cu_seqlens_on_cp_rank(
+    cu_seqlens: torch.Tensor,
+    cu_seqlens_padded_on_cp_rank: torch.Tensor,
+    cp_size: int,
+    cp_rank: int,
+    first_half: bool,
+    second_half: bool,
+) -> torch.Tensor:
+    """TE's helper: offsets of the real (unpadded) tokens CP rank cp_rank holds of each sequence
+    in its first and / or second chunk. cu_seqlens: the sequences' real global offsets;
+    cu_seqlens_padded_on_cp_rank: the rank's padded local offsets (padded global / cp_size), so
+    a chunk is half a local sequence. Chunk j of a sequence of L real tokens holds
+    min(max(L - j * chunk, 0), chunk) of them (padding sits at each sequence's end)."""
+    real = (cu_seqlens[1:] - cu_seqlens[:-1]).to(torch.int64)
+    chunk = (cu_seqlens_padded_on_cp_rank[1:] - cu_seqlens_padded_on_cp_rank[:-1]).to(
+        torch.int64
+    ) // 2
+    held = torch.zeros_like(real)
+    for use, j in ((first_half, cp_rank), (second_half, 2 * cp_size - 1 - cp_rank)):
+        if use:
+            held += torch.minimum((real - j * chunk).clamp(min=0), chunk)
+    out = torch.zeros_like(cu_seqlens)
+    out[1:] = held.cumsum(0).to(cu_seqlens.dtype)
+    return out
 
 
 def cp_rank_indices(cu_seqlens_padded: torch.Tensor, cp_size: int, cp_rank: int) -> torch.Tensor:
