@@ -28,7 +28,6 @@ from ..backends import (
     select_backend,
 )
 from ..inference import attention_inputs, check_inference_params
-from .context_parallel import check_cp_config, forward_with_cp
 from ..inputs import (
     QKV_FORMATS,
     check_bias,
@@ -38,6 +37,7 @@ from ..inputs import (
     normalize_mask_type,
     resolve_sequences,
 )
+from .context_parallel import check_cp_config, forward_with_cp
 
 __all__ = ["DotProductAttention", "_attention_backends"]
 
