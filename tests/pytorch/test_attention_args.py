@@ -130,7 +130,7 @@ BAD_INPUTS = [
         NotImplementedError,
         "cu_seqlens_q_padded",
     ),
-    ("cp_group", lambda: _dpa(cp_group=object()), NotImplementedError, "cp_group"),
+    ("cp_group", lambda: _dpa(cp_group=object()), ValueError, "not initialized"),
     ("softmax_type", lambda: _dpa(softmax_type="off_by_one"), ValueError, "softmax_type"),
     ("gqa groups", lambda: _dpa(num_gqa_groups=3), ValueError, "num_gqa_groups"),
     ("dropout", lambda: _dpa(attention_dropout=1.0), ValueError, "attention_dropout"),

@@ -107,6 +107,13 @@ def test_env_switches(monkeypatch, env, available, selected):
         (dict(attn_mask_type="arbitrary"), [False, False, True]),
         (dict(qkv_layout="thd_thd_thd", attn_mask_type="padding_causal"), [True, False, True]),
         (dict(num_heads=6, num_gqa_groups=4), [False, False, False]),  # not a divisor: none
+        # context parallelism runs the flash kernel per chunk: flash only
+        (dict(context_parallel=True, attn_mask_type="causal"), [True, False, False]),
+        (dict(context_parallel=True, cp_comm_type="a2a", window_size=(4, 4)), [True, False, False]),
+        (
+            dict(context_parallel=True, qkv_layout="thd_thd_thd", attn_mask_type="padding_causal"),
+            [True, False, False],
+        ),
     ],
 )
 def test_configuration_rules(kw, available):
@@ -117,7 +124,9 @@ def test_configuration_rules(kw, available):
     "kw",
     [
         dict(softmax_type="off_by_one"),  # TE-JAX's spelling: not the PyTorch name
-        dict(context_parallel=True),
+        dict(context_parallel=True, qkv_layout="thd_thd_thd", cp_comm_type="all_gather"),
+        dict(context_parallel=True, attn_mask_type="padding"),
+        dict(context_parallel=True, window_size=(4, 0), attn_mask_type="causal"),
         dict(num_splits=2),
         dict(return_max_logit=True),
         dict(cuda_graph=True),

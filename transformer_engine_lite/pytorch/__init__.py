@@ -63,7 +63,12 @@ from .tensor import (
 )
 from .tex import DType
 from .transformer import TransformerLayer
-from .utils import get_device_compute_capability, is_bf16_available, torch_version
+from .utils import (
+    get_cudnn_version,
+    get_device_compute_capability,
+    is_bf16_available,
+    torch_version,
+)
 
 __all__ = [
     "UserBufferQuantizationMode",
@@ -95,6 +100,7 @@ __all__ = [
     "QuantizedTensor",
     "Quantizer",
     "checkpoint",
+    "get_cudnn_version",
     "get_device_compute_capability",
     "is_bf16_available",
     "is_fp8_block_scaling_available",

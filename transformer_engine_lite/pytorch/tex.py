@@ -32,6 +32,7 @@ __all__ = [
     "fused_amax_and_scale_update_after_reduction",
     "quantize",
     "split_quantize",
+    "thd_get_partitioned_indices",
     "torch_to_dtype",
     *_MULTI_TENSOR,
 ]
@@ -274,3 +275,21 @@ class _GroupedMLPExperimental:
 
 
 grouped_mlp_experimental = _GroupedMLPExperimental()
+def thd_get_partitioned_indices(
+    cu_seqlens: torch.Tensor, total_tokens: int, world_size: int, rank: int
+) -> torch.Tensor:
+    """TE's tex.thd_get_partitioned_indices: int32 indices of the tokens of a packed (thd) batch
+    that CP rank `rank` of `world_size` holds: chunks rank and 2 world_size - 1 - rank of every
+    sequence (cu_seqlens: padded offsets, each length a multiple of 2 world_size; total_tokens:
+    the batch's token count, >= cu_seqlens[-1])."""
+    from .attention.dot_product_attention.context_parallel import cp_rank_indices
+
+    if not 0 <= rank < world_size:
+        raise ValueError(f"thd_get_partitioned_indices: rank {rank}: expected [0, {world_size})")
+    if int(cu_seqlens[-1]) > total_tokens:
+        raise ValueError(
+            f"thd_get_partitioned_indices: total_tokens {total_tokens}: expected >= "
+            f"cu_seqlens[-1] = {int(cu_seqlens[-1])}"
+        )
+    idx = cp_rank_indices(cu_seqlens, world_size, rank)
+    return idx.to(device=cu_seqlens.device, dtype=torch.int32)

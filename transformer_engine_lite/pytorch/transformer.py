@@ -235,6 +235,15 @@ class TransformerLayer(torch.nn.Module):
                 device=device,
             )
 
+    def set_context_parallel_group(
+        self, cp_group: Any, cp_global_ranks: list[int] | None, cp_stream: Any,
+        cp_comm_type: str = "p2p",
+    ) -> None:  # fmt: skip
+        """TE's CP setup: passed to every submodule that has it (attention modules)."""
+        for child in list(self.modules())[1:]:
+            if hasattr(child, "set_context_parallel_group"):
+                child.set_context_parallel_group(cp_group, cp_global_ranks, cp_stream, cp_comm_type)
+
     def _bias_dropout_add(
         self, x: torch.Tensor, bias: torch.Tensor | None, residual: torch.Tensor
     ) -> torch.Tensor:

@@ -194,6 +194,7 @@ class MultiheadAttention(torch.nn.Module):
         self.qkv_weight_interleaved = qkv_weight_interleaved and fuse_qkv_params
         self.rotary_pos_interleaved = rotary_pos_interleaved
         self.tp_size = tp
+        self.cp_size, self.cp_rank = 1, 0  # set_context_parallel_group; RoPE needs them
         self.qk_norm_before_rope = qk_norm_before_rope
         self.q_norm, self.k_norm = _qk_norm_modules(
             qk_norm_type, qk_norm_eps, kv_channels, device, params_dtype, seq_length,
@@ -261,6 +262,26 @@ class MultiheadAttention(torch.nn.Module):
             parallel_mode="row" if set_parallel_mode else None,
         )
         self.proj = Linear(hq, hidden_size, return_bias=return_bias, **common)
+
+    def set_context_parallel_group(
+        self, cp_group: Any, cp_global_ranks: list[int] | None, cp_stream: Any,
+        cp_comm_type: str = "p2p",
+    ) -> None:  # fmt: skip
+        """TE's CP setup (DotProductAttention.set_context_parallel_group), passed to every child
+        that has it; the rank's CP size / rank (TE's, hierarchical for 'a2a+p2p') shift the
+        rotary embedding's positions to this rank's sequence chunks."""
+        from .dot_product_attention.cp_comm import group_rank, group_size  # noqa: PLC0415
+
+        self.cp_size, self.cp_rank = 1, 0
+        if isinstance(cp_group, (list, tuple)) and len(cp_group) == 2:
+            a = group_size(cp_group[0])
+            self.cp_size = a * group_size(cp_group[1])
+            self.cp_rank = a * group_rank(cp_group[1]) + group_rank(cp_group[0])
+        elif cp_group is not None:
+            self.cp_size, self.cp_rank = group_size(cp_group), group_rank(cp_group)
+        for child in list(self.modules())[1:]:
+            if hasattr(child, "set_context_parallel_group"):
+                child.set_context_parallel_group(cp_group, cp_global_ranks, cp_stream, cp_comm_type)
 
     def _heads(self, x: torch.Tensor, groups: list[int]) -> list[torch.Tensor]:
         """Splits a projection output [..., n * d] into views [..., heads, d], one per entry of
@@ -378,6 +399,8 @@ class MultiheadAttention(torch.nn.Module):
                 fused=True,
                 cu_seqlens=cu_seqlens_q if thd else None,
                 start_positions=start_positions,
+                cp_size=self.cp_size,
+                cp_rank=self.cp_rank,
             )
             k = apply_rotary_pos_emb(
                 k,
@@ -387,6 +410,8 @@ class MultiheadAttention(torch.nn.Module):
                 fused=True,
                 cu_seqlens=cu_seqlens_kv if thd else None,
                 start_positions=start_positions,
+                cp_size=self.cp_size,
+                cp_rank=self.cp_rank,
             )
         if self.q_norm is not None and not self.qk_norm_before_rope:
             q, k = self._qk_norm(q, k)

@@ -40,6 +40,7 @@ from ..inputs import (
     resolve_sequences,
 )
 from .packed_inputs import needs_eager_dpa, unpack_packed_qkv
+from .context_parallel import check_cp_config, forward_with_cp
 
 __all__ = ["DotProductAttention", "_attention_backends"]
 
@@ -58,8 +59,9 @@ class DotProductAttention(TransformerEngineBaseModule):
     (default 1 / sqrt(d_qk)). sequence_parallel is accepted for TE compatibility: core attention
     works on whole sequences either way. softmax_type: 'vanilla', 'off-by-one' or 'learnable'
     (attention sinks: one extra sink logit per head, 0 or the parameter `softmax_offset` fp32
-    [h], TE's name and shape; flash on the CPU and the unfused backend on any device). Context
-    parallelism (cp_*) and return_max_logit are not supported.
+    [h], TE's name and shape; flash on the CPU and the unfused backend on any device).
+    Context parallelism: cp_group, cp_global_ranks, cp_stream, cp_comm_type (see
+    set_context_parallel_group and context_parallel.py). return_max_logit is not supported.
     """
 
     def __init__(
@@ -89,17 +91,8 @@ class DotProductAttention(TransformerEngineBaseModule):
         # delayed-scaling slots, fp8_attention.py), saved in the module's _extra_state.
         super().__init__(num_gemms=3, device=None)
         owner = "DotProductAttention"
-        reject_unsupported(
-            owner,
-            cp_group=cp_group,
-            cp_global_ranks=cp_global_ranks,
-            cp_stream=cp_stream,
-            return_max_logit=return_max_logit,
-        )
-        if cp_comm_type != "p2p":
-            raise NotImplementedError(
-                f"{owner}: cp_comm_type={cp_comm_type!r}: no context parallelism"
-            )
+        reject_unsupported(owner, return_max_logit=return_max_logit)
+        self.set_context_parallel_group(cp_group, cp_global_ranks, cp_stream, cp_comm_type)
         if softmax_type not in SOFTMAX_TYPES:
             raise ValueError(
                 f"{owner}: softmax_type: expected one of {SOFTMAX_TYPES}, got {softmax_type!r}"
@@ -175,6 +168,26 @@ class DotProductAttention(TransformerEngineBaseModule):
         self.unfused_attention = UnfusedDotProductAttention(
             self.softmax_scale, self.attention_dropout
         )
+
+    def set_context_parallel_group(
+        self,
+        cp_group: Any,
+        cp_global_ranks: list[int] | None,
+        cp_stream: Any,
+        cp_comm_type: str = "p2p",
+    ) -> None:
+        """TE's CP setup: cp_group (a process group; [a2a_group, p2p_group] for 'a2a+p2p'),
+        cp_global_ranks (the group's global ranks, checked), cp_stream (accepted, unused: the
+        CPU's collectives are synchronous but for the ring's K/V exchange), cp_comm_type 'p2p',
+        'all_gather', 'a2a' or 'a2a+p2p'. With a group of size > 1, forward takes this rank's
+        two sequence chunks (context_parallel.py's layout) and returns this rank's rows."""
+        self.cp_size = check_cp_config(
+            "DotProductAttention", cp_group, cp_global_ranks, cp_comm_type
+        )
+        self.cp_group = cp_group
+        self.cp_global_ranks = cp_global_ranks
+        self.cp_stream = cp_stream
+        self.cp_comm_type = cp_comm_type
 
     # ------------------------------------------------------------------ forward
     @no_torch_dynamo(when=needs_eager_dpa)
@@ -282,6 +295,18 @@ class DotProductAttention(TransformerEngineBaseModule):
                     f"{owner}.forward: {name}: padding between sequences is not supported (only "
                     f"offsets equal to {name.removesuffix('_padded')})"
                 )
+        if self.cp_size > 1:
+            if fp8 is not None:
+                raise NotImplementedError(
+                    f"{owner}: FP8 attention (recipe fp8_dpa / fp8_mha) with context parallelism "
+                    f"(cp_size {self.cp_size}) is not supported by transformer_engine_lite"
+                )
+            return forward_with_cp(
+                self, q, k, v, fmt, mask, window, attention_mask, inference_params,
+                core_attention_bias_type, core_attention_bias, alibi_slopes,
+                (cu_seqlens_q, cu_seqlens_kv, cu_seqlens_q_padded, cu_seqlens_kv_padded),
+                checkpoint_core_attention,
+            )  # fmt: skip
         restore = None
         if inference_params is not None:
             # KV cache: q's new tokens against the cached sequences, bshd with padding (see

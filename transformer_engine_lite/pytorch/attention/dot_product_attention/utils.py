@@ -280,7 +280,7 @@ def _unsupported(p: AttentionParams) -> list[str]:
     elif p.attn_mask_type == "arbitrary" and p.qkv_layout.startswith("t"):
         why.append("attn_mask_type 'arbitrary' with the thd format")
     if p.context_parallel:
-        why.append("context parallelism is not supported")
+        why += _cp_unsupported(p)
     if p.pad_between_seqs:
         why.append("pad_between_seqs is not supported")
     if p.softmax_type not in ("vanilla", "off-by-one", "learnable"):
@@ -310,6 +310,33 @@ def _unsupported(p: AttentionParams) -> list[str]:
                 "top-left aligned windows / ALiBi for masks other than causal (this library "
                 "aligns them bottom-right)"
             )
+    return why
+
+
+def _cp_unsupported(p: AttentionParams) -> list[str]:
+    """Why context parallelism (context_parallel.py, the flash kernel per chunk) cannot run p."""
+    why = []
+    if p.cp_comm_type not in ("p2p", "all_gather", "a2a", "a2a+p2p"):
+        why.append(f"cp_comm_type = {p.cp_comm_type!r}")
+    thd = p.qkv_layout.startswith("t")
+    if thd and p.cp_comm_type == "all_gather":
+        why.append("context parallelism with the thd format and 'all_gather'")
+    masks = ("no_mask", "causal", "causal_bottom_right")
+    if thd:  # the packed sequences are the padding
+        masks += ("padding", "padding_causal", "padding_causal_bottom_right")
+    if p.attn_mask_type not in masks:
+        why.append(f"context parallelism with attn_mask_type = {p.attn_mask_type!r}")
+    if p.core_attention_bias_type != "no_bias":
+        why.append(f"context parallelism with bias type {p.core_attention_bias_type!r}")
+    if p.is_training and p.attention_dropout:
+        why.append("context parallelism with dropout")
+    full = p.window_size in (None, (-1, -1), (-1, 0))
+    causal_left = "causal" in p.attn_mask_type
+    windowed_ok = p.cp_comm_type == "a2a" or (p.cp_comm_type == "all_gather" and causal_left)
+    if not full and not windowed_ok:
+        why.append(f"context parallelism with window_size {p.window_size} and {p.cp_comm_type!r}")
+    if p.softmax_type != "vanilla" and p.cp_comm_type != "a2a":
+        why.append(f"context parallelism with softmax_type {p.softmax_type!r} (a2a only)")
     return why
 
 
@@ -445,6 +472,9 @@ def get_attention_backend(
         available[0] = available[1] = False
         logger.debug("Disabling FlashAttention and FusedAttention due to FP8 attention (emulated "
                      "by UnfusedDotProductAttention)")
+    if p.context_parallel:  # CP runs the flash kernel per chunk (context_parallel.py)
+        available[1] = available[2] = False
+        logger.debug("Disabling FusedAttention and UnfusedDotProductAttention due to CP")
     for name, value in selection.PREFERENCE:
         if reasons[value]:
             logger.debug("Disabling %s due to %s", selection.BACKEND_NAMES[name], reasons[value])
