@@ -28,16 +28,12 @@ from ..quantization import (
 )
 from ..tensor import (
     Float8BlockQuantizer,
-    Float8BlockwiseQTensor,
     Float8CurrentScalingQuantizer,
     Float8Quantizer,
-    Float8Tensor,
     MXFP8Quantizer,
-    MXFP8Tensor,
-    NVFP4Tensor,
     QuantizedTensor,
 )
-from ..tensor.quantized_tensor import to_dtype_enum
+from ._stored_operands import stored_block, stored_input, stored_mxfp8, stored_per_tensor
 
 
 class GemmConfig(NamedTuple):
@@ -146,10 +142,10 @@ class _LinearFn(torch.autograd.Function):
         # recipe matches; otherwise (other recipe, no autocast) as their dequantized values. A
         # weight cast cached by the module (is_first_microbatch) enters the same way.
         per_tensor = cfg.mode in ("delayed", "current")
-        w_op = _stored_per_tensor(weight, cfg) if per_tensor else None
+        w_op = stored_per_tensor(weight, cfg) if per_tensor else None
         w_col = ctx.needs_input_grad[0] and cfg.bwd_override is None
-        w_mx = (_stored_mxfp8(weight, cfg, w_col) if cfg.mode == "mxfp8"
-                else _stored_block(weight, cfg, w_col) if cfg.mode == "block" else None)
+        w_mx = (stored_mxfp8(weight, cfg, w_col) if cfg.mode == "mxfp8"
+                else stored_block(weight, cfg, w_col) if cfg.mode == "block" else None)
         cast_amax = None
         if w_cast is not None and w_op is None and w_mx is None:
             w_op = w_cast.operand if per_tensor else None
@@ -166,7 +162,7 @@ class _LinearFn(torch.autograd.Function):
         if cfg.mode in ("delayed", "current"):
             s = cfg.slot_fwd
             delayed = cfg.mode == "delayed"
-            x_op = None if hp_bwd or cfg.save_original_input else _stored_input(inp, cfg)
+            x_op = None if hp_bwd or cfg.save_original_input else stored_input(inp, cfg)
             if x_op is not None:
                 # An FP8 input (TE's: a Float8Tensor from an fp8_output producer, e.g. FP8
                 # attention's O) enters the GEMM as its bytes; the input slot records 0 (its
@@ -457,43 +453,6 @@ def cast_weight(w: torch.Tensor, cfg: GemmConfig, scale: torch.Tensor | None) ->
         return WeightCast(op, None, amax if cfg.mode == "delayed" else None)
 
 
-def _stored_input(inp: torch.Tensor, cfg: GemmConfig) -> Operand | None:
-    """The FP8 bytes ([tokens, k]) and scale_inv of a Float8Tensor input in the format cfg casts
-    inputs to (else None: the input is quantized from its values)."""
-    if isinstance(inp, Float8Tensor) and inp._fp8_dtype == to_dtype_enum(cfg.inp.dtype):
-        data = inp._data.reshape(-1, inp.shape[-1]).contiguous()
-        return Operand(data.view(cfg.inp.dtype), inp._scale_inv)
-    return None
-
-
-def _stored_per_tensor(weight: torch.Tensor, cfg: GemmConfig) -> Operand | None:
-    """The FP8 bytes and scale_inv of a Float8Tensor weight in the format cfg casts weights to."""
-    if isinstance(weight, Float8Tensor) and weight._fp8_dtype == to_dtype_enum(cfg.weight.dtype):
-        return Operand(weight._data.view(cfg.weight.dtype), weight._scale_inv)
-    return None
-
-
-def _stored_mxfp8(
-    weight: torch.Tensor, cfg: GemmConfig, columnwise: bool
-) -> tuple[torch.Tensor, torch.Tensor | None] | None:
-    """An MXFP8Tensor weight with both block copies, each dequantized to bf16 for the GEMM
-    (exact, as mx_dequantized): the same operands as quantizing the weight in the forward."""
-    if not isinstance(weight, MXFP8Tensor) or weight._fp8_dtype != to_dtype_enum(cfg.inp.dtype):
-        return None
-    if weight._rowwise_data is None or weight._columnwise_data is None:
-        return None
-    te, dt = ops(), cfg.inp.dtype
-    r = te.dequantize_mxfp8(
-        weight._rowwise_data.view(dt), weight._rowwise_scale_inv, False, torch.bfloat16
-    )
-    if not columnwise:
-        return r, None
-    c = te.dequantize_mxfp8(
-        weight._columnwise_data.view(dt), weight._columnwise_scale_inv, True, torch.bfloat16
-    )
-    return r, c
-
-
 class _DelayedWgrad:
     """One queued weight gradient (delay_wgrad_compute): the wgrad GEMM's operands and where the
     result goes (main_grad, or back through the weight tensor the forward received)."""
@@ -564,49 +523,3 @@ def norm(
 def activation(x: torch.Tensor, name: str) -> torch.Tensor:
     """y = act(x); gated activations take [..., 2H] = [act input | linear] and return [..., H]."""
     return ops().activation_fwd(x.contiguous(), name)[0]
-
-
-def _stored_block(
-    weight: torch.Tensor, cfg: GemmConfig, columnwise: bool
-) -> tuple[torch.Tensor, torch.Tensor | None] | None:
-    """A Float8BlockwiseQTensor weight in the format and tiling cfg casts weights to, its copies
-    dequantized to fp32 (as block_dequantized): the operands the forward would make from it. With
-    128x128 blocks both copies hold the same values (square blocks, same scales)."""
-    spec = cfg.weight
-    if spec.mode == "nvfp4":
-        return _stored_nvfp4(weight, spec, columnwise)
-    if (not isinstance(weight, Float8BlockwiseQTensor)
-            or weight._fp8_dtype != to_dtype_enum(spec.dtype)
-            or weight._is_2D_scaled != (spec.block_dim == 2)
-            or weight._rowwise_data is None
-            or (columnwise and not weight._is_2D_scaled and weight._columnwise_data is None)):
-        return None
-    r = weight.dequantize(dtype=torch.float32).reshape(-1, weight.shape[-1])
-    if not columnwise:
-        return r, None
-    if weight._is_2D_scaled:
-        return r, r
-    te = ops()
-    c = te.dequantize_fp8_block(weight._columnwise_data.view(spec.dtype),
-                                weight._columnwise_scale_inv, 1, True, torch.float32)
-    return r, c.reshape(weight.shape[-1], -1).t().contiguous()
-
-
-def _stored_nvfp4(
-    weight: torch.Tensor, spec: QuantSpec, columnwise: bool
-) -> tuple[torch.Tensor, torch.Tensor | None] | None:
-    """An NVFP4Tensor weight quantized as spec casts weights (same 1x16 / 16x16 blocks, RHT and
-    rounding), its copies dequantized to fp32: the operands the forward would make from it (the
-    column-wise one made from the row-wise copy for 16x16 blocks, as TE's update_usage)."""
-    q = getattr(weight, "_quantizer", None)
-    if (not isinstance(weight, NVFP4Tensor) or q is None or weight._rowwise_data is None
-            or q.with_2d_quantization != (spec.block_dim == 2) or q.with_rht != spec.rht):
-        return None
-    if columnwise and weight._columnwise_data is None and not q.with_2d_quantization:
-        return None
-    view = weight._shallow_copy()
-    view.update_usage(rowwise_usage=True, columnwise_usage=columnwise)
-    r = view._dequantize_copy(False, torch.float32).reshape(-1, weight.shape[-1])
-    if not columnwise:
-        return r, None
-    return r, view._dequantize_copy(True, torch.float32).reshape(-1, weight.shape[-1])
