@@ -215,15 +215,11 @@ def fp8_attention_enabled() -> bool:
 def fp8_attention_plan(module: Any, owner: str) -> FP8AttentionPlan | None:
     """The FP8 plan of this forward, or None when attention runs in the inputs' precision (no
     autocast, or a recipe without fp8_dpa / fp8_mha, or NVTE_DPA_FP8_RECIPE=F16)."""
+    if not fp8_attention_enabled():
+        return None
     m = FP8GlobalStateManager
-    if not m.is_fp8_enabled():
-        return None
     recipe = m.get_fp8_recipe()
-    if not (getattr(recipe, "fp8_dpa", False) or getattr(recipe, "fp8_mha", False)):
-        return None
     switch = os.environ.get("NVTE_DPA_FP8_RECIPE", "")
-    if switch == "F16":
-        return None
     if switch != "":
         raise NotImplementedError(
             f"{owner}: NVTE_DPA_FP8_RECIPE={switch!r}: TE's switch of the attention's FP8 recipe "
