@@ -141,6 +141,8 @@ def build(core_lib_dir: Path, out: Path = DEFAULT_OUT) -> Path:
         "-Wl,-rpath,$ORIGIN/..",
         # Every symbol resolved at link time (XLA's FFI API is reached through a table).
         "-Wl,--no-undefined",
+        # A static-only libstdc++ stays private (see common/CMakeLists.txt).
+        "-Wl,--exclude-libs,libstdc++.a",
     ]
     result = subprocess.run(link, check=False, capture_output=True, text=True)
     if result.returncode != 0:

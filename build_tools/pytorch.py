@@ -44,7 +44,8 @@ def extension(core_lib_dir: Path, backend: str):
         # The C++ standard is torch's own (C++17 up to torch 2.9, C++20 since), set by BuildExtension.
         extra_compile_args={"cxx": ["-O2", "-g0", *defines], "nvcc": ["-O2", *defines]},
         # The core library sits in the package folder, one level above pytorch/_C*.so.
-        extra_link_args=["-Wl,-rpath,$ORIGIN/.."],
+        # A static-only libstdc++ stays private (see common/CMakeLists.txt).
+        extra_link_args=["-Wl,-rpath,$ORIGIN/..", "-Wl,--exclude-libs,libstdc++.a"],
         # No Python C API is used: ops are registered with the dispatcher and loaded with
         # torch.ops.load_library, so one binary serves every CPython version (and torch_python is
         # not linked).

@@ -228,7 +228,10 @@ __global__ void __launch_bounds__(kThreads) dequantize_kernel(const DequantizePa
       m = e8m0_to_float(p.colwise_scales ? p.scales[(r / kMx) * p.cols + c]
                                          : p.scales[r * scale_cols + c / kMx]);
     }
-    dst[i] = from_float<OType>(to_float(IType{p.q[i]}) * m);
+    const float v = to_float(IType{p.q[i]}) * m;
+    // A NaN code or scale: the CPU's quiet NaN (x86 passes the operand's 0x7FC00000 through), not
+    // the GPU's 0x7FFFFFFF, so both backends write the same bytes (seen on an H200).
+    dst[i] = from_float<OType>(v != v ? bits_float(0x7FC00000u) : v);
   }
 }
 

@@ -157,7 +157,7 @@ def _fwd_attrs(p):
 
 
 def _bwd_abstract(grad, x, *, activation, limit, alpha, offset=1.0):
-    out = _fwd_abstract(x, jnp.zeros((0,), _F32), activation=activation, limit=limit,
+    out = _fwd_abstract(x, jax.ShapeDtypeStruct((0,), _F32), activation=activation, limit=limit,
                         alpha=alpha, out_dtype=x.dtype)[0]
     if tuple(grad.shape) != tuple(out.shape):
         raise ValueError(f"te_lite::activation_bwd: argument 'grad': expected shape "

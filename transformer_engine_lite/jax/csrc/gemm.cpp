@@ -146,7 +146,8 @@ ffi::Error gemm(const Device &dev, Buffer A, Buffer A_scale_inv, Buffer B, Buffe
   if (dev.is_gpu()) {
     // A workspace is optional for the core (it allocates on the stream without one); XLA's scratch
     // allocator gives it from XLA's pool instead.
-    void *ws = dev.scratch->Allocate(kGpuWorkspaceBytes, Scratch::kAlign).value_or(nullptr);
+    Scratch scratch;  // on the GPU the block is XLA's, freed when the handler returns
+    void *ws = scratch.allocate(dev, kGpuWorkspaceBytes);
     if (ws != nullptr) {
       NVTEBasicTensor bt{};
       bt.data_ptr = ws;

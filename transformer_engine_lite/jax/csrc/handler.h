@@ -4,6 +4,7 @@
 #pragma once
 
 #include <cstddef>
+#include <cstdint>
 #include <exception>
 #include <memory>
 #include <new>
@@ -32,11 +33,19 @@ class Scratch {
  public:
   // 256 bytes: cuBLASLt's workspace alignment, and a multiple of every CPU vector width.
   static constexpr size_t kAlign = 256;
+  static constexpr size_t kXlaAlign = 16;  // the most XLA_FFI_DeviceMemory_Allocate accepts
 
   // nullptr when the allocation fails.
   void *allocate(const Device &dev, size_t bytes) {
     bytes = std::max<size_t>(bytes, 1);  // a workspace with no data pointer means "query"
-    if (dev.is_gpu()) return dev.scratch->Allocate(bytes, kAlign).value_or(nullptr);
+    if (dev.is_gpu()) {
+      // XLA's scratch allocator refuses alignments above 16 ("Unsupported alignment": every GPU
+      // workspace failed on an H200), so ask for the slack and align the pointer here.
+      void *raw = dev.scratch->Allocate(bytes + kAlign - kXlaAlign, kXlaAlign).value_or(nullptr);
+      if (raw == nullptr) return nullptr;
+      const uintptr_t p = reinterpret_cast<uintptr_t>(raw);
+      return reinterpret_cast<void *>((p + kAlign - 1) / kAlign * kAlign);
+    }
     host_.reset(::operator new(bytes, std::align_val_t{kAlign}, std::nothrow));
     return host_.get();
   }

@@ -77,5 +77,10 @@ def register_value_opaque_quantizer(cls: type) -> None:
     except ImportError:
         return
     if not is_opaque_value_type(cls):
-        register_opaque_type(cls, typ="value")
+        try:
+            register_opaque_type(cls, typ="value")
+        except TypeError:
+            # torch 2.11 (a GPU machine's) takes only subclasses of torch._opaque_base.OpaqueBase;
+            # quantizers keep their own bases, so there they are traced as plain objects.
+            return
     _VALUE_OPAQUE_QUALNAMES.add(cls.__qualname__)
