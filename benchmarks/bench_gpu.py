@@ -107,7 +107,9 @@ def _attention(mode: str, backward: bool) -> Case:
     qt, kt, vt = (t.detach().transpose(1, 2).requires_grad_(backward) for t in (q, k, v))
 
     def ours():
-        out, lse = ops.fused_attn_fwd(q, k, v, *args, backward)
+        # A training forward (softmax_lse kept) in both cases: the AOTriton kernels always write
+        # it, and an inference forward is the flash kernel's (fused_attn_aotriton.cpp).
+        out, lse = ops.fused_attn_fwd(q, k, v, *args, True)
         if backward:
             return out, *ops.fused_attn_bwd(q, k, v, out, dout, lse, *args, False)[:3]
         return (out,)

@@ -433,6 +433,10 @@ TEST_F(AotritonLaunch, CallsTheKernelsCannotTake) {
   p.rng_state = nullptr;  // a host rng_state: the kernels read it on the device
   EXPECT_NE(nvte::aotriton::unsupported_reason(p, arch).find("host rng_state"), std::string::npos);
   p = make(Problem{});
+  p.lse = nullptr;  // an inference forward: the kernel would store through it
+  EXPECT_NE(nvte::aotriton::unsupported_reason(p, arch).find("softmax_lse, got none"),
+            std::string::npos);
+  p = make(Problem{});
   p.d_v = 32;
   EXPECT_NE(nvte::aotriton::unsupported_reason(p, arch).find("head_dim_qk == head_dim_v"),
             std::string::npos);

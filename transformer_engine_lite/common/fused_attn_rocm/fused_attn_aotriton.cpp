@@ -172,6 +172,12 @@ std::string unsupported_reason(const AttnParams &p, const std::string &device_ar
   if (p.bias_type != NVTE_NO_BIAS) {
     return concat("the aotriton kernels take no bias, got bias type ", static_cast<int>(p.bias_type));
   }
+  // attn_fwd stores LSE for every row it owns; an inference forward (is_training = false) has
+  // none to give, and the kernel would write through a null pointer (an illegal address on an
+  // H200, bench_gpu.py's attn_fwd_aotriton). The flash kernel, which skips it, runs such calls.
+  if (p.lse == nullptr) {
+    return "the aotriton kernels write softmax_lse, got none (an inference forward)";
+  }
   if (p.dropout > 0.0f && p.rng_state == nullptr) {
     return "the aotriton kernels read rng_state on the device, got a host rng_state";
   }
