@@ -20,6 +20,22 @@ from typing import Any
 
 import torch
 
+# Inductor's cache does not key on ATEN_CPU_CAPABILITY: a graph compiled at one level and loaded at
+# another computes garbage or crashes. A capped run gets a cache of its own (read at compile time).
+if os.environ.get("ATEN_CPU_CAPABILITY") and not os.environ.get("TORCHINDUCTOR_CACHE_DIR"):
+    try:
+        from torch._inductor.runtime.cache_dir_utils import default_cache_dir
+    except ImportError:  # a torch that moved it: the same place by hand
+        import getpass
+        import tempfile
+
+        def default_cache_dir() -> str:
+            return os.path.join(tempfile.gettempdir(), f"torchinductor_{getpass.getuser()}")
+
+    os.environ["TORCHINDUCTOR_CACHE_DIR"] = (
+        f"{default_cache_dir()}_{os.environ['ATEN_CPU_CAPABILITY'].lower()}"
+    )
+
 
 class MissingOp(Exception):
     """Something the case needs on our side (an nvte_* function, an op) is not there (yet)."""
