@@ -40,6 +40,12 @@ struct BwdTensors {
 };
 
 // Validates everything, then runs the flash kernel on the tensors' device.
+// fused_attn_params.cpp: every argument check of a call, then its kernel parameters; the device
+// the tensors live on and the config the backend selection sees. Throws before anything is written.
+AttnParams make_params(const CallArgs &c, NVTEDevice *device_out, NVTEFusedAttnConfig *cfg_out);
+// A tensor whose dims leave room for the kernels' 64-bit element offsets (fused_attn_params.cpp).
+void check_offsets_fit(const SimpleTensor &t, const char *arg);
+
 void run_fwd(const CallArgs &c, const Tensor *o, Tensor *lse, bool is_training,
              NVTETensor workspace, NVTEStream stream);
 void run_bwd(const CallArgs &c, const BwdTensors &t, bool deterministic, NVTETensor workspace,

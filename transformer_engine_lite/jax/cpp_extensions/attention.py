@@ -37,6 +37,8 @@ from jax.experimental.custom_partitioning import custom_partitioning
 from jax.sharding import NamedSharding
 from jax.sharding import PartitionSpec as P
 
+from .attention_masks import (  # noqa: F401  (re-exported: cpp_extensions, the reference)
+    DropoutMaskPrimitive, _err, dropout_keep_mask, keep_mask)
 from .base import FFIOp
 from .misc import HIGH_PRECISION, check_dtype
 from .partitioning import lowering_mesh, named_shapes, spec_of
@@ -86,10 +88,6 @@ BIASES = ("no_bias", "pre_scale_bias", "post_scale_bias")
 
 def _empty(dtype=_I32):
     return jnp.zeros((0,), dtype)
-
-
-def _err(op: str, arg: str, expected: str, got) -> ValueError:
-    return ValueError(f"te_lite::{op}: argument '{arg}': expected {expected}, got {got}")
 
 
 # ------------------------------------------------------------------------------------ shapes
@@ -560,48 +558,3 @@ def fused_attn_bwd(q, k, v, bias, lse, out, d_out, q_seqlens, kv_seqlens, q_offs
         attn_mask_type=attn_mask_type, scaling_factor=float(scaling_factor),
         dropout_probability=float(dropout_probability), window=tuple(int(w) for w in window),
         deterministic=bool(deterministic))
-
-
-# ------------------------------------------------------------------------------------ dropout
-def _mask_abstract(seed, *, b, h, s_q, s_kv, dropout):
-    if not (seed.shape == (4,) and seed.dtype in (jnp.int32, jnp.uint32)):
-        raise _err("fused_attn_dropout_mask", "seed", "int32 / uint32 [4]",
-                   f"{seed.dtype} {tuple(seed.shape)}")
-    return (jax.ShapeDtypeStruct((b, h, s_q, s_kv), jnp.uint8),)
-
-
-def _mask_unavailable(*args, **params):
-    raise NotImplementedError("te_lite::fused_attn_dropout_mask: the Philox keep mask has no "
-                              "pure-JAX reference; enable FusedAttnDropoutMaskPrimitive")
-
-
-DropoutMaskPrimitive = FFIOp("FusedAttnDropoutMaskPrimitive", "te_lite_fused_attn_dropout_mask_ffi",
-                             _mask_abstract, _mask_unavailable)
-
-
-def dropout_keep_mask(seed, b: int, h: int, s_q: int, s_kv: int, dropout: float):
-    """bool [b, h, s_q, s_kv]: the logits the flash kernel keeps under dropout p with `seed`
-    (int32 / uint32 [4] = {seed, offset} words): the same Philox draws (util/philox.h)."""
-    (mask,) = DropoutMaskPrimitive(seed, b=int(b), h=int(h), s_q=int(s_q), s_kv=int(s_kv),
-                                   dropout=float(dropout))
-    return mask.astype(bool)
-
-
-# ------------------------------------------------------------------------------------ masks
-def keep_mask(mask_type: str, window, i, j, len_q, len_kv, same=None):
-    """bool, True = key position j kept for query position i (fused_attn.h's rules), broadcast
-    over the arguments: i, j positions within the sequence, len_q / len_kv the sequence lengths
-    (or the padded sizes), `same` (thd) whether i and j are in the same segment. causal /
-    padding_causal are top-left aligned, the other masks' windows bottom-right."""
-    left, right = window
-    if "causal" in mask_type:
-        right = 0
-    keep = (i < len_q) & (j < len_kv)
-    if same is not None:
-        keep = keep & same
-    off = 0 if mask_type in ("causal", "padding_causal") else len_kv - len_q
-    if left >= 0:
-        keep = keep & (j >= i + off - left)
-    if right >= 0:
-        keep = keep & (j <= i + off + right)
-    return keep

@@ -43,7 +43,9 @@ from ..sharding import (
     W_TP_AXES,
     with_sharding_constraint_by_logical_axes,
 )
+from .lora import _lora_scope, _split_init
 from .module import DenseGeneral, LayerNormDenseGeneral, _refuse
+from .rope import rotary_pos_emb
 
 __all__ = ["DotProductAttention", "MultiHeadAttention", "rotary_pos_emb"]
 
@@ -280,106 +282,7 @@ class DotProductAttention(nn.Module):
         return x
 
 
-# ---------------------------------------------------------------------- rotary position embedding
-def _rope_freqs(seqlen: int, dim: int, windows, interleaved: bool):
-    """TE's angles pos / (min * (max/min)^(2i/d)), i < d/2, laid out for the fused primitive:
-    pairs (2i, 2i+1) ("consecutive": interleaved) or (i, i + d/2) ("alternate")."""
-    lo, hi = windows
-    fraction = 2 * jnp.arange(dim // 2) / dim
-    timescale = lo * (hi / lo) ** fraction
-    ang = jnp.arange(seqlen)[:, None] / timescale[None, :]
-    f = jnp.repeat(ang, 2, axis=-1) if interleaved else jnp.concatenate([ang, ang], axis=-1)
-    return f.astype(jnp.float32)[:, None, None, :]
-
-
-@partial(jax.custom_vjp, nondiff_argnums=(1, 2, 3))
-def _rope(x, windows, interleaved, fmt):
-    seqlen = x.shape[0 if fmt == "sbhd" else 1]
-    return tex.fused_rope_fwd(x, _rope_freqs(seqlen, x.shape[-1], windows, interleaved), fmt,
-                              interleaved)
-
-
-def _rope_fwd(x, windows, interleaved, fmt):
-    return _rope(x, windows, interleaved, fmt), None
-
-
-def _rope_bwd(windows, interleaved, fmt, _, g):
-    seqlen = g.shape[0 if fmt == "sbhd" else 1]
-    return (tex.fused_rope_bwd(g, _rope_freqs(seqlen, g.shape[-1], windows, interleaved), fmt,
-                               interleaved),)
-
-
-_rope.defvjp(_rope_fwd, _rope_bwd)
-
-
-def rotary_pos_emb(x, windows, transpose_batch_sequence: bool, group_method="consecutive"):
-    """TE's rotary embedding of x [b, s, h, d] ([s, b, h, d] transposed), positions 0..s-1."""
-    gm = str(group_method).lower().strip().replace("-", "").replace("_", "")
-    if gm not in ("consecutive", "alternate"):
-        raise ValueError("rotary_pos_emb: field 'rotary_pos_emb_group_method': expected "
-                         f"'consecutive' or 'alternate', got {group_method!r}")
-    if x.ndim != 4 or x.shape[-1] % 2:
-        raise ValueError(f"rotary_pos_emb: expected [b, s, h, d] with even d, got {x.shape}")
-    fmt = "sbhd" if transpose_batch_sequence else "bshd"
-    return _rope(x, tuple(float(w) for w in windows), gm == "consecutive", fmt)
-
-
 # -------------------------------------------------------------------------- MultiHeadAttention
-class LoRAScope:  # TE-JAX's plain holder: which projections get a LoRA term
-    """Which projections of a layer carry a low-rank adaptation (TE-JAX's LoRAScope)."""
-
-    def __init__(self, qkv_proj: bool = False, output_proj: bool = False, mlp: bool = False):
-        self.qkv_proj, self.output_proj, self.mlp = qkv_proj, output_proj, mlp
-
-    def __eq__(self, other):
-        if not isinstance(other, LoRAScope):
-            return NotImplemented
-        return (self.qkv_proj, self.output_proj, self.mlp) == (other.qkv_proj, other.output_proj,
-                                                                other.mlp)
-
-    def __repr__(self):
-        return f"LoRAScope(qkv_proj={self.qkv_proj}, output_proj={self.output_proj}, mlp={self.mlp})"
-
-
-class LoRAScopeError(ValueError, AssertionError):
-    """An unknown LoRA scope name. A ValueError (the project's rule for a rejected value) that is
-    also an AssertionError, because TE rejects it with `assert` and TE code catches that."""
-
-
-_LORA_SCOPES = {"none": (0, 0, 0), "all": (1, 1, 1), "qkv_proj": (1, 0, 0), "output_proj": (0, 1, 0),
-                "mlp": (0, 0, 1), "exclude_qkv_proj": (0, 1, 1), "exclude_output_proj": (1, 0, 1),
-                "exclude_mlp": (1, 1, 0)}
-
-
-def _canonicalize_lora_scope(scope: str | None) -> LoRAScope:
-    """TE's low_rank_adaptation_scope names (case-insensitive, None = "none") -> LoRAScope."""
-    s = "none" if scope is None else str(scope).lower()
-    if s not in _LORA_SCOPES:
-        raise LoRAScopeError(f"field 'low_rank_adaptation_scope': expected one of "
-                             f"{list(_LORA_SCOPES)}, got {scope!r}")
-    return LoRAScope(*(bool(v) for v in _LORA_SCOPES[s]))
-
-
-def _lora_scope(scope: str | None) -> tuple[bool, bool, bool]:
-    """(qkv_proj, output_proj, mlp) of a scope name."""
-    ls = _canonicalize_lora_scope(scope)
-    return ls.qkv_proj, ls.output_proj, ls.mlp
-
-
-def _split_init(kernel_init, parts_init):
-    """A kernel init for (hidden, n, features) drawing each of the n slices independently."""
-
-    def init(key, shape, dtype):
-        if len(shape) != 3 or shape[1] != len(parts_init):
-            raise ValueError(f"expected a kernel of shape (hidden, {len(parts_init)}, features), "
-                             f"got {shape}")
-        keys = jax.random.split(key, len(parts_init))
-        return jnp.stack([f(k, (shape[0], shape[2]), dtype) for f, k in zip(parts_init, keys)],
-                         axis=-2, dtype=dtype)
-
-    return init
-
-
 class MultiHeadAttention(nn.Module):
     """[norm ->] QKV projection -> [rotary] -> DotProductAttention -> output projection.
     Returns (out, ln_out)."""

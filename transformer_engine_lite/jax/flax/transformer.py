@@ -26,9 +26,10 @@ from ..sharding import (
     W_TP_AXES,
     with_sharding_constraint_by_logical_axes,
 )
-from .attention import (  # noqa: F401  (LoRAScope, _canonicalize_lora_scope: TE-JAX's home)
-    DotProductAttention, LoRAScope, MultiHeadAttention, _canonicalize_lora_scope, _lora_scope,
-    rotary_pos_emb)
+from .attention import DotProductAttention, MultiHeadAttention
+from .lora import (  # noqa: F401  (LoRAScope, _canonicalize_lora_scope: TE-JAX's home)
+    LoRAScope, _canonicalize_lora_scope, _lora_scope)
+from .rope import rotary_pos_emb
 from .module import LayerNorm, LayerNormMLP
 
 __all__ = ["DotProductAttention", "LoRAScope", "MultiHeadAttention", "RelativePositionBiases",
