@@ -1,7 +1,7 @@
 #!/usr/bin/env python
 """Train a small GPT-like byte-level language model with transformer_engine_lite's PyTorch modules
-on the CPU, once in bf16 and once per FP8 recipe (delayed scaling, current scaling, MXFP8), with the
-same seed, data and batches, and compare the loss curves.
+on the CPU, once in bf16 and once per quantized recipe (FP8 delayed scaling, current scaling, MXFP8,
+Float8BlockScaling, and NVFP4), with the same seed, data and batches, and compare the loss curves.
 
 Corpus: the Python standard library's own source files (offline everywhere Python is): the *.py files
 under sysconfig's "stdlib" path, sorted, tests and site-packages skipped, until --corpus-mb MB; the
@@ -14,7 +14,7 @@ te.LayerNorm and the LM head (te.Linear) run outside fp8_autocast, in bf16, as i
 training; inside it the projections run in FP8 and the attention math in high precision. Parameters are
 fp32 master weights; activations are bf16 (the modules cast weights to the input's dtype).
 
-    python examples/pytorch/train_gpt.py                  # default: 4 runs, ~2.5 min on 2 cores
+    python examples/pytorch/train_gpt.py                  # default: 6 runs
     python examples/pytorch/train_gpt.py --quick          # a few steps, smoke test
     python examples/pytorch/train_gpt.py --steps 300 --recipes bf16,current --out /tmp/loss.png
 """
@@ -169,7 +169,7 @@ def train_one(name: str, args, cfg: Config, train: torch.Tensor, val: torch.Tens
 
 
 def main(argv: list[str] | None = None) -> int:
-    p = demo_parser(__doc__, Path(__file__).resolve().parent / "out" / "loss.png")
+    p = demo_parser(__doc__, Path(__file__).resolve().parent / "out" / "loss.png", tuple(RECIPES))
     p.add_argument("--threads", type=int, default=None, help="torch threads (default: all cores)")
     args, names = parse_demo_args(p, argv)
     logging.basicConfig(level=logging.INFO, format="%(message)s", stream=sys.stdout)
