@@ -30,6 +30,7 @@ import torch.nn.functional as F
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from _capi import workspace_for
 from _common import Case, MissingOp, NotAvailable, bf16_close, check_call_time, cli, first_error
+from _block_cases import CASES as BLOCK_CASES
 from _norm_cases import CASES as NORM_CASES
 
 from transformer_engine_lite.common import build_info, capi, get_lib
@@ -354,6 +355,7 @@ CASES: dict[str, tuple[Callable[[bool], Case], float | None]] = {
     "quantize_current_e4m3_vs_compile": (lambda q: case_quantize(q, compiled=True), 1.0),
     "layernorm_fwd_fp8out_vs_compile": (lambda q: case_layernorm_fp8(q, compiled=True), 1.0),
     **NORM_CASES,
+    **BLOCK_CASES,
 }
 
 
