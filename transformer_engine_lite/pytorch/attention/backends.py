@@ -29,6 +29,7 @@ import torch
 
 from ...common import attention_selection as selection
 from ...common import capi
+from ._attention_gemm import attention_matmul
 
 __all__ = [
     "BACKEND_NAMES",
@@ -403,7 +404,7 @@ class UnfusedDotProductAttention(torch.nn.Module):
         if h_kv != h:  # GQA / MQA: each KV head serves h / h_kv query heads
             k = k.repeat_interleave(h // h_kv, dim=1)
             v = v.repeat_interleave(h // h_kv, dim=1)
-        x = torch.matmul(q, k.transpose(-2, -1)).float()  # [b, h, sq, skv]
+        x = attention_matmul(q, k.transpose(-2, -1)).float()  # [b, h, sq, skv]
         scale = self.softmax_scale
         if bias_type == "pre_scale_bias":
             x = x + bias.float()
@@ -437,7 +438,7 @@ class UnfusedDotProductAttention(torch.nn.Module):
             probs = probs * (kept.float() * (1.0 / (1.0 - p)))
         if fp8 is not None:
             return fp8.output(torch.matmul(fp8.probs(probs), v), out_dtype)
-        return torch.matmul(probs.to(q.dtype), v)
+        return attention_matmul(probs.to(q.dtype), v)
 
 
 def _softmax_variant(

@@ -70,6 +70,7 @@ def register_value_opaque_quantizer(cls: type) -> None:
                 f"of int, bool, float, str or an enum, got {typ!r}"
             )
     cls._value_field_names = tuple(fields)
+    cls._value_owner = cls  # see QuantizerValueBase._value_fields
     if "__fx_repr__" not in cls.__dict__:
         cls.__fx_repr__ = _quantizer_fx_repr
     try:

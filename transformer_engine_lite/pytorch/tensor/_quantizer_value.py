@@ -46,9 +46,14 @@ class QuantizerValueBase:
         return fields
 
     def _value_fields(self) -> tuple[str, ...] | None:
-        # The class's own __dict__: a subclass of a registered quantizer does not inherit value
-        # semantics without registering itself (its extra state would not be in the key).
-        return type(self).__dict__.get("_value_field_names")
+        # Registered on the class itself: a subclass of a registered quantizer does not inherit
+        # value semantics without registering itself (its extra state would not be in the key).
+        # Not type(self).__dict__: dynamo cannot wrap a class dict holding a staticmethod
+        # (NVFP4Quantizer's), so the owner is compared instead.
+        cls = type(self)
+        if getattr(cls, "_value_owner", None) is not cls:
+            return None
+        return cls._value_field_names
 
     def _check_value_has_no_process_group(self) -> None:
         group = getattr(self, "amax_reduction_group", None)

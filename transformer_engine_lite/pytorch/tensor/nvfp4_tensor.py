@@ -249,6 +249,11 @@ class NVFP4Quantizer(Quantizer):
         self.rht_matrix_random_sign_mask_t = get_random_sign_mask_for_rht(bool(with_random_sign_mask))
         self.rht_matrix = get_rht_matrix(self.rht_matrix_random_sign_mask_t != 0)
 
+    def _rebuild_derived_state(self) -> None:
+        # Rebuilt from a value key (__fx_repr__, torch.compile): the attributes outside the value.
+        self.amax_reduction_group = None
+        self.rht_matrix = get_rht_matrix(self.rht_matrix_random_sign_mask_t != 0)
+
     def __getstate__(self) -> dict[str, Any]:
         state = self.__dict__.copy()
         state["amax_reduction_group"] = None
