@@ -27,6 +27,9 @@ apply are float32 [0].
       TE's GEMM_READY layout (core cast.h, nvte_quantize_v2); copies not requested are [0].
   dequantize_fp8_block(Tensor data, Tensor scale_inv, int block_scaling_dim, bool columnwise,
       ScalarType out_dtype) -> Tensor                            (of data's stored shape)
+  block_gemm_accumulate_(Tensor(a!) y, Tensor p, Tensor first, Tensor second) -> ()
+      y = fp32(fp64(y) + fp64(fp32(p * first)) * fp64(second)) in place: one K block of the
+      block-scaled GEMM's accumulation (cpp_extensions/block_gemm.py; CPU only)
   quantize_nvfp4(Tensor x, bool rowwise, bool columnwise, bool two_d, bool rht, int rht_sign_mask,
       bool stochastic_rounding, int seed, int offset)
       -> (row_data [..., n/2] uint8, row_scale_inv uint8 E4M3, row_amax [1],
@@ -244,6 +247,11 @@ def _(x, fp8_dtype, block_scaling_dim, rowwise, columnwise, force_pow_2_scales, 
 @torch.library.register_fake("te_lite::dequantize_fp8_block")
 def _(data, scale_inv, block_scaling_dim, columnwise, out_dtype):
     return data.new_empty(data.shape, dtype=out_dtype)
+
+
+@torch.library.register_fake("te_lite::block_gemm_accumulate_")
+def _(y, p, first, second):
+    return None
 
 
 @torch.library.register_fake("te_lite::compute_amax")

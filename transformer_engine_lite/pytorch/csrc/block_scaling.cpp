@@ -1,7 +1,9 @@
 // te_lite ops of Float8BlockScaling (TE's NVTE_BLOCK_SCALING_1D / _2D): quantize into the GEMM_READY
 // row-wise / column-wise (transposed) copies with fp32 scale grids, and dequantize one copy.
+#include <ATen/Parallel.h>
 #include <torch/library.h>
 
+#include <utility>
 #include <vector>
 
 #include <transformer_engine_lite/cast.h>
@@ -94,6 +96,44 @@ at::Tensor dequantize_fp8_block(const at::Tensor &data_, const at::Tensor &scale
   return out;
 }
 
+// One K block of the block-scaled GEMM's accumulation (cpp_extensions/block_gemm.py), in place:
+// y = fp32(fp64(y) + fp64(fp32(p * first)) * fp64(second)), `first` and `second` each [m, 1] or
+// [1, n] fp32 (per-row or per-column scales). The fp64 product of two fp32 values is exact, so
+// this is Python's torch expression step for step, bit for bit, without its six temporaries.
+// Host memory only; a GPU caller keeps the torch expression.
+void block_gemm_accumulate_(at::Tensor y, const at::Tensor &p, const at::Tensor &first,
+                            const at::Tensor &second) {
+  constexpr const char *kOp = "te_lite::block_gemm_accumulate_";
+  TORCH_CHECK(y.device().is_cpu(), kOp, ": argument 'y': expected a CPU tensor, got ", y.device());
+  TORCH_CHECK(y.dim() == 2 && y.scalar_type() == at::kFloat && y.is_contiguous(), kOp,
+              ": argument 'y': expected a contiguous fp32 [m, n] tensor, got ", y.scalar_type(),
+              " ", y.sizes());
+  const int64_t m = y.size(0), n = y.size(1);
+  TORCH_CHECK(p.sizes() == y.sizes() && p.scalar_type() == at::kFloat && p.device().is_cpu(), kOp,
+              ": argument 'p': expected fp32 ", y.sizes(), " on the CPU, got ", p.scalar_type(),
+              " ", p.sizes(), " on ", p.device());
+  for (const auto &[t, name] : {std::pair{&first, "first"}, std::pair{&second, "second"}}) {
+    const bool ok = t->dim() == 2 && t->scalar_type() == at::kFloat && t->device().is_cpu() &&
+                    ((t->size(0) == m && t->size(1) == 1) || (t->size(0) == 1 && t->size(1) == n));
+    TORCH_CHECK(ok, kOp, ": argument '", name, "': expected fp32 [", m, ", 1] or [1, ", n,
+                "] on the CPU, got ", t->scalar_type(), " ", t->sizes(), " on ", t->device());
+  }
+  const at::Tensor pc = p.contiguous(), f = first.expand({m, n}), s = second.expand({m, n});
+  float *yd = y.data_ptr<float>();
+  const float *pd = pc.data_ptr<float>(), *fd = f.data_ptr<float>(), *sd = s.data_ptr<float>();
+  const int64_t fs0 = f.stride(0), fs1 = f.stride(1), ss0 = s.stride(0), ss1 = s.stride(1);
+  at::parallel_for(0, m, 16, [&](int64_t r0, int64_t r1) {
+    for (int64_t i = r0; i < r1; ++i) {
+      for (int64_t j = 0; j < n; ++j) {
+        const float partial = pd[i * n + j] * fd[i * fs0 + j * fs1];
+        const double acc = static_cast<double>(yd[i * n + j]) +
+                           static_cast<double>(partial) * static_cast<double>(sd[i * ss0 + j * ss1]);
+        yd[i * n + j] = static_cast<float>(acc);
+      }
+    }
+  });
+}
+
 void register_impls(torch::Library &m) {
   m.impl("quantize_fp8_block", &quantize_fp8_block);
   m.impl("dequantize_fp8_block", &dequantize_fp8_block);
@@ -102,14 +142,17 @@ void register_impls(torch::Library &m) {
 }  // namespace
 }  // namespace te_lite
 
-TORCH_LIBRARY_IMPL(te_lite, CPU, m) { te_lite::register_impls(m); }
+TORCH_LIBRARY_IMPL(te_lite, CPU, m) {
+  te_lite::register_impls(m);
+  m.impl("block_gemm_accumulate_", &te_lite::block_gemm_accumulate_);
+}
 #ifdef NVTE_TORCH_CUDA
 TORCH_LIBRARY_IMPL(te_lite, CUDA, m) { te_lite::register_impls(m); }
 #endif
 
 // Not differentiable: quantization outputs never require grad (as cast.cpp's ops).
 TORCH_LIBRARY_IMPL(te_lite, Autograd, m) {
-  for (const char *op : {"quantize_fp8_block", "dequantize_fp8_block"}) {
+  for (const char *op : {"quantize_fp8_block", "dequantize_fp8_block", "block_gemm_accumulate_"}) {
     m.impl(op, torch::CppFunction::makeFallthrough());
   }
 }
