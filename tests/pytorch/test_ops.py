@@ -90,6 +90,10 @@ OPCHECK_CASES: list[tuple[str, str, Callable[[], tuple]]] = [
     ),
     ("dequantize_fp8_block", "1d-row", lambda: (*_blk((130, 200), 1, False), 1, False,
                                                   torch.float32)),
+    ("block_gemm_accumulate_", "row-first", lambda: (randn(33, 70), randn(33, 70), randn(33, 1),
+                                                     randn(1, 70))),
+    ("block_gemm_accumulate_", "col-first", lambda: (randn(33, 70), randn(33, 70), randn(1, 70),
+                                                     randn(33, 1))),
     ("dequantize_fp8_block", "2d-col", lambda: (*_blk((3, 130, 200), 2, True), 2, True,
                                                   torch.bfloat16)),
     (
@@ -425,7 +429,7 @@ def test_every_op_has_an_opcheck_case():
     assert set(te_ops.OPS) == covered, (
         f"no case for {sorted(set(te_ops.OPS) - covered)}; unknown {sorted(covered - set(te_ops.OPS))}"
     )
-    assert len(te_ops.OPS) == 66
+    assert len(te_ops.OPS) == 67
 
 
 # ===================================================================================== errors
