@@ -28,10 +28,12 @@ apply are float32 [0].
   dequantize_fp8_block(Tensor data, Tensor scale_inv, int block_scaling_dim, bool columnwise,
       ScalarType out_dtype) -> Tensor                            (of data's stored shape)
   quantize_nvfp4(Tensor x, bool rowwise, bool columnwise, bool two_d, bool rht, int rht_sign_mask,
-      bool stochastic_rounding, int seed, int offset)
-      -> (row_data [..., n/2] uint8, row_scale_inv uint8 E4M3, row_amax [1],
+      bool stochastic_rounding, int seed, int offset, bool row_scaled=False, int four_over_six=0,
+      int e4m3_max=448, bool err_fast_math=False)
+      -> (row_data [..., n/2] uint8, row_scale_inv uint8 E4M3, row_amax [1] ([rows] row-scaled),
           col_data [last dim, leading dims...] halved, col_scale_inv, col_amax)   (NVFP4)
-  dequantize_nvfp4(Tensor data, Tensor scale_inv, Tensor amax, ScalarType out_dtype) -> Tensor
+  dequantize_nvfp4(Tensor data, Tensor scale_inv, Tensor amax, ScalarType out_dtype,
+      bool row_scaled=False, int e4m3_max=448) -> Tensor
   compute_amax(Tensor x) -> Tensor [1]
   compute_scale_from_amax(Tensor amax, ScalarType fp8_dtype, float epsilon, bool force_pow_2_scales)
       -> (scale, scale_inv)                                      (current scaling)
