@@ -89,7 +89,8 @@ def ref_quantize(x, mode, em, fast, two_d, row_scaled):
     if mode is None:
         cands.append(cands[0])
     pick4 = cands[1][2] < cands[0][2]
-    sc = torch.where(pick4.unsqueeze(-1), cands[1][0].view(torch.uint8), cands[0][0].view(torch.uint8))
+    sc = torch.where(pick4.unsqueeze(-1), cands[1][0].view(torch.uint8),
+                     cands[0][0].view(torch.uint8))
     codes = torch.where(pick4.unsqueeze(-1), cands[1][1], cands[0][1])
     codes = codes.reshape(mp, nb * 16)[:m, :n].to(torch.uint8)
     packed = codes[:, 0::2] | (codes[:, 1::2] << 4)
@@ -125,7 +126,7 @@ def test_4over6_matches_oracle(monkeypatch, mode, em, fast, two_d, dtype, shape)
         assert torch.equal(grid, want_s)
         assert torch.equal(amax, want_a)
     if not two_d:
-        assert pick4.any() and not pick4.all()  # both candidates win somewhere: the choice is tested
+        assert pick4.any() and not pick4.all()  # both candidates win somewhere: choice tested
     # dequantize uses the tensor's bound: values = e2m1 * sf * amax / (6 * em)
     err = (t.dequantize(dtype=torch.float32) - x.float()).abs().max()
     assert err <= x.float().abs().max() / 4

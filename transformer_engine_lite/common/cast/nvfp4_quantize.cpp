@@ -343,7 +343,8 @@ void quantize_typed(const IType *src, const Tensor &out, const Nvfp4Spec &s) {
     for (float p : part) amax_row = nvfp4_amax_acc(amax_row, p);  // NaN-sticky max
   }
   amax_col = amax_row;
-  if (s.colwise && s.rht && !s.row_scaled) {  // the column-wise copy is scaled by the amax after the transform
+  // The column-wise copy is scaled by the amax after the transform.
+  if (s.colwise && s.rht && !s.row_scaled) {
     std::vector<float> part(std::max<size_t>(1, panels_c), 0.0f);
     parallel_for(panels_c, 1, [&](size_t b0, size_t b1) {
       std::vector<float> buf(n * R);
