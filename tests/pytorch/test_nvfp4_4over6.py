@@ -178,3 +178,17 @@ def test_python_allocator_pickle_and_gemm():
     out = general_gemm(w, a, out_dtype=torch.float32)[0]
     ref = a.dequantize(dtype=torch.float32) @ w.t()
     torch.testing.assert_close(out, ref, rtol=1e-5, atol=1e-5)
+
+
+
+@pytest.mark.parametrize("kw", [{"row_scaled_nvfp4": True}, {"nvfp4_use_4over6": True}])
+def test_modules_refuse_the_options(kw):
+    """Modules run NVFP4 from the quantizer's block / RHT / SR fields: a CustomRecipe handing them
+    a row-scaled or 4over6 quantizer is refused, naming the option (not silently dropped)."""
+    import transformer_engine_lite.pytorch as te
+    from transformer_engine_lite.common.recipe import CustomRecipe
+
+    m = te.Linear(64, 48, params_dtype=torch.bfloat16)
+    with pytest.raises(NotImplementedError, match=next(iter(kw))):
+        with te.autocast(recipe=CustomRecipe(qfactory=lambda role: NVFP4Quantizer(**kw))):
+            m(torch.randn(16, 64, dtype=torch.bfloat16))
