@@ -207,10 +207,17 @@ def test_make_empty_update_quantized_and_pickle():
 
 def test_refusals():
     x = torch.randn(16, 32)
-    with pytest.raises(NotImplementedError, match="row_scaled_nvfp4"):
-        quantizer(row_scaled_nvfp4=True)(x)
-    with pytest.raises(NotImplementedError, match="4over6"):
-        quantizer(nvfp4_use_4over6=True)(x)
+    # TE's refusals of the 4over6 / row-scaled options (ValueError, as TE's reference and kernels)
+    with pytest.raises(ValueError, match="row_scaled_nvfp4=True expects rowwise"):
+        quantizer(row_scaled_nvfp4=True, rowwise=False)(x)
+    with pytest.raises(ValueError, match="with_2d_quantization"):
+        quantizer(row_scaled_nvfp4=True, with_2d_quantization=True)(x)
+    with pytest.raises(ValueError, match="stochastic_rounding"):
+        quantizer(nvfp4_use_4over6=True, stochastic_rounding=True)(x)
+    with pytest.raises(ValueError, match="nvfp4_e4m3_max must be 448 or 256"):
+        quantizer(nvfp4_use_4over6=True, nvfp4_e4m3_max=300)
+    with pytest.raises(ValueError, match="err_mode"):
+        quantizer(nvfp4_use_4over6=True, nvfp4_4over6_err_mode="max")
     with pytest.raises(ValueError, match="last dim is even"):
         quantizer()(torch.randn(4, 7))
     with pytest.raises(RuntimeError, match="divisible by 16"):

@@ -98,6 +98,55 @@ NVTEBasicTensor nvte_get_tensor_param(const NVTETensor tensor, NVTETensorParam p
   return out;
 }
 
+NVTEStatus nvte_set_tensor_param_v2(NVTETensor tensor, NVTETensorParam param, const void *buf,
+                                    size_t size_in_bytes) {
+  return guarded("nvte_set_tensor_param_v2", [&] {
+    Tensor &t = as_tensor_mut(tensor, "tensor");
+    NVTE_CHECK(buf != nullptr, "argument 'buf': expected a pointer to the value, got NULL");
+    switch (param) {
+      case kNVTERowScaledNVFP4: {
+        NVTE_CHECK(size_in_bytes == sizeof(uint8_t), "argument 'size_in_bytes': expected 1 "
+                   "(uint8) for kNVTERowScaledNVFP4, got ", size_in_bytes);
+        const uint8_t v = *static_cast<const uint8_t *>(buf);
+        NVTE_CHECK(v <= 1, "argument 'buf': expected 0 or 1 for kNVTERowScaledNVFP4, got ",
+                   static_cast<int>(v));
+        t.row_scaled_nvfp4 = v != 0;
+        break;
+      }
+      case kNVTENVFP4E4M3Max: {
+        NVTE_CHECK(size_in_bytes == sizeof(int32_t), "argument 'size_in_bytes': expected 4 "
+                   "(int32) for kNVTENVFP4E4M3Max, got ", size_in_bytes);
+        int32_t v;
+        std::memcpy(&v, buf, sizeof(v));
+        NVTE_CHECK(v == 448 || v == 256, "argument 'buf': expected an NVFP4 E4M3 max of 448 or "
+                   "256, got ", v);
+        t.nvfp4_e4m3_max = v;
+        break;
+      }
+      default:
+        NVTE_ERROR("argument 'param': expected kNVTERowScaledNVFP4 (8) or kNVTENVFP4E4M3Max (9) "
+                   "(buffers are set with nvte_set_tensor_param), got ", static_cast<int>(param));
+    }
+  });
+}
+
+void nvte_get_tensor_param_v2(const NVTETensor tensor, NVTETensorParam param, void *buf,
+                              size_t size_in_bytes, size_t *size_written) {
+  if (tensor == nullptr) return;
+  const Tensor &t = *static_cast<const Tensor *>(tensor);
+  if (param == kNVTERowScaledNVFP4) {
+    if (size_written) *size_written = sizeof(uint8_t);
+    if (buf && size_in_bytes >= sizeof(uint8_t))
+      *static_cast<uint8_t *>(buf) = t.row_scaled_nvfp4 ? 1 : 0;
+  } else if (param == kNVTENVFP4E4M3Max) {
+    if (size_written) *size_written = sizeof(int32_t);
+    const int32_t v = t.nvfp4_e4m3_max;
+    if (buf && size_in_bytes >= sizeof(int32_t)) std::memcpy(buf, &v, sizeof(v));
+  } else if (size_written) {
+    *size_written = 0;
+  }
+}
+
 NVTEStatus nvte_set_tensor_device(NVTETensor tensor, NVTEDevice device) {
   return guarded("nvte_set_tensor_device", [&] {
     Tensor &t = as_tensor_mut(tensor, "tensor");
@@ -194,8 +243,22 @@ NVTEStatus nvte_set_quantization_config_attribute(NVTEQuantizationConfig config,
         NVTE_CHECK(c.nvfp4_rht_sign_mask <= 0xFFFFu, "argument 'buf': expected a 16-bit RHT "
                    "sign mask, got ", c.nvfp4_rht_sign_mask);
         break;
+      case kNVTEQuantizationConfigNVFP44Over6Mode: {
+        NVTE_CHECK(size_in_bytes == sizeof(uint8_t), "argument 'size_in_bytes': expected 1 "
+                   "(uint8 NVTENVFP44Over6Mode), got ", size_in_bytes);
+        const uint8_t m = *static_cast<const uint8_t *>(buf);
+        NVTE_CHECK(m <= kNVTENVFP44Over6MinMSE, "argument 'buf': expected an NVTENVFP44Over6Mode "
+                   "(0 disabled, 1 MAE, 2 MSE), got ", static_cast<int>(m));
+        c.nvfp4_4over6_mode = m;
+        break;
+      }
+      case kNVTEQuantizationConfigNVFP44Over6ErrUseFastMath:
+        NVTE_CHECK(size_in_bytes == sizeof(bool), "argument 'size_in_bytes': expected ",
+                   sizeof(bool), " (bool), got ", size_in_bytes);
+        std::memcpy(&c.nvfp4_4over6_err_fast_math, buf, sizeof(bool));
+        break;
       default:
-        NVTE_ERROR("argument 'attr': expected 0, 1, 4, 5, 6, 64 or 65, got ",
+        NVTE_ERROR("argument 'attr': expected 0, 1, 4, 5, 6, 8, 9, 64 or 65, got ",
                    static_cast<int>(attr));
     }
   });

@@ -118,7 +118,9 @@ def _nvfp4_scale_shape(rows, cols):
     return (_cdiv(rows, 128) * 128, _cdiv(_cdiv(cols, 16), 4) * 4)
 
 
-def _fake_quantize_nvfp4(x, rowwise, columnwise, two_d, rht, rht_sign_mask, stochastic_rounding, seed, offset):
+def _fake_quantize_nvfp4(x, rowwise, columnwise, two_d, rht, rht_sign_mask, stochastic_rounding,
+                         seed, offset, row_scaled=False, four_over_six=0, e4m3_max=448,
+                         err_fast_math=False):
     torch._check(rowwise or columnwise, lambda: "quantize_nvfp4: rowwise or columnwise required")
     rows, cols = _math_prod(x.shape[:-1]), x.shape[-1]
     empty = (0,)
@@ -128,14 +130,14 @@ def _fake_quantize_nvfp4(x, rowwise, columnwise, two_d, rht, rht_sign_mask, stoc
     return (
         x.new_empty(shape if rowwise else empty, dtype=u8),
         x.new_empty(_nvfp4_scale_shape(rows, cols) if rowwise else empty, dtype=u8),
-        x.new_empty((1,) if rowwise else empty, dtype=torch.float32),
+        x.new_empty(((rows if row_scaled else 1),) if rowwise else empty, dtype=torch.float32),
         x.new_empty(tshape if columnwise else empty, dtype=u8),
         x.new_empty(_nvfp4_scale_shape(cols, rows) if columnwise else empty, dtype=u8),
-        x.new_empty((1,) if columnwise else empty, dtype=torch.float32),
+        x.new_empty(((cols if row_scaled else 1),) if columnwise else empty, dtype=torch.float32),
     )
 
 
-def _fake_dequantize_nvfp4(data, scale_inv, amax, out_dtype):
+def _fake_dequantize_nvfp4(data, scale_inv, amax, out_dtype, row_scaled=False, e4m3_max=448):
     return data.new_empty((*data.shape[:-1], data.shape[-1] * 2), dtype=out_dtype)
 
 

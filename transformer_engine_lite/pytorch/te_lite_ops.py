@@ -31,10 +31,12 @@ apply are float32 [0].
       y = fp32(fp64(y) + fp64(fp32(p * first)) * fp64(second)) in place: one K block of the
       block-scaled GEMM's accumulation (cpp_extensions/block_gemm.py; CPU only)
   quantize_nvfp4(Tensor x, bool rowwise, bool columnwise, bool two_d, bool rht, int rht_sign_mask,
-      bool stochastic_rounding, int seed, int offset)
-      -> (row_data [..., n/2] uint8, row_scale_inv uint8 E4M3, row_amax [1],
+      bool stochastic_rounding, int seed, int offset, bool row_scaled=False, int four_over_six=0,
+      int e4m3_max=448, bool err_fast_math=False)
+      -> (row_data [..., n/2] uint8, row_scale_inv uint8 E4M3, row_amax [1] ([rows] row-scaled),
           col_data [last dim, leading dims...] halved, col_scale_inv, col_amax)   (NVFP4)
-  dequantize_nvfp4(Tensor data, Tensor scale_inv, Tensor amax, ScalarType out_dtype) -> Tensor
+  dequantize_nvfp4(Tensor data, Tensor scale_inv, Tensor amax, ScalarType out_dtype,
+      bool row_scaled=False, int e4m3_max=448) -> Tensor
   compute_amax(Tensor x) -> Tensor [1]
   compute_scale_from_amax(Tensor amax, ScalarType fp8_dtype, float epsilon, bool force_pow_2_scales)
       -> (scale, scale_inv)                                      (current scaling)

@@ -29,9 +29,10 @@ NVTE_HOST_DEVICE float e2m1_value(uint8_t code) {
 }
 
 // NaN-propagating max of magnitudes (torch.amax semantics, which TE's reference uses): a NaN
-// element makes the amax NaN, and the scales derived from it NaN.
+// element makes the amax NaN, and the scales derived from it NaN. |x| clears the sign bit, so a
+// negative NaN gives a positive NaN amax (torch.abs).
 NVTE_HOST_DEVICE float nvfp4_amax_acc(float acc, float x) {
-  const float a = x < 0.0f ? -x : x;
+  const float a = bits_float(float_bits(x) & 0x7FFFFFFFu);
   if (a != a || acc != acc) return a != a ? a : acc;
   return a > acc ? a : acc;
 }
@@ -74,17 +75,19 @@ NVTE_HOST_DEVICE uint8_t e2m1_stochastic(float v, uint32_t u24) {
 
 // Per-tensor scales from the global amax (TE's reference: S_enc = 448 * 6 / amax, capped at
 // FLT_MAX; an Inf amax gives S_enc 0, which becomes 1; a NaN amax stays NaN).
+// `e4m3_max` is the tensor's E4M3 bound (448; 256 with 4over6): S_enc = 6 * e4m3_max / amax.
 struct Nvfp4Global {
   float enc;   // S_enc
   float dec;   // 1 / S_enc
   float mult;  // S_enc * (1/6): a block's E4M3 scale is e4m3(block_amax * mult)
+  float amax;  // the amax the scales come from (4over6 errors are measured with it)
 };
-NVTE_HOST_DEVICE Nvfp4Global nvfp4_global(float amax) {
-  float s = kNvfp4GlobalNum / amax;
+NVTE_HOST_DEVICE Nvfp4Global nvfp4_global(float amax, int e4m3_max = 448) {
+  float s = (kNvfp4E2M1Max * static_cast<float>(e4m3_max)) / amax;
   if (s > bits_float(kFloatMaxBits)) s = bits_float(kFloatMaxBits);
   if (s == 0.0f) s = 1.0f;
   const float inv6 = 1.0f / kNvfp4E2M1Max;  // fp32 reciprocal, as the reference's torch.reciprocal
-  return Nvfp4Global{s, 1.0f / s, s * inv6};
+  return Nvfp4Global{s, 1.0f / s, s * inv6, amax};
 }
 
 // One block's E4M3 scale byte and the fp32 factor its elements are multiplied by before E2M1
@@ -103,6 +106,44 @@ NVTE_HOST_DEVICE Nvfp4BlockScale nvfp4_block_scale(float block_amax, const Nvfp4
   return Nvfp4BlockScale{b, enc};
 }
 
+// 4over6 (TE's NVTENVFP44Over6Mode): a block is quantized with two candidate scales, map-to-6
+// (block max -> 6, the plain rule's target) and map-to-4 (1.5x that scale: block max -> 4, where
+// the E2M1 grid is denser relative to the max), and keeps the one of lower error. TE evaluates the
+// candidate scale as (block_amax / 6) * S_enc (not block_amax * (S_enc / 6) as plain NVFP4), then
+// x 1.5 for map-to-4, clamped to 448 and rounded to E4M3.
+NVTE_HOST_DEVICE Nvfp4BlockScale nvfp4_4over6_scale(float block_amax, const Nvfp4Global &g,
+                                                     bool map4) {
+  float d = (block_amax / kNvfp4E2M1Max) * g.enc;
+  if (map4) d = d * 1.5f;
+  if (d > kNvfp4E4M3Max) d = kNvfp4E4M3Max;  // Inf clamps; NaN passes through: E4M3 NaN
+  const uint8_t b = fp8_encode<FormatE4M3>(d);
+  float enc = 1.0f / (fp8_decode<FormatE4M3>(b) * g.dec);
+  if (enc > bits_float(kFloatMaxBits)) enc = bits_float(kFloatMaxBits);
+  return Nvfp4BlockScale{b, enc};
+}
+
+// One element's 4over6 error term. Exact mode (TE's default) dequantizes in the input domain, one
+// fp32 rounding per step: ((e2m1 * scale) * amax) / (6 * e4m3_max) - x. Fast math compares in the
+// E4M3-scaled domain: e2m1 * scale (exact: TE forms it as an fp16 product; an E4M3 NaN scale
+// becomes the fp16 pattern 0x7E00, which TE's reference decodes as +98304) - x * S_enc. MAE adds
+// |diff|, MSE diff * diff; the caller sums the 16 terms of a block in element order.
+NVTE_HOST_DEVICE float nvfp4_4over6_err_term(float x, uint8_t code, uint8_t e4m3,
+                                             const Nvfp4Global &g, float denom, bool fast,
+                                             bool mse) {
+  float diff;
+  if (!fast) {
+    float v = e2m1_value(code) * fp8_decode<FormatE4M3>(e4m3);
+    v = v * g.amax;
+    v = v / denom;
+    diff = v - x;
+  } else {
+    const float cand =
+        (e4m3 & 0x7Fu) == 0x7Fu ? 98304.0f : e2m1_value(code) * fp8_decode<FormatE4M3>(e4m3);
+    diff = cand - x * g.enc;
+  }
+  return mse ? diff * diff : (diff < 0.0f ? -diff : diff);
+}
+
 // x * enc clamped to [-6, 6] (NaN stays NaN and rounds to code 0).
 NVTE_HOST_DEVICE float nvfp4_scaled(float x, float enc) {
   float v = x * enc;
@@ -111,9 +152,10 @@ NVTE_HOST_DEVICE float nvfp4_scaled(float x, float enc) {
   return v;
 }
 
-// Dequantization factor of a block (TE's dequantize kernel): e4m3 scale * amax * (1 / 2688).
-NVTE_HOST_DEVICE float nvfp4_dequant_factor(uint8_t e4m3, float amax) {
-  const float inv = 1.0f / kNvfp4GlobalNum;
+// Dequantization factor of a block (TE's dequantize kernel): e4m3 scale * amax * (1 / (6 *
+// e4m3_max)), 1 / 2688 for plain NVFP4.
+NVTE_HOST_DEVICE float nvfp4_dequant_factor(uint8_t e4m3, float amax, int e4m3_max = 448) {
+  const float inv = 1.0f / (kNvfp4E2M1Max * static_cast<float>(e4m3_max));
   return fp8_decode<FormatE4M3>(e4m3) * amax * inv;
 }
 

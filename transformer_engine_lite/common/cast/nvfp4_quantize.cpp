@@ -46,6 +46,17 @@ void check_data(const SimpleTensor &d, const char *arg, const char *what,
              shape_str(d.shape));
 }
 
+// Plain NVFP4: an fp32 scalar; row-scaled: fp32 [n], one per row of the copy.
+void check_amax(const SimpleTensor &a, const char *arg, const char *what, bool row_scaled,
+                size_t n) {
+  if (!row_scaled) return check_fp32_scalar(a, arg, what);
+  NVTE_CHECK(a.has_data(), "argument '", arg, "': expected ", what, " (fp32 [", n,
+             "], row-scaled NVFP4), got a null pointer");
+  check_dtype(a, arg, {kNVTEFloat32});
+  NVTE_CHECK(a.numel() == n, "argument '", arg, "': expected ", what, " of ", n,
+             " fp32 values (one per row, row-scaled NVFP4), got ", a.describe());
+}
+
 void check_scales(const SimpleTensor &s, const char *arg, const char *what,
                   const std::vector<size_t> &want) {
   NVTE_CHECK(s.has_data(), "argument '", arg, "': expected ", what,
@@ -79,10 +90,23 @@ Nvfp4Spec validate_nvfp4_output(const Tensor &out, const char *arg,
   s.colwise = out.columnwise_data.has_data();
   NVTE_CHECK(s.rowwise || s.colwise, "argument '", arg,
              "': expected row-wise and/or column-wise NVFP4 data, got neither (null pointers)");
+  s.row_scaled = out.row_scaled_nvfp4;
+  s.e4m3_max = out.nvfp4_e4m3_max;
+  s.four_over_six = cfg.nvfp4_4over6_mode;
+  s.fast_err = cfg.nvfp4_4over6_err_fast_math;
+  NVTE_CHECK(s.e4m3_max == 448 || s.four_over_six != kNVTENVFP44Over6Disabled, "argument '", arg,
+             "': an NVFP4 E4M3 max of ", s.e4m3_max, " needs 4over6 "
+             "(kNVTEQuantizationConfigNVFP44Over6Mode); plain NVFP4 expects 448");
+  NVTE_CHECK(!s.row_scaled || s.rowwise, "argument '", arg,
+             "': row-scaled NVFP4 expects row-wise data, got only a column-wise copy");
+  NVTE_CHECK(!s.row_scaled || !cfg.nvfp4_2d_quantization, "argument 'config': row-scaled NVFP4 "
+             "expects 1x16 blocks, got 2D (16x16) quantization");
+  NVTE_CHECK(s.four_over_six == kNVTENVFP44Over6Disabled || !cfg.stochastic_rounding,
+             "argument 'config': NVFP4 4over6 does not support stochastic rounding");
   if (s.rowwise) {
     check_data(out.data, arg, "row-wise", shape);
     check_scales(out.scale_inv, arg, "row-wise", nvfp4_scale_shape(s.rows, s.cols, false));
-    check_fp32_scalar(out.amax, arg, "amax (row-wise)");
+    check_amax(out.amax, arg, "amax (row-wise)", s.row_scaled, s.rows);
   }
   if (s.colwise) {
     NVTE_CHECK(shape.size() >= 2, "argument 'input': expected at least 2 dimensions for a "
@@ -90,7 +114,7 @@ Nvfp4Spec validate_nvfp4_output(const Tensor &out, const char *arg,
     check_data(out.columnwise_data, arg, "column-wise (transposed)", transposed_shape(shape));
     check_scales(out.columnwise_scale_inv, arg, "column-wise",
                  nvfp4_scale_shape(s.rows, s.cols, true));
-    check_fp32_scalar(out.columnwise_amax, arg, "columnwise_amax");
+    check_amax(out.columnwise_amax, arg, "columnwise_amax", s.row_scaled, s.cols);
   }
   s.two_d = cfg.nvfp4_2d_quantization;
   s.rht = cfg.nvfp4_rht;
@@ -135,61 +159,144 @@ Nvfp4Spec validate_nvfp4_input(const Tensor &in, const char *arg,
   // The column-wise grid of an [R, C] tensor is the row-wise grid of its stored [C, R] copy.
   check_scales(s.rowwise ? in.scale_inv : in.columnwise_scale_inv, arg, what,
                nvfp4_scale_shape(s.rows, s.cols, false));
-  check_fp32_scalar(s.rowwise ? in.amax : in.columnwise_amax, arg,
-                    s.rowwise ? "amax (row-wise)" : "columnwise_amax");
+  s.row_scaled = in.row_scaled_nvfp4;
+  s.e4m3_max = in.nvfp4_e4m3_max;
+  check_amax(s.rowwise ? in.amax : in.columnwise_amax, arg,
+             s.rowwise ? "amax (row-wise)" : "columnwise_amax", s.row_scaled, s.rows);
   s.colwise = !s.rowwise;
   return s;
 }
 
 namespace {
 
+// One 16-element block of a row (c1 - c0 <= 16 values of x from c0) quantized with both 4over6
+// candidates; returns each candidate's summed error. The reference pads a short block with zeros,
+// whose terms are added too (zero unless a scale or amax is NaN / Inf).
+struct Nvfp4Cand {
+  Nvfp4BlockScale sc[2];  // [0] map-to-6, [1] map-to-4
+  uint8_t codes[2][kNvfp4BlockLen];
+  float err[2];
+};
+void fourover6_block(const float *x, size_t len, float block_amax, const Nvfp4Global &g,
+                     const Nvfp4Spec &s, Nvfp4Cand &out) {
+  const float denom = kNvfp4E2M1Max * static_cast<float>(s.e4m3_max);
+  const bool mse = s.four_over_six == kNVTENVFP44Over6MinMSE;
+  for (int k = 0; k < 2; ++k) {
+    out.sc[k] = nvfp4_4over6_scale(block_amax, g, k == 1);
+    float err = 0.0f;
+    for (size_t i = 0; i < kNvfp4BlockLen; ++i) {
+      const float xi = i < len ? x[i] : 0.0f;
+      const uint8_t code = e2m1_rne(nvfp4_scaled(xi, out.sc[k].enc));
+      out.codes[k][i] = code;
+      err += nvfp4_4over6_err_term(xi, code, out.sc[k].e4m3, g, denom, s.fast_err, mse);
+    }
+    out.err[k] = err;
+  }
+}
+
 // Quantizes a panel of `nr` rows (starting at matrix row r0) of a [*, C] fp32 matrix into codes and
-// scales. In 2D mode the panel is one 16-row block (or the last, shorter one).
+// scales. In 2D mode the panel is one 16-row block (or the last, shorter one). `g` holds the copy's
+// global scales; row-scaled NVFP4 derives them per row instead and writes each row's amax to
+// row_amax[row].
 void quantize_panel(const float *buf, size_t nr, size_t r0, size_t C, bool two_d,
-                    const Nvfp4Global &g, const Nvfp4Spec &s, int copy, uint8_t *q, uint8_t *sc,
-                    size_t sld) {
+                    const Nvfp4Global &g_tensor, const Nvfp4Spec &s, int copy, uint8_t *q,
+                    uint8_t *sc, size_t sld, float *row_amax) {
   const size_t n = kNvfp4BlockLen;
-  std::vector<uint8_t> codes(C);
-  std::vector<float> benc(ceil_div_sz(C, n));
-  std::vector<uint8_t> bsc(benc.size());
-  if (two_d) {
-    for (size_t b = 0; b * n < C; ++b) {
+  const size_t nb = ceil_div_sz(C, n);
+  const bool fos = s.four_over_six != kNVTENVFP44Over6Disabled;
+  std::vector<uint8_t> codes(nr * C);
+  std::vector<float> benc(nb);
+  std::vector<uint8_t> bsc(nb);
+  if (two_d) {  // one scale per 16x16 block (never row-scaled)
+    for (size_t b = 0; b < nb; ++b) {
+      const size_t c0 = b * n, c1 = std::min(C, c0 + n);
       float amax = 0.0f;
       for (size_t r = 0; r < nr; ++r)
-        for (size_t c = b * n; c < std::min(C, b * n + n); ++c)
-          amax = nvfp4_amax_acc(amax, buf[r * C + c]);
-      const Nvfp4BlockScale bs = nvfp4_block_scale(amax, g);
-      benc[b] = bs.enc;
-      bsc[b] = bs.e4m3;
+        for (size_t c = c0; c < c1; ++c) amax = nvfp4_amax_acc(amax, buf[r * C + c]);
+      if (!fos) {
+        const Nvfp4BlockScale bs = nvfp4_block_scale(amax, g_tensor);
+        benc[b] = bs.enc;
+        bsc[b] = bs.e4m3;
+        continue;
+      }
+      // 4over6 in 2D: one choice per 16x16 block from the 16 rows' errors, summed in TE's warp
+      // tree order (rows i and i+8, then i and i+4, i and i+2, i and i+1); missing rows are the
+      // reference's zero padding.
+      float e[2][16];
+      Nvfp4Cand cand;
+      const float zeros[kNvfp4BlockLen] = {};
+      for (size_t r = 0; r < n; ++r) {
+        const float *x = r < nr ? buf + r * C + c0 : zeros;
+        fourover6_block(x, r < nr ? c1 - c0 : n, amax, g_tensor, s, cand);
+        for (int k = 0; k < 2; ++k) e[k][r] = cand.err[k];
+      }
+      float tot[2];
+      for (int k = 0; k < 2; ++k) {
+        for (int w = 8; w >= 1; w /= 2)
+          for (int i = 0; i < w; ++i) e[k][i] = e[k][i] + e[k][i + w];
+        tot[k] = e[k][0];
+      }
+      const int pick = tot[1] < tot[0] ? 1 : 0;  // ties keep map-to-6
+      bsc[b] = cand.sc[pick].e4m3;              // the scales do not depend on the row
+      for (size_t r = 0; r < nr; ++r)
+        for (size_t c = c0; c < c1; ++c)
+          codes[r * C + c] = e2m1_rne(nvfp4_scaled(buf[r * C + c], cand.sc[pick].enc));
     }
   }
+  // Stochastic rounding: one Philox4x32 call yields the words of four consecutive elements
+  // (lanes idx % 4 of counter idx / 4), so the last call is kept and reused while idx / 4 is
+  // unchanged. Same words per element as one call each, a quarter of the calls.
+  uint64_t sr_q = ~uint64_t{0};
+  Philox4 sr_rnd{};
   for (size_t r = 0; r < nr; ++r) {
     const float *x = buf + r * C;
     const size_t row = r0 + r;
-    for (size_t b = 0; b * n < C; ++b) {
+    Nvfp4Global g = g_tensor;
+    if (row_amax != nullptr) {  // row-scaled: this row's amax and global scales
+      float amax = 0.0f;
+      for (size_t c = 0; c < C; ++c) amax = nvfp4_amax_acc(amax, x[c]);
+      row_amax[row] = amax;
+      g = nvfp4_global(amax, s.e4m3_max);
+    }
+    uint8_t *cr = codes.data() + r * C;
+    for (size_t b = 0; b < nb; ++b) {
       const size_t c0 = b * n, c1 = std::min(C, c0 + n);
-      if (!two_d) {
+      if (two_d) {
+        sc[row * sld + b] = bsc[b];
+        if (fos) continue;  // codes chosen above
+      } else {
         float amax = 0.0f;
         for (size_t c = c0; c < c1; ++c) amax = nvfp4_amax_acc(amax, x[c]);
+        if (fos) {
+          Nvfp4Cand cand;
+          fourover6_block(x + c0, c1 - c0, amax, g, s, cand);
+          const int pick = cand.err[1] < cand.err[0] ? 1 : 0;  // ties keep map-to-6
+          sc[row * sld + b] = cand.sc[pick].e4m3;
+          for (size_t c = c0; c < c1; ++c) cr[c] = cand.codes[pick][c - c0];
+          continue;
+        }
         const Nvfp4BlockScale bs = nvfp4_block_scale(amax, g);
         benc[b] = bs.enc;
         bsc[b] = bs.e4m3;
+        sc[row * sld + b] = bs.e4m3;
       }
-      sc[row * sld + b] = bsc[b];
       for (size_t c = c0; c < c1; ++c) {
         const float v = nvfp4_scaled(x[c], benc[b]);
         if (!s.stochastic) {
-          codes[c] = e2m1_rne(v);
+          cr[c] = e2m1_rne(v);
         } else {
           const uint64_t idx = static_cast<uint64_t>(row) * C + c;
-          const Philox4 rnd = nvfp4_sr_block(s.seed, s.offset, copy, idx / 4);
-          codes[c] = e2m1_stochastic(v, rnd.v[idx % 4] >> 8);
+          if (idx / 4 != sr_q) {
+            sr_q = idx / 4;
+            sr_rnd = nvfp4_sr_block(s.seed, s.offset, copy, sr_q);
+          }
+          cr[c] = e2m1_stochastic(v, sr_rnd.v[idx % 4] >> 8);
         }
       }
     }
     uint8_t *dst = q + row * (C / 2);
     for (size_t j = 0; j < C / 2; ++j)
-      dst[j] = static_cast<uint8_t>(codes[2 * j] | (codes[2 * j + 1] << 4));
+      dst[j] = static_cast<uint8_t>(cr[2 * j] | (cr[2 * j + 1] << 4));
   }
 }
 
@@ -223,7 +330,7 @@ void quantize_typed(const IType *src, const Tensor &out, const Nvfp4Spec &s) {
   const size_t panels_r = ceil_div_sz(R, n), panels_c = ceil_div_sz(C, n);
   // Global amaxes first: every scale depends on them.
   float amax_row = 0.0f, amax_col = 0.0f;
-  {
+  if (!s.row_scaled) {  // row-scaled copies take their amaxes row by row in the panels
     std::vector<float> part(std::max<size_t>(1, panels_r), 0.0f);
     parallel_for(panels_r, 1, [&](size_t b0, size_t b1) {
       std::vector<float> buf(C);
@@ -236,7 +343,8 @@ void quantize_typed(const IType *src, const Tensor &out, const Nvfp4Spec &s) {
     for (float p : part) amax_row = nvfp4_amax_acc(amax_row, p);  // NaN-sticky max
   }
   amax_col = amax_row;
-  if (s.colwise && s.rht) {  // the column-wise copy is scaled by the amax after the transform
+  // The column-wise copy is scaled by the amax after the transform.
+  if (s.colwise && s.rht && !s.row_scaled) {
     std::vector<float> part(std::max<size_t>(1, panels_c), 0.0f);
     parallel_for(panels_c, 1, [&](size_t b0, size_t b1) {
       std::vector<float> buf(n * R);
@@ -250,8 +358,9 @@ void quantize_typed(const IType *src, const Tensor &out, const Nvfp4Spec &s) {
     for (float p : part) amax_col = nvfp4_amax_acc(amax_col, p);
   }
   if (s.rowwise) {
-    *out.amax.ptr<float>() = amax_row;
-    const Nvfp4Global g = nvfp4_global(amax_row);
+    float *row_amax = s.row_scaled ? out.amax.ptr<float>() : nullptr;
+    if (!s.row_scaled) *out.amax.ptr<float>() = amax_row;
+    const Nvfp4Global g = nvfp4_global(amax_row, s.e4m3_max);
     uint8_t *q = out.data.ptr<uint8_t>(), *sc = out.scale_inv.ptr<uint8_t>();
     const size_t sld = out.scale_inv.shape[1];
     parallel_for(panels_r, 1, [&](size_t b0, size_t b1) {
@@ -259,13 +368,14 @@ void quantize_typed(const IType *src, const Tensor &out, const Nvfp4Spec &s) {
       for (size_t b = b0; b < b1; ++b) {
         const size_t r0 = b * n, nr = std::min(n, R - r0);
         load_row(src + r0 * C, buf.data(), nr * C);
-        quantize_panel(buf.data(), nr, r0, C, s.two_d, g, s, 0, q, sc, sld);
+        quantize_panel(buf.data(), nr, r0, C, s.two_d, g, s, 0, q, sc, sld, row_amax);
       }
     });
   }
   if (s.colwise) {
-    *out.columnwise_amax.ptr<float>() = amax_col;
-    const Nvfp4Global g = nvfp4_global(amax_col);
+    float *row_amax = s.row_scaled ? out.columnwise_amax.ptr<float>() : nullptr;
+    if (!s.row_scaled) *out.columnwise_amax.ptr<float>() = amax_col;
+    const Nvfp4Global g = nvfp4_global(amax_col, s.e4m3_max);
     uint8_t *q = out.columnwise_data.ptr<uint8_t>(), *sc = out.columnwise_scale_inv.ptr<uint8_t>();
     const size_t sld = out.columnwise_scale_inv.shape[1];
     parallel_for(panels_c, 1, [&](size_t b0, size_t b1) {
@@ -273,7 +383,7 @@ void quantize_typed(const IType *src, const Tensor &out, const Nvfp4Spec &s) {
       for (size_t b = b0; b < b1; ++b) {
         const size_t c0 = b * n, c1 = std::min(C, c0 + n);
         colwise_rows(src, R, C, c0, c1, s, buf.data());
-        quantize_panel(buf.data(), c1 - c0, c0, R, s.two_d, g, s, 1, q, sc, sld);
+        quantize_panel(buf.data(), c1 - c0, c0, R, s.two_d, g, s, 1, q, sc, sld, row_amax);
       }
     });
   }
@@ -286,8 +396,8 @@ void launch_nvfp4_quantize(const Tensor &in, const Tensor &out, const Nvfp4Spec 
   if (s.rowwise) std::memset(out.scale_inv.dptr, 0, out.scale_inv.numel());
   if (s.colwise) std::memset(out.columnwise_scale_inv.dptr, 0, out.columnwise_scale_inv.numel());
   if (s.rows == 0 || s.cols == 0) {  // empty tensor: amax 0, as a max over nothing
-    if (s.rowwise) *out.amax.ptr<float>() = 0.0f;
-    if (s.colwise) *out.columnwise_amax.ptr<float>() = 0.0f;
+    if (s.rowwise) std::fill_n(out.amax.ptr<float>(), s.row_scaled ? s.rows : 1, 0.0f);
+    if (s.colwise) std::fill_n(out.columnwise_amax.ptr<float>(), s.row_scaled ? s.cols : 1, 0.0f);
     return;
   }
   dispatch_dtype<HighPrecisionTypes>(in.data.dtype, "input", [&](auto itag) {
@@ -304,17 +414,19 @@ void launch_nvfp4_dequantize(const Tensor &in, const Nvfp4Spec &s, const SimpleT
   const SimpleTensor &st = row ? in.scale_inv : in.columnwise_scale_inv;
   const uint8_t *sc = st.ptr<const uint8_t>();
   const size_t sld = st.shape[1];
-  const float amax = *(row ? in.amax : in.columnwise_amax).ptr<const float>();
+  // Row-scaled: one amax per row of the stored copy.
+  const float *amaxes = (row ? in.amax : in.columnwise_amax).ptr<const float>();
   dispatch_dtype<HighPrecisionTypes>(out.dtype, "output", [&](auto otag) {
     using OType = typename decltype(otag)::type;
     OType *dst = out.ptr<OType>();
     parallel_for(R, std::max<size_t>(1, 32768 / C), [&](size_t r0, size_t r1) {
       std::vector<float> buf(C);
       for (size_t r = r0; r < r1; ++r) {
+        const float amax = amaxes[s.row_scaled ? r : 0];
         for (size_t c = 0; c < C; ++c) {
           const uint8_t byte = q[r * (C / 2) + c / 2];
           const uint8_t code = (c % 2) ? (byte >> 4) : (byte & 0xF);
-          buf[c] = e2m1_value(code) * nvfp4_dequant_factor(sc[r * sld + c / n], amax);
+          buf[c] = e2m1_value(code) * nvfp4_dequant_factor(sc[r * sld + c / n], amax, s.e4m3_max);
         }
         store_row(buf.data(), dst + r * C, C);
       }

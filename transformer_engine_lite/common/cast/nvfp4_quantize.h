@@ -16,6 +16,10 @@ struct Nvfp4Spec {
   uint32_t rht_sign_mask = 0;  // bit i set: sign i of the RHT is -1
   bool stochastic = false;     // stochastic rounding (gradients)
   uint64_t seed = 0, offset = 0;
+  bool row_scaled = false;     // one amax (and S_enc) per row of each copy
+  int e4m3_max = 448;          // E4M3 bound of S_enc (256 only with 4over6)
+  uint8_t four_over_six = 0;   // NVTENVFP44Over6Mode
+  bool fast_err = false;       // 4over6 errors in the E4M3-scaled domain
 };
 
 // Checks an NVFP4 quantize output for an input of (logical) shape `shape` and the options in

@@ -49,6 +49,8 @@ struct Tensor {
   SimpleTensor columnwise_amax;       // fp32 scalar: amax of the column-wise NVFP4 copy
   NVTEScalingMode scaling_mode = NVTE_DELAYED_TENSOR_SCALING;
   NVTEDevice device = kNVTEDeviceCPU;
+  bool row_scaled_nvfp4 = false;  // NVFP4: one amax per row of each copy (kNVTERowScaledNVFP4)
+  int nvfp4_e4m3_max = 448;       // NVFP4: E4M3 bound of the per-tensor scale (448 or 256)
 
   DType dtype() const { return data.has_data() ? data.dtype : columnwise_data.dtype; }
   const std::vector<size_t> &shape() const {
@@ -110,5 +112,7 @@ struct QuantizationConfig {
   bool stochastic_rounding = false;    // NVFP4: stochastic E2M1 rounding
   bool nvfp4_rht = false;              // NVFP4: RHT before the column-wise copy
   uint32_t nvfp4_rht_sign_mask = 0;    // NVFP4: RHT sign mask (bit i: sign i is -1)
+  uint8_t nvfp4_4over6_mode = 0;       // NVFP4: NVTENVFP44Over6Mode
+  bool nvfp4_4over6_err_fast_math = false;  // NVFP4 4over6: errors in the E4M3-scaled domain
 };
 }  // namespace nvte

@@ -1,7 +1,7 @@
 // te_lite ops of NVFP4BlockScaling (TE's NVTE_NVFP4_1D_SCALING): quantize into TE's NVFP4Tensor
 // buffers (uint8 data with two E2M1 per byte, uint8 E4M3 scale grids padded to [128, 4] multiples,
 // fp32 amax per copy), with 2D blocks, the random Hadamard transform of the column-wise copy and
-// stochastic rounding as options; dequantize one stored copy.
+// stochastic rounding, 4over6 and row scaling as options; dequantize one stored copy.
 #include <torch/library.h>
 
 #include <vector>
@@ -19,6 +19,15 @@ std::vector<int64_t> scale_shape(int64_t rows, int64_t cols) {
   return {round_up(rows, 128), round_up((cols + 15) / 16, 4)};
 }
 
+// Row scaling and the E4M3 bound travel on the tensor (TE's kNVTERowScaledNVFP4 /
+// kNVTENVFP4E4M3Max); quantize, dequantize and GEMM read them there.
+void set_nvfp4_params(TensorWrapper &t, bool row_scaled, int64_t e4m3_max, const char *op) {
+  const uint8_t rs = row_scaled ? 1 : 0;
+  const int32_t em = static_cast<int32_t>(e4m3_max);
+  check_nvte(nvte_set_tensor_param_v2(t.get(), kNVTERowScaledNVFP4, &rs, sizeof(rs)), op);
+  check_nvte(nvte_set_tensor_param_v2(t.get(), kNVTENVFP4E4M3Max, &em, sizeof(em)), op);
+}
+
 template <typename T>
 void set_attr(const QuantizationConfig &c, NVTEQuantizationConfigAttribute a, const T &v,
               const char *op) {
@@ -27,7 +36,8 @@ void set_attr(const QuantizationConfig &c, NVTEQuantizationConfigAttribute a, co
 
 std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor, at::Tensor, at::Tensor> quantize_nvfp4(
     const at::Tensor &x_, bool rowwise, bool columnwise, bool two_d, bool rht,
-    int64_t rht_sign_mask, bool stochastic_rounding, int64_t seed, int64_t offset) {
+    int64_t rht_sign_mask, bool stochastic_rounding, int64_t seed, int64_t offset,
+    bool row_scaled, int64_t four_over_six, int64_t e4m3_max, bool err_fast_math) {
   constexpr const char *kOp = "te_lite::quantize_nvfp4";
   check_dtype(kOp, "x", x_, kHighPrecision);
   check_min_ndim(kOp, "x", x_, 1);
@@ -35,6 +45,10 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor, at::Tensor, at::Tenso
               ": arguments 'rowwise' and 'columnwise': expected at least one true, got both false");
   TORCH_CHECK(rht_sign_mask >= 0 && rht_sign_mask <= 0xFFFF, kOp,
               ": argument 'rht_sign_mask': expected a 16-bit mask, got ", rht_sign_mask);
+  TORCH_CHECK(four_over_six >= 0 && four_over_six <= 2, kOp, ": argument 'four_over_six': "
+              "expected 0 (disabled), 1 (MAE) or 2 (MSE), got ", four_over_six);
+  TORCH_CHECK(e4m3_max == 448 || e4m3_max == 256, kOp,
+              ": argument 'e4m3_max': expected 448 or 256, got ", e4m3_max);
   const DeviceContext ctx(x_);
   const at::Tensor x = x_.contiguous();
   const int64_t cols = x.size(-1);
@@ -50,11 +64,14 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor, at::Tensor, at::Tenso
   const std::vector<int64_t> none{0};
   at::Tensor row = at::empty(rowwise ? shape : none, u8);
   at::Tensor row_s = at::empty(rowwise ? scale_shape(rows, cols) : none, u8);
-  at::Tensor row_a = at::empty(rowwise ? std::vector<int64_t>{1} : none, f32);
+  // Row-scaled: one amax per row of each copy.
+  at::Tensor row_a = at::empty(rowwise ? std::vector<int64_t>{row_scaled ? rows : 1} : none, f32);
   at::Tensor col = at::empty(columnwise ? tshape : none, u8);
   at::Tensor col_s = at::empty(columnwise ? scale_shape(cols, rows) : none, u8);
-  at::Tensor col_a = at::empty(columnwise ? std::vector<int64_t>{1} : none, f32);
+  at::Tensor col_a =
+      at::empty(columnwise ? std::vector<int64_t>{row_scaled ? cols : 1} : none, f32);
   TensorWrapper in, out(NVTE_NVFP4_1D_SCALING);
+  set_nvfp4_params(out, row_scaled, e4m3_max, kOp);
   in.data(x);
   if (rowwise) out.data(row).scale_inv(row_s, kNVTEFloat8E4M3).amax(row_a);
   if (columnwise)
@@ -76,13 +93,17 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor, at::Tensor, at::Tenso
   set_attr(config, kNVTEQuantizationConfigNVFP4RHTSignMask, mask, kOp);
   set_attr(config, kNVTEQuantizationConfigStochasticRounding, stochastic_rounding, kOp);
   set_attr(config, kNVTEQuantizationConfigRNGState, rng_h, kOp);
+  const uint8_t fos = static_cast<uint8_t>(four_over_six);
+  set_attr(config, kNVTEQuantizationConfigNVFP44Over6Mode, fos, kOp);
+  set_attr(config, kNVTEQuantizationConfigNVFP44Over6ErrUseFastMath, err_fast_math, kOp);
   check_nvte(nvte_quantize_v2(in.get(), out.get(), config.get(), ctx.stream()), kOp);
   return {row, row_s, row_a, col, col_s, col_a};
 }
 
 // Dequantizes one stored copy as stored: packed [..., n/2] data -> [..., n].
 at::Tensor dequantize_nvfp4(const at::Tensor &data_, const at::Tensor &scale_inv_,
-                            const at::Tensor &amax_, at::ScalarType out_dtype) {
+                            const at::Tensor &amax_, at::ScalarType out_dtype, bool row_scaled,
+                            int64_t e4m3_max) {
   constexpr const char *kOp = "te_lite::dequantize_nvfp4";
   check_dtype(kOp, "data", data_, {at::kByte});
   check_dtype(kOp, "scale_inv", scale_inv_, {at::kByte, at::ScalarType::Float8_e4m3fn});
@@ -98,6 +119,9 @@ at::Tensor dequantize_nvfp4(const at::Tensor &data_, const at::Tensor &scale_inv
   at::Tensor out = at::empty(shape, data.options().dtype(out_dtype));
   TensorWrapper in(NVTE_NVFP4_1D_SCALING), o;
   in.data(data).scale_inv(s, kNVTEFloat8E4M3).amax(a);
+  TORCH_CHECK(e4m3_max == 448 || e4m3_max == 256, kOp,
+              ": argument 'e4m3_max': expected 448 or 256, got ", e4m3_max);
+  set_nvfp4_params(in, row_scaled, e4m3_max, kOp);
   o.data(out);
   check_nvte(nvte_dequantize(in.get(), o.get(), ctx.stream()), kOp);
   return out;

@@ -28,11 +28,12 @@ TORCH_LIBRARY(te_lite, m) {
   m.def("block_gemm_accumulate_(Tensor(a!) y, Tensor p, Tensor first, Tensor second) -> ()");
   m.def(
       "quantize_nvfp4(Tensor x, bool rowwise, bool columnwise, bool two_d, bool rht, "
-      "int rht_sign_mask, bool stochastic_rounding, int seed, int offset) -> "
+      "int rht_sign_mask, bool stochastic_rounding, int seed, int offset, bool row_scaled=False, "
+      "int four_over_six=0, int e4m3_max=448, bool err_fast_math=False) -> "
       "(Tensor, Tensor, Tensor, Tensor, Tensor, Tensor)");
   m.def(
-      "dequantize_nvfp4(Tensor data, Tensor scale_inv, Tensor amax, ScalarType out_dtype) -> "
-      "Tensor");
+      "dequantize_nvfp4(Tensor data, Tensor scale_inv, Tensor amax, ScalarType out_dtype, "
+      "bool row_scaled=False, int e4m3_max=448) -> Tensor");
   m.def("compute_amax(Tensor x) -> Tensor");
   m.def(
       "compute_scale_from_amax(Tensor amax, ScalarType fp8_dtype, float epsilon, "

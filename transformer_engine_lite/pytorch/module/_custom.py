@@ -142,6 +142,13 @@ def _spec(owner: str, slot: str, q: Any) -> tuple[str, QuantSpec]:
 
     if isinstance(q, NVFP4Quantizer):
         q._check_supported()
+        # The module path runs NVFP4 from a QuantSpec (blocks, RHT, SR); the per-row amaxes and
+        # 4over6 scales exist on NVFP4Quantizer / NVFP4Tensor only so far.
+        for opt in ("row_scaled_nvfp4", "nvfp4_use_4over6"):
+            if getattr(q, opt):
+                raise NotImplementedError(
+                    f"{owner}: CustomRecipe {slot}: NVFP4Quantizer({opt}=True) is not implemented "
+                    "in modules by transformer_engine_lite (NVFP4Quantizer itself supports it)")
         return "block", QuantSpec("nvfp4", torch.uint8, block_dim=2 if q.with_2d_quantization else 1,
                                   rht=q.with_rht, sr=q.stochastic_rounding)
     if isinstance(q, DelayedScalingRequest):

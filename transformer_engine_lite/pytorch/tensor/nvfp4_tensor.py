@@ -1,7 +1,7 @@
 """NVFP4Tensor (TE's NVFP4BlockScaling tensor: E2M1 values two per byte, one E4M3 scale per 16
 values times a per-tensor fp32 amax, row-wise and transposed column-wise copies) and
 NVFP4Quantizer (1x16 or 16x16 blocks, random Hadamard transform of the column-wise copy,
-stochastic rounding), over torch.ops.te_lite.quantize_nvfp4 / dequantize_nvfp4.
+stochastic rounding, 4over6 block scale selection, row-scaled amaxes), over torch.ops.te_lite.quantize_nvfp4 / dequantize_nvfp4.
 
 Stochastic rounding draws its (seed, offset) pair from torch's default CPU generator at every
 quantize (two int64 values from torch.randint), so torch.manual_seed makes a run reproducible and
@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import functools
 import math
+import os
 from typing import Any, Iterable
 
 import torch
@@ -265,7 +266,11 @@ class NVFP4Quantizer(Quantizer):
                 "with_post_rht_amax": self.with_post_rht_amax,
                 "with_2d_quantization": self.with_2d_quantization,
                 "stochastic_rounding": self.stochastic_rounding,
-                "with_random_sign_mask": self.rht_matrix_random_sign_mask_t != 0}
+                "with_random_sign_mask": self.rht_matrix_random_sign_mask_t != 0,
+                "row_scaled_nvfp4": self.row_scaled_nvfp4,
+                "nvfp4_use_4over6": self.nvfp4_use_4over6,
+                "nvfp4_e4m3_max": self.nvfp4_e4m3_max,
+                "nvfp4_4over6_err_mode": self.nvfp4_4over6_err_mode}
 
     def copy(self) -> NVFP4Quantizer:
         new = NVFP4Quantizer(
@@ -283,12 +288,16 @@ class NVFP4Quantizer(Quantizer):
         return new
 
     def _check_supported(self) -> None:
-        if self.row_scaled_nvfp4:
-            raise NotImplementedError("NVFP4Quantizer: row_scaled_nvfp4=True (one amax per row) is "
-                                      "not implemented in transformer_engine_lite")
-        if self.nvfp4_use_4over6:
-            raise NotImplementedError("NVFP4Quantizer: nvfp4_use_4over6=True (4over6 block scale "
-                                      "selection) is not implemented in transformer_engine_lite")
+        # TE's own refusals (its reference quantizer and kernels): ValueError.
+        if self.row_scaled_nvfp4 and not self.rowwise_usage:
+            raise ValueError("NVFP4Quantizer: row_scaled_nvfp4=True expects rowwise usage, got "
+                             "rowwise=False")
+        if self.row_scaled_nvfp4 and self.with_2d_quantization:
+            raise ValueError("NVFP4Quantizer: row_scaled_nvfp4=True expects 1x16 blocks, got "
+                             "with_2d_quantization=True")
+        if self.nvfp4_use_4over6 and self.stochastic_rounding:
+            raise ValueError("NVFP4Quantizer: nvfp4_use_4over6=True does not support "
+                             "stochastic_rounding=True")
         if self.with_rht and self.columnwise_usage and not self.with_post_rht_amax:
             raise NotImplementedError(
                 "NVFP4Quantizer: with_rht=True with with_post_rht_amax=False (the column-wise copy "
@@ -310,10 +319,18 @@ class NVFP4Quantizer(Quantizer):
         seed = offset = 0
         if self.stochastic_rounding:
             seed, offset = torch.randint(-(2**62), 2**62, (2,), dtype=torch.int64).tolist()
+        four_over_six = 0
+        fast = False
+        if self.nvfp4_use_4over6:
+            four_over_six = 1 if self.nvfp4_4over6_err_mode == "MAE" else 2
+            # TE reads the switch from the environment at each quantize (docs/envvars.rst).
+            fast = os.environ.get("NVTE_NVFP4_4OVER6_ERR_USE_FAST_MATH", "0").strip() not in (
+                "", "0")
         r, rs, ra, c, cs, ca = ops().quantize_nvfp4(
             tensor.contiguous(), self.rowwise_usage, self.columnwise_usage,
             self.with_2d_quantization, self.with_rht, self.rht_matrix_random_sign_mask_t,
-            self.stochastic_rounding, seed, offset)
+            self.stochastic_rounding, seed, offset, self.row_scaled_nvfp4, four_over_six,
+            self.nvfp4_e4m3_max, fast)
         row, col = self.rowwise_usage, self.columnwise_usage
         return NVFP4Tensor(
             shape=tensor.shape, dtype=tensor.dtype,
@@ -389,10 +406,12 @@ class NVFP4Quantizer(Quantizer):
             specs["_columnwise_data"] = (
                 self.convert_shape_for_fp4(self.get_columnwise_shape(shape)), torch.uint8)
             specs["_columnwise_scale_inv"] = (self.get_scale_shape(shape, True), torch.uint8)
+        # Row-scaled: one amax per row of each copy (the column-wise copy's rows are the columns).
+        rs = self.row_scaled_nvfp4
         if self.rowwise_usage:
-            specs["_amax_rowwise"] = ((1,), torch.float32)
+            specs["_amax_rowwise"] = ((math.prod(shape[:-1]) if rs else 1,), torch.float32)
         if self.columnwise_usage:
-            specs["_amax_columnwise"] = ((1,), torch.float32)
+            specs["_amax_columnwise"] = ((shape[-1] if rs and shape else 1,), torch.float32)
         return specs
 
     def storage_metadata(self, fake_dtype: torch.dtype) -> dict[str, Any]:

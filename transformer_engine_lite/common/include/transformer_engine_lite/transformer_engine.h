@@ -98,7 +98,14 @@ typedef enum NVTETensorParam NVTE_ENUM_INT {
   kNVTERowwiseScaleInv = 4,    /*!< fp32 scalar (per-tensor) or E8M0 [rows, cols/32] (MXFP8) */
   kNVTEColumnwiseScaleInv = 5, /*!< E8M0 [rows/32, cols] (MXFP8 column-wise) */
   kNVTEColumnwiseAmax = 6,     /*!< fp32 scalar: amax of the column-wise NVFP4 copy */
-  kNVTENumTensorParams
+  kNVTENumTensorParams,        /*!< buffer params are 0 .. kNVTENumTensorParams - 1 */
+  /*! TE's non-buffer params (values as TE's), set with nvte_set_tensor_param_v2. uint8 (bool):
+   *  the NVFP4 tensor has one amax per row of each copy (fp32 [rows] for the row-wise copy,
+   *  [last dim] for the column-wise one) instead of one per tensor; filled by the quantize. */
+  kNVTERowScaledNVFP4 = 8,
+  /*! int32: the E4M3 bound of the NVFP4 per-tensor scale, S_enc = 6 * bound / amax (448, or 256
+   *  with 4over6 for map-to-4 headroom); quantize, dequantize and GEMM read it. */
+  kNVTENVFP4E4M3Max = 9
 } NVTETensorParam;
 
 /*! Opaque tensor handle. Holds pointers only; never owns memory. */
@@ -121,6 +128,14 @@ NVTE_API NVTEStatus nvte_set_tensor_param(NVTETensor *tensor, NVTETensorParam pa
 
 /*! Reads one buffer of a tensor (a zeroed struct for a NULL handle). */
 NVTE_API NVTEBasicTensor nvte_get_tensor_param(const NVTETensor tensor, NVTETensorParam param_name);
+
+/*! Sets / reads a non-buffer param (kNVTERowScaledNVFP4: uint8 0/1; kNVTENVFP4E4M3Max: int32 448
+ *  or 256) from / into `buf` of `size_in_bytes`. The getter writes nothing for a NULL handle or
+ *  buf; `size_written` (may be NULL) receives the param's size. */
+NVTE_API NVTEStatus nvte_set_tensor_param_v2(NVTETensor tensor, NVTETensorParam param,
+                                             const void *buf, size_t size_in_bytes);
+NVTE_API void nvte_get_tensor_param_v2(const NVTETensor tensor, NVTETensorParam param, void *buf,
+                                       size_t size_in_bytes, size_t *size_written);
 
 /*! Sets / reads the device tag. */
 NVTE_API NVTEStatus nvte_set_tensor_device(NVTETensor tensor, NVTEDevice device);
@@ -148,6 +163,13 @@ NVTE_API const char *nvte_get_build_info(void);
 /*! Library version string, e.g. "0.1.0". */
 NVTE_API const char *nvte_get_version(void);
 
+/*! NVFP4 4over6 candidate selection (TE's NVTENVFP44Over6Mode). */
+typedef enum NVTENVFP44Over6Mode NVTE_ENUM_INT {
+  kNVTENVFP44Over6Disabled = 0, /*!< plain NVFP4 */
+  kNVTENVFP44Over6MinMAE = 1,   /*!< keep the candidate of lower summed absolute error */
+  kNVTENVFP44Over6MinMSE = 2    /*!< keep the candidate of lower summed squared error */
+} NVTENVFP44Over6Mode;
+
 /*! Quantization options (TE's NVTEQuantizationConfig) used by current scaling. */
 typedef void *NVTEQuantizationConfig;
 typedef enum NVTEQuantizationConfigAttribute NVTE_ENUM_INT {
@@ -158,6 +180,12 @@ typedef enum NVTEQuantizationConfigAttribute NVTE_ENUM_INT {
   kNVTEQuantizationConfigRNGState = 4,
   kNVTEQuantizationConfigNVFP42DQuantization = 5, /*!< bool: NVFP4 16x16 block scales (weights) */
   kNVTEQuantizationConfigStochasticRounding = 6,  /*!< bool: NVFP4 stochastic E2M1 rounding */
+  /*! uint8 NVTENVFP44Over6Mode: NVFP4 4over6, each block quantized twice (block scale for a
+   *  block max of 6, and 1.5x that: map-to-4) keeping the candidate of lower error */
+  kNVTEQuantizationConfigNVFP44Over6Mode = 8,
+  /*! bool: 4over6 errors in the E4M3-scaled domain (x * S_enc vs e2m1 * e4m3 scale, TE's fast
+   *  math path) instead of the input domain; bit-exact either way */
+  kNVTEQuantizationConfigNVFP44Over6ErrUseFastMath = 9,
   kNVTEQuantizationConfigNumAttributes,
   /*! Ours (TE runs the RHT as separate hadamard_transform calls): bool, apply the 16-point random
    *  Hadamard transform along the rows of the NVFP4 column-wise copy before quantizing it */

@@ -7,7 +7,8 @@ nibble); _columnwise_data the transposed copy [last dim, leading dims...] packed
 random-Hadamard-transformed along its rows when the quantizer had with_rht; scale_inv grids are
 uint8 E4M3, [roundup(rows, 128), roundup(ceil(cols / 16), 4)] (column-wise: rows and cols
 swapped), padding zero; _amax_rowwise / _amax_columnwise the fp32 [1] amax each copy was scaled
-by. A value is e2m1 * e4m3 scale * amax / (6 * 448).
+by ([rows of the copy] with row_scaled_nvfp4). A value is e2m1 * e4m3 scale * amax / (6 * 448)
+(6 * nvfp4_e4m3_max: 256 with 4over6 if the quantizer asked for it).
 """
 
 from __future__ import annotations
@@ -130,16 +131,24 @@ class NVFP4TensorStorage(QuantizedTensorStorage):
         q = self._quantizer
         return q.rht_matrix_random_sign_mask_t if q is not None and q.with_rht else -1
 
+    def _nvfp4_params(self) -> tuple[bool, int]:
+        """(row-scaled, E4M3 bound) the buffers were quantized with (the quantizer's)."""
+        q = self._quantizer
+        if q is None:
+            return False, 448
+        return bool(getattr(q, "row_scaled_nvfp4", False)), int(getattr(q, "nvfp4_e4m3_max", 448))
+
     def _dequantize_copy(self, columnwise: bool, dtype: torch.dtype) -> torch.Tensor:
         """One copy's values in the logical shape, as stored (a column-wise copy transposed back,
         still Hadamard-transformed if it was): what a GEMM contracts."""
         shape = self._logical_shape()
         if not columnwise:
             return ops().dequantize_nvfp4(self._rowwise_data, self._rowwise_scale_inv,
-                                          self._amax_rowwise, dtype).reshape(shape)
+                                          self._amax_rowwise, dtype,
+                                          *self._nvfp4_params()).reshape(shape)
         d = self._columnwise_data
         out_t = ops().dequantize_nvfp4(d.reshape(d.shape[0], -1), self._columnwise_scale_inv,
-                                       self._amax_columnwise, dtype)
+                                       self._amax_columnwise, dtype, *self._nvfp4_params())
         return out_t.t().reshape(shape).contiguous()
 
     def _dequantize_nd(self, dtype: torch.dtype) -> torch.Tensor:
@@ -153,7 +162,7 @@ class NVFP4TensorStorage(QuantizedTensorStorage):
         shape = self._logical_shape()
         d = self._columnwise_data
         y = ops().dequantize_nvfp4(d.reshape(d.shape[0], -1), self._columnwise_scale_inv,
-                                   self._amax_columnwise, torch.float32)
+                                   self._amax_columnwise, torch.float32, *self._nvfp4_params())
         return rht_inverse(y, mask).t().reshape(shape).to(dtype).contiguous()
 
     def dequantize(self, *, dtype: torch.dtype | None = None) -> torch.Tensor:
