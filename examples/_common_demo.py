@@ -32,8 +32,8 @@ RECIPE_LABELS = {
     "delayed": "FP8 DelayedScaling (HYBRID, history 16)",
     "current": "FP8 Float8CurrentScaling (HYBRID)",
     "mxfp8": "MXFP8BlockScaling (E4M3, 1x32 blocks)",
-    "block": "FP8 Float8BlockScaling (E4M3, 1x128 / 128x128 blocks)",
-    "nvfp4": "NVFP4BlockScaling (E2M1, 1x16 / 16x16 blocks, RHT, SR)",
+    "block": "FP8 Float8BlockScaling (E4M3, 1x128 / 128x128)",
+    "nvfp4": "NVFP4BlockScaling (E2M1, 1x16 / 16x16, RHT, SR)",
 }
 SKIP_DIRS = {"site-packages", "dist-packages", "test", "tests", "idle_test", "__pycache__"}
 
@@ -79,13 +79,15 @@ def log_table(log: logging.Logger, results: list[dict], avg_last: int, steps: in
     """The final table: one row per run (dicts with name, final, val, tok_s, seconds)."""
     base = next((r for r in results if r["name"] == "bf16"), None)
     log.info("")
-    head = f"{'run':<42} {'train loss':>10} {'val loss':>9} {'vs bf16':>8} {'tokens/s':>9} {'time s':>7}"
+    w = max([42] + [len(RECIPE_LABELS[r["name"]]) for r in results])  # the label column
+    head = f"{'run':<{w}} {'train loss':>10} {'val loss':>9} {'vs bf16':>8} {'tokens/s':>9} {'time s':>7}"
     log.info(head)
     log.info("-" * len(head))
     for r in results:
         d = f"{r['val'] - base['val']:+.3f}" if base else "-"
         log.info(
-            "%-42s %10.4f %9.4f %8s %9s %7.1f",
+            "%-*s %10.4f %9.4f %8s %9s %7.1f",
+            w,
             RECIPE_LABELS[r["name"]],
             r["final"],
             r["val"],

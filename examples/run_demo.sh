@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # The README's first command: installs dependencies and the package (ci/install_deps.sh, idempotent),
 # then trains a small GPT with the PyTorch modules in bf16 and under each FP8 recipe on the CPU
-# (examples/pytorch/train_gpt.py: ~2.5 minutes on 2 AMX cores, ~8 on 2 AVX2 cores; loss table
+# (examples/pytorch/train_gpt.py: ~5 minutes on 2 AMX cores, NVFP4 half of it; longer on AVX2; loss table
 # printed, plot written to examples/pytorch/out/loss.png). Arguments go to train_gpt.py (e.g. --quick,
 # --steps N). With --quick, the JAX twin (examples/jax/train_gpt.py --quick, ~25 s) runs after it.
 # Everything runs in the virtual environment ci/_venv.sh names (default build/venv).
