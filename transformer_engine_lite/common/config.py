@@ -91,6 +91,10 @@ ENV_VARS: tuple[EnvVar, ...] = (
            "all"),
     EnvVar("NVTE_NVFP4_4OVER6_ERR_MODE", "MAE", "runtime",
            "NVFP4BlockScaling() default nvfp4_4over6_err_mode: MAE or MSE (case-insensitive)"),
+    EnvVar("NVTE_NVFP4_4OVER6_ERR_USE_FAST_MATH", "0", "runtime",
+           "1: `NVFP4Quantizer(nvfp4_use_4over6=True)` measures candidate errors in the "
+           "E4M3-scaled domain (TE's fast path; read at each quantize; still bit-exact with TE's "
+           "reference)"),
     EnvVar("NVTE_ALLOW_UNSAFE_PICKLE_EXTRA_STATE", "0", "runtime",
            "TE's opt-in to unpickling a checkpoint's pickled _extra_state (TE's uint8-tensor / "
            "BytesIO form). TE-lite loads stateless pickled payloads without unpickling either way; "

@@ -13,11 +13,11 @@ from __future__ import annotations
 
 import functools
 import math
-import os
 from typing import Any, Iterable
 
 import torch
 
+from ...common import config
 from ..constants import NVFP4_BLOCK_SCALING_SIZE
 from ..dynamo.quantizer_opaque import register_value_opaque_quantizer
 from ..quantization import ops
@@ -324,8 +324,7 @@ class NVFP4Quantizer(Quantizer):
         if self.nvfp4_use_4over6:
             four_over_six = 1 if self.nvfp4_4over6_err_mode == "MAE" else 2
             # TE reads the switch from the environment at each quantize (docs/envvars.rst).
-            fast = os.environ.get("NVTE_NVFP4_4OVER6_ERR_USE_FAST_MATH", "0").strip() not in (
-                "", "0")
+            fast = config.get("NVTE_NVFP4_4OVER6_ERR_USE_FAST_MATH").strip() != "0"
         r, rs, ra, c, cs, ca = ops().quantize_nvfp4(
             tensor.contiguous(), self.rowwise_usage, self.columnwise_usage,
             self.with_2d_quantization, self.with_rht, self.rht_matrix_random_sign_mask_t,
