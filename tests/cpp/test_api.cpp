@@ -134,7 +134,10 @@ TEST(QuantizationConfigApi, Attributes) {
                                                            &eps, sizeof(eps)),
                     NVTE_ERROR_INVALID_ARGUMENT, "'config'");
   EXPECT_NVTE_ERROR(nvte_set_quantization_config_attribute(
-                        c, static_cast<NVTEQuantizationConfigAttribute>(9), &eps, sizeof(eps)),
+                        c, static_cast<NVTEQuantizationConfigAttribute>(7), &eps, sizeof(eps)),
+                    NVTE_ERROR_INVALID_ARGUMENT, "'attr'");  // 2, 3, 7: no attribute
+  EXPECT_NVTE_ERROR(nvte_set_quantization_config_attribute(c, kNVTEQuantizationConfigNumAttributes,
+                                                           &eps, sizeof(eps)),
                     NVTE_ERROR_INVALID_ARGUMENT, "'attr'");
   EXPECT_NVTE_ERROR(nvte_set_quantization_config_attribute(c, kNVTEQuantizationConfigAmaxEpsilon,
                                                            nullptr, sizeof(eps)),

@@ -220,10 +220,15 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
           unsigned char buf[16] = {};
           const bool bool_attr = attr == kNVTEQuantizationConfigForcePow2Scales ||
                                  attr == kNVTEQuantizationConfigNVFP42DQuantization ||
-                                 attr == kNVTEQuantizationConfigStochasticRounding;
+                                 attr == kNVTEQuantizationConfigStochasticRounding ||
+                                 attr == kNVTEQuantizationConfigNVFP44Over6ErrUseFastMath;
+          // The 4over6 mode: one byte, 0 disabled, 1 MAE, 2 MSE.
+          const bool mode_attr = attr == kNVTEQuantizationConfigNVFP44Over6Mode;
+          const uint8_t mode = mode_attr ? static_cast<uint8_t>(in.u8() % 4) : 0;
           // The RNG-state attribute takes a handle: buf stays zero (a NULL handle) so no garbage
           // pointer is ever stored.
           if (bool_attr) std::memcpy(buf, &b, sizeof(b));
+          else if (mode_attr) buf[0] = mode;
           else if (attr != kNVTEQuantizationConfigRNGState) std::memcpy(buf, &f, sizeof(f));
           NVTEQuantizationConfig c = cfgs.empty() || in.u8() % 8 == 7 ? nullptr : cfgs[in.u8() % cfgs.size()];
           const bool null_buf = in.u8() % 8 == 7;
@@ -232,6 +237,7 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
           Ctx::check_status("nvte_set_quantization_config_attribute", st);
           bool valid = c != nullptr && !null_buf;
           if (bool_attr) valid = valid && sz == sizeof(bool);
+          else if (mode_attr) valid = valid && sz == sizeof(uint8_t) && mode <= 2;
           else if (attr == kNVTEQuantizationConfigAmaxEpsilon) valid = valid && sz == sizeof(float) && f >= 0.0f;
           else if (attr == kNVTEQuantizationConfigRNGState) valid = valid && sz == sizeof(NVTETensor);
           else valid = false;
