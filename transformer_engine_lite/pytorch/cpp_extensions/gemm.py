@@ -63,6 +63,9 @@ def general_gemm(A: Any, B: Any, *args: Any, **kwargs: Any):
     with accumulate; alpha does not scale the bias, as TE), written into out.
     Returns (D, bias_grad, gelu_input, extra_output) as TE.
     use_split_accumulator is a GPU FP8 option (the CPU GEMM always accumulates in FP32).
+    Two Float8BlockwiseQTensors: TE's block-scaled GEMM contract holds (alignment, 1D/2D pairs,
+    epilogues none / bias / DGELU, no E5M2 x E5M2; block_gemm.check_block_gemm_contract), and, as
+    TE's general_gemm, use_split_accumulator is taken as True (tex.generic_gemm refuses False).
     Userbuffer overlap (ub, ub_type, extra_output, bulk_overlap) is not supported.
     workspace: TE 2.8's cuBLAS scratch argument (module.base.get_workspace()), third positional
     there and gone in later TE: accepted by keyword, or in the third place followed by TE 2.8's
@@ -97,8 +100,12 @@ def _general_gemm(
     extra_output: torch.Tensor | None = None,
     bulk_overlap: bool = False,
     workspace: torch.Tensor | None = None,
+    *,
+    split_accumulator_checked: bool = False,
 ) -> tuple[Any, torch.Tensor | None, torch.Tensor | None, torch.Tensor | None]:
-    """general_gemm with the workspace, if any, by keyword."""
+    """general_gemm with the workspace, if any, by keyword. split_accumulator_checked:
+    use_split_accumulator is tex.generic_gemm's explicit flag, which TE passes on to cuBLAS (its
+    general_gemm forces it True for block-scaled operands, so there it is never refused)."""
     if workspace is not None and not isinstance(workspace, torch.Tensor):
         raise TypeError(f"general_gemm: workspace: expected a torch.Tensor, got {type(workspace).__name__}")
     if ub is not None or ub_type is not None or extra_output is not None or bulk_overlap:
@@ -112,13 +119,24 @@ def _general_gemm(
         raise ValueError(f"general_gemm: layout: expected 'TN', 'NN' or 'NT' ('TT' for two "
                          f"Float8BlockwiseQTensors), got {layout!r}")
     transa, transb = layout[0] == "T", layout[1] == "T"
-    if (both_block
-            and not gelu and not grad and quantization_params is None and alpha == 1.0
-            and beta in (None, 1, 1.0) and (out is not None or not accumulate)):
-        from .block_gemm import block_scaled_gemm
+    if both_block:
+        from .block_gemm import block_scaled_gemm, check_block_gemm_contract
 
         dtype = out_dtype or (out.dtype if out is not None else A.dtype)
-        return block_scaled_gemm(A, transa, B, transb, dtype, bias, out, accumulate), None, None, None
+        nonempty = check_block_gemm_contract(
+            A, transa, B, transb, dtype, bias, bool(gelu), bool(grad),
+            bool(use_split_accumulator) if split_accumulator_checked else None)
+        # After the contract the only epilogues left are none, bias, and DGELU (gelu and grad).
+        if (nonempty and quantization_params is None and alpha == 1.0
+                and beta in (None, 1, 1.0) and (out is not None or not accumulate)):
+            dgelu_in = None
+            if gelu:
+                if gelu_in is None:
+                    raise ValueError("general_gemm: gelu_in: expected the GELU input for the "
+                                     "DGELU epilogue (gelu=True, grad=True), got None")
+                dgelu_in = gelu_in
+            d = block_scaled_gemm(A, transa, B, transb, dtype, bias, out, accumulate, dgelu_in)
+            return d, None, (gelu_in if gelu else None), None
     a, a_si = _operand("A", A, transa)
     b, b_si = _operand("B", B, not transb)
     fp32_kinds = (Float8BlockwiseQTensor, NVFP4Tensor)
@@ -198,6 +216,6 @@ def generic_gemm(
     d, bias_grad, gelu_input, extra = _general_gemm(
         A, B, out_dtype, quantizer, bool(gelu), gelu_in, alpha, beta, bool(accumulate), layout,
         D, bias, bool(use_split_accumulator), bool(grad), comm_overlap, comm_type, extra_output,
-        bulk_overlap, workspace,
+        bulk_overlap, workspace, split_accumulator_checked=True,
     )
     return [d, bias_grad, gelu_input, extra]
