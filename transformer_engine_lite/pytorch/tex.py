@@ -25,7 +25,14 @@ _MULTI_TENSOR = (
     "multi_tensor_sgd",
     "multi_tensor_unscale_l2norm",
 )
+# TE's activation functions (gelu(input, quantizer), dgelu(grad, fwd_input, quantizer), ...):
+# _tex_activation.py, looked up lazily as the multi_tensor_* ones (it imports the tensor package).
+_ACTIVATIONS = tuple(
+    f"{d}{n}" for n in ("gelu", "geglu", "qgelu", "qgeglu", "relu", "reglu", "srelu", "sreglu",
+                        "silu", "swiglu", "glu") for d in ("", "d")
+) + ("clamped_swiglu", "clamped_dswiglu")
 __all__ = [
+    *_ACTIVATIONS,
     "DType",
     "FP8TensorMeta",
     "dtype_to_torch",
@@ -195,6 +202,10 @@ def generic_gemm(*args, **kwargs):  # noqa: ANN002, ANN003, ANN201
 
 
 def __getattr__(name: str):  # noqa: ANN202  (PEP 562)
+    if name in _ACTIVATIONS:
+        from ._tex_activation import ACTIVATION_FUNCTIONS
+
+        return ACTIVATION_FUNCTIONS[name]
     if name in _MULTI_TENSOR:
         from .optimizers import _ops
 
