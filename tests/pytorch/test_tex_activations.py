@@ -167,3 +167,38 @@ def test_names_defaults_and_refusals():
             tex.dgelu(torch.ones(4, 4), torch.ones(4, 4, dtype=torch.bfloat16), None)
     with pytest.raises(ValueError, match="limit: expected > 0"):
         tex.clamped_swiglu(x, None, limit=0.0)
+
+
+def _quantizers():
+    return {
+        "none": lambda: None,
+        "delayed": lambda: Float8Quantizer(torch.tensor([4.0]), torch.zeros(1), E4),
+        "current": lambda: Float8CurrentScalingQuantizer(E4),
+        "mxfp8": lambda: MXFP8Quantizer(E4, rowwise=True, columnwise=False),
+        "block": lambda: Float8BlockQuantizer(E4, rowwise=True, columnwise=False,
+                                              block_scaling_dim=1),
+    }
+
+
+@pytest.mark.parametrize("name", ["gelu", "silu", "relu", "qgelu", "srelu"])
+@pytest.mark.parametrize("kind", list(_quantizers()))
+def test_dbias_dact(name, kind):
+    """[bias gradient, dact]: dact is tex.d<name>'s (same bytes), the bias gradient its column
+    sums: of the fp32 values on TE's fused paths, of the bf16 ones otherwise (fp64 reference)."""
+    x = _x(name, torch.bfloat16)
+    g = _x("gelu", torch.bfloat16, 32, 128, seed=1)
+    make = _quantizers()[kind]
+    dbias, dx = getattr(tex, "dbias_d" + name)(g, x, make())
+    want = _bwd(name, g, x, make())
+    if kind == "none":
+        assert torch.equal(dx, want)
+    else:
+        assert dx.dtype == torch.bfloat16
+        assert torch.equal(dx.dequantize(dtype=torch.float32), want.dequantize(dtype=torch.float32))
+    assert dbias.dtype == torch.bfloat16 and dbias.shape == (128,)
+    fused = kind in ("delayed", "mxfp8")
+    d = _kernel_fp32(name, x, g) if fused else _bwd(name, g, x)
+    assert_close(dbias, d.double().sum(0), torch.bfloat16, f"dbias_d{name} {kind}")
+    x64 = x.double().requires_grad_(True)
+    (dx64,) = torch.autograd.grad(_ref(name, x64), x64, g.double())
+    assert_close(dbias, dx64.sum(0), torch.bfloat16, f"dbias_d{name} vs fp64")

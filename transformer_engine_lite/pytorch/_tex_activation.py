@@ -1,6 +1,7 @@
 """TE's tex activation functions (transformer_engine_torch: gelu(input, quantizer),
-dgelu(grad, fwd_input, quantizer), ..., clamped_swiglu / clamped_dswiglu) over the core's
-activation kernels (te_lite::activation_fwd / activation_bwd / clamped_swiglu_fwd / _bwd).
+dgelu(grad, fwd_input, quantizer), ..., clamped_swiglu / clamped_dswiglu, and dbias_dgelu /
+dsilu / drelu / dqgelu / dsrelu returning [bias gradient, dact]) over the core's activation kernels
+(te_lite::activation_fwd / activation_bwd / clamped_swiglu_fwd / _bwd).
 
 Gated functions take [..., 2H] = [act input | linear] and return [..., H]; their backward returns
 the input's shape. The output's (nominal) dtype is the input's. quantizer None gives that
@@ -173,11 +174,39 @@ def clamped_dswiglu(grad: torch.Tensor, fwd_input: torch.Tensor, quantizer: Any,
         (g, x), quantizer)
 
 
+def _dbias(name: str) -> Callable[..., Any]:
+    def fn(grad: torch.Tensor, fwd_input: torch.Tensor, quantizer: Any) -> list[Any]:
+        owner = f"tex.dbias_d{name}"
+        g, x = _check_pair(owner, grad, fwd_input)
+        if x.dim() < 1:
+            raise ValueError(f"{owner}: fwd_input: expected at least 1 dim, got a scalar")
+        from .tensor import Float8Quantizer, MXFP8Quantizer
+
+        def kernel(gg: torch.Tensor, xx: torch.Tensor) -> torch.Tensor:
+            return ops().activation_bwd(gg, xx, name)
+
+        # TE's dact_dbias: the fused kernels (Float8Quantizer / MXFP8Quantizer) reduce the fp32
+        # gradient; the other paths sum the input-dtype one (at::sum_out, as torch.sum here).
+        if isinstance(quantizer, (Float8Quantizer, MXFP8Quantizer)):
+            dbias = kernel(g.float(), x.float()).reshape(-1, x.shape[-1]).sum(0).to(x.dtype)
+        else:
+            dbias = kernel(g, x).reshape(-1, x.shape[-1]).sum(0)
+        return [dbias, _quantized(owner, kernel, (g, x), quantizer)]
+
+    fn.__name__ = fn.__qualname__ = f"dbias_d{name}"
+    fn.__doc__ = (f"TE's tex.dbias_d{name}(grad, fwd_input, quantizer): [the bias gradient (the "
+                  f"column sums of tex.d{name}'s output, fwd_input's last dim, its dtype), "
+                  f"tex.d{name}(grad, fwd_input, quantizer)].")
+    return fn
+
+
 _NAMES = ("gelu", "geglu", "qgelu", "qgeglu", "relu", "reglu", "srelu", "sreglu", "silu",
           "swiglu", "glu")
+_DBIAS_NAMES = ("gelu", "silu", "relu", "qgelu", "srelu")  # TE's dbias_d* set
 ACTIVATION_FUNCTIONS: dict[str, Callable[..., Any]] = {
     **{n: _forward(n) for n in _NAMES},
     **{f"d{n}": _backward(n) for n in _NAMES},
+    **{f"dbias_d{n}": _dbias(n) for n in _DBIAS_NAMES},
     "clamped_swiglu": clamped_swiglu,
     "clamped_dswiglu": clamped_dswiglu,
 }

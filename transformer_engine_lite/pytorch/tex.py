@@ -25,12 +25,14 @@ _MULTI_TENSOR = (
     "multi_tensor_sgd",
     "multi_tensor_unscale_l2norm",
 )
-# TE's activation functions (gelu(input, quantizer), dgelu(grad, fwd_input, quantizer), ...):
+# TE's activation functions (gelu(input, quantizer), dgelu(grad, fwd_input, quantizer),
+# dbias_dgelu(grad, fwd_input, quantizer), ...):
 # _tex_activation.py, looked up lazily as the multi_tensor_* ones (it imports the tensor package).
 _ACTIVATIONS = tuple(
     f"{d}{n}" for n in ("gelu", "geglu", "qgelu", "qgeglu", "relu", "reglu", "srelu", "sreglu",
                         "silu", "swiglu", "glu") for d in ("", "d")
-) + ("clamped_swiglu", "clamped_dswiglu")
+) + tuple(f"dbias_d{n}" for n in ("gelu", "silu", "relu", "qgelu", "srelu")) + (
+    "clamped_swiglu", "clamped_dswiglu")
 __all__ = [
     *_ACTIVATIONS,
     "DType",
