@@ -7,7 +7,8 @@ unfused, ck and aotriton (neither is built here) run the unfused JAX math. Numer
 backend that ran and hold in every mode; selection tests set the switches themselves (monkeypatch).
 Values and gradients are bounded by flash-attention's rule: error vs fp64 <= 2x the error of plain
 JAX in the same dtype + a floor (attention_utils.check_bound); tokens no key / query sees are
-exactly 0. Errors, dropout, vmap / jit, logging and empty batches follow.
+exactly 0. Dropout, vmap / jit, logging and empty batches follow (argument errors:
+test_attention_errors.py).
 """
 
 from __future__ import annotations
@@ -445,132 +446,6 @@ def test_no_logging_without_nvte_debug(monkeypatch, capsys):
     case = Case(mask="causal")
     run_jax(case, make_problem(case), jit=False)
     assert "Selected backend" not in capsys.readouterr().err
-
-
-# ===================================================================================== errors
-B, S, H, D = 2, 7, 4, 16
-
-
-def _x(*shape, dtype=jnp.bfloat16):
-    return jnp.ones(shape, dtype)
-
-
-def _call(
-    qkv=None,
-    bias=None,
-    desc=None,
-    bias_type="no_bias",
-    mask="no_mask",
-    layout="bshd_bshd_bshd",
-    softmax="vanilla",
-    dropout=0.0,
-    **kw,
-):
-    qkv = (Q, Q, Q) if qkv is None else qkv
-    return A.fused_attn(
-        qkv, bias, desc, None, bias_type, mask, layout, softmax, 0.25, dropout, True, **kw
-    )
-
-
-Q = _x(B, S, H, D)
-# (id, exception, message pattern, _call's arguments)
-ERRORS = [
-    ("two-arrays-for-separate", ValueError, "argument 'qkv'.*expects 3", {"qkv": (Q, Q)}),
-    ("three-arrays-for-bs3hd", ValueError, "argument 'qkv'.*expects 1", {"layout": "bs3hd"}),
-    ("q-rank", ValueError, "argument 'q'.*4-D", {"qkv": (_x(B, S, H * D), Q, Q)}),
-    ("kv-rank", ValueError, "argument 'k'.*5-D", {"qkv": (Q, Q), "layout": "bshd_bs2hd"}),
-    (
-        "qkv-not-3",
-        ValueError,
-        "argument 'q'.*3 = q, k, v",
-        {"qkv": (_x(B, S, 2, H, D),), "layout": "bs3hd"},
-    ),
-    (
-        "head-dims",
-        ValueError,
-        "argument 'k'.*head_dim 16",
-        {"qkv": (Q, _x(B, S, H, 8), _x(B, S, H, 8))},
-    ),
-    (
-        "h-not-divisible",
-        ValueError,
-        "argument 'k'.*dividing q's 4",
-        {"qkv": (Q, _x(B, S, 3, D), _x(B, S, 3, D))},
-    ),
-    ("k-v-mismatch", ValueError, "argument 'v'", {"qkv": (Q, Q, _x(B, S + 1, H, D))}),
-    ("dtypes", TypeError, "'k', 'v'", {"qkv": (Q, _x(B, S, H, D, dtype=jnp.float16), Q)}),
-    ("bias-missing", ValueError, "argument 'bias'", {"bias_type": "post_scale_bias"}),
-    ("padding-no-descriptor", ValueError, "argument 'sequence_descriptor'", {"mask": "padding"}),
-    ("thd-no-descriptor", ValueError, "argument 'sequence_descriptor'", {"layout": "thd_thd_thd"}),
-    ("dropout-no-seed", ValueError, "argument 'seed'", {"dropout": 0.1}),
-    ("softmax-unknown", ValueError, "argument 'softmax_type'", {"softmax": "soft"}),
-    (
-        "cp-strategy",
-        NotImplementedError,
-        "context_parallel_strategy",
-        {"context_parallel_strategy": A.CPStrategy.RING},
-    ),
-    ("cp-axis", NotImplementedError, "context_parallel_axis", {"context_parallel_axis": "cp"}),
-    (
-        "cp-load-balanced",
-        NotImplementedError,
-        "context_parallel_causal_load_balanced",
-        {"context_parallel_causal_load_balanced": True},
-    ),
-    ("mask-unknown", ValueError, "attn_mask_type.*'causal_top_left'", {"mask": "causal_top_left"}),
-    ("layout-unknown", ValueError, "argument 'qkv_layout'", {"layout": "sbhd"}),
-    ("bias-type-unknown", ValueError, "argument 'attn_bias_type'", {"bias_type": "alibi"}),
-]
-
-
-@pytest.mark.parametrize("backend", ["flash", "unfused"])
-@pytest.mark.parametrize("exc,match,kwargs", [e[1:] for e in ERRORS], ids=[e[0] for e in ERRORS])
-def test_errors_name_the_argument(exc, match, kwargs, backend, monkeypatch):
-    set_mode(monkeypatch, "auto" if backend == "flash" else "unfused")
-    with pytest.raises(exc, match=match):
-        _call(**kwargs)
-
-
-def test_segment_pos_required():
-    with pytest.raises(ValueError, match="argument 'segment_pos'"):
-        A.SequenceDescriptor.from_segment_ids_and_pos(_x(B, S, dtype=jnp.int32))
-
-
-BAD_BIAS = {"3d": (H, S, S), "b3": (3, H, S, S), "h2": (1, 2, S, S), "skv+1": (B, H, S, S + 1)}
-
-
-@pytest.mark.parametrize(
-    "backend",
-    BACKENDS,
-)
-@pytest.mark.parametrize("shape", list(BAD_BIAS))
-def test_bias_shape_error(shape, backend, monkeypatch):
-    set_mode(monkeypatch, "auto" if backend == "flash" else "unfused")
-    with pytest.raises(ValueError, match=r"argument 'bias'.*\[1 or 2, 1 or 4, 7, 7\]"):
-        _call(bias=_x(*BAD_BIAS[shape]), bias_type="post_scale_bias")
-
-
-@pytest.mark.parametrize(
-    "backend",
-    BACKENDS,
-)
-def test_seqlens_shape_error(backend, monkeypatch):
-    set_mode(monkeypatch, "auto" if backend == "flash" else "unfused")
-    desc = A.SequenceDescriptor.from_seqlens(jnp.array([1, 2, 3], jnp.int32))
-    with pytest.raises(ValueError, match="argument 'q_seqlens'"):
-        _call(desc=desc, mask="padding")
-
-
-@pytest.mark.parametrize(
-    "backend",
-    BACKENDS,
-)
-def test_thd_bias_refused_by_every_backend(backend, monkeypatch):
-    set_mode(monkeypatch, "auto" if backend == "flash" else "unfused")
-    ids = jnp.ones((B, S), jnp.int32)
-    desc = A.SequenceDescriptor.from_segment_ids_and_pos(ids, jnp.zeros((B, S), jnp.int32))
-    with pytest.raises(NotImplementedError, match="argument 'bias'"):
-        _call(bias=_x(1, H, S, S), desc=desc, bias_type="post_scale_bias", layout="thd_thd_thd")
 
 
 # ===================================================================================== empty
