@@ -227,3 +227,20 @@ def test_fusible_ops_userbuffers_checks(ub):
     with pytest.raises(RuntimeError, match="Unsupported recipe for Userbuffers"):
         with te.fp8_autocast(fp8_recipe=Float8BlockScaling()):
             got(torch.randn(S, H))
+    # without a weight gradient the column-parallel dgrad reduce-scatters through qkv_dgrad,
+    # whose default buffer holds FP8 in the FP8 set: TE refuses that reduce-scatter
+    got[0].weight.requires_grad_(False)
+    with te.fp8_autocast(fp8_recipe=Float8CurrentScaling()):
+        y = got(torch.randn(S, H, requires_grad=True))
+    with pytest.raises(RuntimeError, match="not supported with FP8 buffers"):
+        y.sum().backward()
+
+
+def test_fusible_ops_userbuffers_tp_size_must_match():
+    te.initialize_ub([S * B, H], 1, quantization_modes=[Mode.NONE])
+    try:
+        _, got = _ops_pair("column", lambda: [], "qkv")
+        with pytest.raises(ValueError, match="tensor_parallel_size"):
+            got(torch.randn(S, H))
+    finally:
+        te.destroy_ub()
