@@ -214,8 +214,10 @@ def main() -> None:
         # the buffer shape is [seq * micro batch, hidden]
         from transformer_engine.pytorch.module import base as te_base
 
-        te_base.initialize_ub(shape=[64 * 2, 128], tp_size=a.tp, use_fp8=a.fp8 is not None,
-                              dtype=dtype, bootstrap_backend="gloo")
+        mode = te_base.UserBufferQuantizationMode
+        te_base.initialize_ub(shape=[64 * 2, 128], tp_size=a.tp,
+                              quantization_modes=[mode.FP8 if a.fp8 else mode.NONE], ub_cfgs={},
+                              bootstrap_backend="nccl")  # Megatron's defaults
         kw.update(tp_comm_overlap=True)
     if a.op_fuser:
         kw.update(use_transformer_engine_op_fuser=True)

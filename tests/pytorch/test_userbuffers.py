@@ -147,7 +147,7 @@ def test_initialize_ub_user_config(world1):
             "fc1_dgrad": {"method": "ring_exchange"},
             "fc2_fprop": {"fp8_buf": True}}
     te.initialize_ub([8, 16], 1, quantization_modes=[Mode.NONE, Mode.FP8],
-                     ub_cfgs=[cfgs, cfgs], bootstrap_backend="gloo")
+                     ub_cfgs=[cfgs, cfgs], bootstrap_backend="nccl")  # Megatron's default
     assert get_ub("qkv_fprop", False).config["num_sm"] == 4
     d = get_ub("fc1_dgrad", False)  # a non-bulk dgrad becomes a reduce-scatter overlap
     assert d.method == "ring_exchange" and d.is_reduce_scatter

@@ -148,10 +148,9 @@ def _check_bootstrap(backend: Any) -> None:
             f"initialize_ub: bootstrap_backend: expected one of 'gloo', 'mpi', 'nccl', got "
             f"{backend!r}"
         )
-    if not torch.distributed.is_backend_available(backend):
-        raise RuntimeError(
-            f"initialize_ub: bootstrap_backend: PyTorch was built without '{backend}' support"
-        )
+    # TE bootstraps its IPC buffers (handle exchange) over this backend; the communicators here
+    # hold no shared buffers, so nothing is exchanged and the backend need not be built in
+    # (Megatron's default is 'nccl', absent from CPU builds of PyTorch).
 
 
 def _quantization_modes(use_fp8: bool, modes: Any) -> list[UserBufferQuantizationMode]:
