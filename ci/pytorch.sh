@@ -1,10 +1,11 @@
 #!/usr/bin/env bash
 # PyTorch front-end suites: each tests/pytorch/test_*.py as tag pytorch.<file> (single process,
-# TEST_SGPU), and test_distributed.py under `torchrun --nproc_per_node=2` (gloo) as
-# pytorch.test_distributed (TEST_MGPU). The backend-numerics suite (test_attention.py) runs once per
-# attention backend configuration (configure_fused_attn_env) as pytorch.test_attention.<mode>: auto
-# and unfused from TEST_LEVEL 1, ck, aotriton and flash from TEST_LEVEL 3; the module and argument
-# suites (test_attention_modules.py, test_attention_args.py) do not depend on the mode and run once.
+# TEST_SGPU), and test_distributed.py / test_userbuffers_distributed.py under `torchrun
+# --nproc_per_node=2` (gloo) as pytorch.<file> (TEST_MGPU). The backend-numerics suite
+# (test_attention.py) runs once per attention backend configuration (configure_fused_attn_env)
+# as pytorch.test_attention.<mode>: auto and unfused from TEST_LEVEL 1, ck, aotriton and flash
+# from TEST_LEVEL 3; the module and argument suites (test_attention_modules.py,
+# test_attention_args.py) do not depend on the mode and run once.
 # The aotriton mode also runs the AOTriton kernels themselves, on the CPU under Triton's interpreter
 # (test_aotriton_interp.py: numerics vs fp64 and vs the CPU flash kernel, dropout masks bit for bit):
 # the backend's CPU-side proof, where test_attention.py's GPU-only cases skip.
@@ -35,7 +36,7 @@ for f in "$REPO_ROOT"/tests/pytorch/test_*.py; do
         run_tagged "pytorch.$name.$mode" run_attn_mode "$mode" run_single "$f" "${extra[@]}"
       done
     fi
-  elif [ "$name" = test_distributed ]; then
+  elif [ "$name" = test_distributed ] || [ "$name" = test_userbuffers_distributed ]; then
     [ "$TEST_MGPU" = 1 ] && run_tagged "pytorch.$name" run_torchrun "$f"
   else
     [ "$TEST_SGPU" = 1 ] && run_tagged "pytorch.$name" run_single "$f"

@@ -73,6 +73,17 @@ def count_calls() -> collections.Counter:
         return forward(self, *args, **kwargs)
 
     ops.Sequential.forward = sequential_forward
+    # Userbuffers fused ops (use_te_op_fuser with tp_comm_overlap: Megatron passes
+    # userbuffers_options to BasicLinear)
+    from transformer_engine_lite.pytorch.ops import fused
+
+    for cls, meth in ((fused.UserbuffersForwardLinear, "fuser_forward"),
+                      (fused.UserbuffersBackwardLinear, "fuser_backward")):
+        def counted_method(self, *args, _fn=getattr(cls, meth), _name=cls.__name__, **kwargs):
+            calls[_name] += 1
+            return _fn(self, *args, **kwargs)
+
+        setattr(cls, meth, counted_method)
     # TE's ZeRO helpers, which Megatron's fp8_utils calls (the first by name at each call, the
     # second imported at Megatron's import: wrapped before)
     import transformer_engine_lite.pytorch.tensor.utils as tensor_utils
@@ -155,6 +166,9 @@ def main() -> None:
     p.add_argument("--ce-fusion", action="store_true")  # TE's parallel_cross_entropy for the loss
     # ZeRO-1 over the data-parallel ranks with FP8 weights (needs --fp8-param): see zero_step
     p.add_argument("--zero", action="store_true")
+    # Megatron's --tp-comm-overlap: initialize_ub as megatron/training does, then the TE layers
+    # take their ub_* flags from TransformerConfig(tp_comm_overlap=True)
+    p.add_argument("--tp-comm-overlap", action="store_true")
     p.add_argument("--tp", type=int, default=1)
     p.add_argument("--steps", type=int, default=3)
     a = p.parse_args()
@@ -195,6 +209,16 @@ def main() -> None:
         kw.update(num_moe_experts=4, moe_router_topk=2, moe_grouped_gemm=True,
                   moe_ffn_hidden_size=64, moe_token_dispatcher_type="allgather",
                   moe_router_fusion=True, moe_permute_fusion=a.permute_fusion)
+    if a.tp_comm_overlap:
+        # megatron/training/initialize.py:_initialize_tp_communicators (not in megatron-core):
+        # the buffer shape is [seq * micro batch, hidden]
+        from transformer_engine.pytorch.module import base as te_base
+
+        mode = te_base.UserBufferQuantizationMode
+        te_base.initialize_ub(shape=[64 * 2, 128], tp_size=a.tp,
+                              quantization_modes=[mode.FP8 if a.fp8 else mode.NONE], ub_cfgs={},
+                              bootstrap_backend="nccl")  # Megatron's defaults
+        kw.update(tp_comm_overlap=True)
     if a.op_fuser:
         kw.update(use_transformer_engine_op_fuser=True)
     if a.ce_fusion:
@@ -234,9 +258,13 @@ def main() -> None:
     ours = (next((c for c in type(m).__mro__ if c.__module__.startswith("transformer_engine_lite")),
                  None) for m in model.modules())
     modules = sorted({c.__name__ for c in ours if c is not None})
+    # the layers that run with a Userbuffers overlap (TE's resolved flags)
+    ub = sorted({m.ub_name for m in model.modules()
+                 if getattr(m, "ub_name", None) and getattr(m, "_ub", None) is not None
+                 and m._ub.enabled})
     if dist.get_rank() == 0:
         print("RESULT " + json.dumps({"losses": losses, "te_lite_modules": modules,
-                                           "calls": dict(calls)}), flush=True)
+                                           "calls": dict(calls), "ub_layers": ub}), flush=True)
     dist.destroy_process_group()
 
 

@@ -12,7 +12,9 @@ patches. What is compared:
 - use_te_op_fuser: the MLP as TE fusible ops (ops.Sequential runs) equals the module MLP;
 - cross_entropy_loss_fusion with the "te" impl: TE's parallel_cross_entropy (ours) gives the losses
   of Megatron's unfused vocab-parallel cross entropy, at TP=1 and vocab-parallel at TP=2;
-- TP=2 with sequence parallelism under torchrun (gloo): the losses of TP=1;
+- TP=2 with sequence parallelism under torchrun (gloo): the losses of TP=1; with Megatron's
+  --tp-comm-overlap (Userbuffers: initialize_ub, ub_* flags, the fusible ops' Userbuffers
+  fusions): exactly the losses without it;
 - FP8 weights under ZeRO (what Megatron's distributed optimizer does with fp8_param_gather, through
   Megatron's own fp8_utils.quantize_param_shard / post_all_gather_processing -> TE's
   cast_master_weights_to_fp8): DP=2 gives exactly the losses of DP=1, for each FP8 recipe.
@@ -176,6 +178,20 @@ def test_tensor_parallel_2_with_sequence_parallel_equals_tp1():
     tp2 = run("--tp", "2", nproc=2)["losses"]
     tp1 = run("--spec", "te")["losses"]
     assert _close(tp2, tp1, 1e-6), (tp2, tp1)
+
+
+@pytest.mark.parametrize("extra", [(), ("--fp8", "tensorwise"), ("--op-fuser",)],
+                         ids=["modules", "fp8", "op_fuser"])
+def test_tp_comm_overlap_equals_tp2(extra):
+    """Megatron's --tp-comm-overlap (initialize_ub + the TE layers' ub_* flags, or
+    userbuffers_options on the fusible-ops MLP): the same losses, bit for bit, as TP=2 with
+    sequence parallelism without it; every ub layer (qkv, proj, fc1, fc2) has the overlap on."""
+    ub = run("--tp", "2", "--tp-comm-overlap", *extra, nproc=2)
+    assert ub["ub_layers"] == ["fc1", "fc2", "proj", "qkv"], ub
+    if extra == ("--op-fuser",):
+        assert ub["calls"].get("UserbuffersForwardLinear", 0) >= 4, ub["calls"]
+        assert ub["calls"].get("UserbuffersBackwardLinear", 0) >= 4, ub["calls"]
+    assert ub["losses"] == run("--tp", "2", *extra, nproc=2)["losses"]
 
 
 def test_example_trains(tmp_path):

@@ -218,9 +218,10 @@ MODULE_BAD = [
     ),
     (
         "ub",
-        lambda: te.MultiheadAttention(HIDDEN, HEADS, ub_overlap_ag=True),
-        NotImplementedError,
-        "ub_overlap_ag",
+        lambda: te.MultiheadAttention(HIDDEN, HEADS, ub_overlap_ag=True, set_parallel_mode=True,
+                                      tp_size=2, sequence_parallel=True),
+        RuntimeError,
+        "initialize_ub",
     ),
     (
         "attention_type",
@@ -257,9 +258,10 @@ MODULE_BAD = [
     ),
     (
         "ub overlap",
-        lambda: te.TransformerLayer(HIDDEN, 96, HEADS, ub_tp_comm_overlap=True),
-        NotImplementedError,
-        "ub_tp_comm_overlap",
+        lambda: te.TransformerLayer(HIDDEN, 96, HEADS, ub_tp_comm_overlap=True,
+                                    set_parallel_mode=True, tp_size=2, sequence_parallel=True),
+        RuntimeError,
+        "initialize_ub",
     ),
     (
         "activation",

@@ -307,7 +307,8 @@ def test_calibration_records_amax_without_fp8():
 @pytest.mark.parametrize(
     "make,err,match",
     [
-        (lambda: te.Linear(8, 4, ub_overlap_ag=True), NotImplementedError, "ub_overlap_ag"),
+        (lambda: te.Linear(8, 4, parallel_mode="column", tp_size=2, sequence_parallel=True,
+                           ub_overlap_ag=True, ub_name="qkv"), RuntimeError, "initialize_ub"),
         (lambda: te.Linear(8, 4, symmetric_ar_type="multimem_all_reduce"), NotImplementedError,
          "symmetric_ar_type"),
         (lambda: te.LayerNormMLP(8, 4, activation="gelu", activation_params={"limit": 1.0}),

@@ -244,8 +244,10 @@ def test_ub_name_is_a_label():
     te.Linear(8, 8, ub_name="proj")
     with pytest.raises(TypeError, match="ub_name"):
         te.Linear(8, 8, ub_name=3)
-    with pytest.raises(NotImplementedError, match="ub_overlap_rs"):
-        te.Linear(8, 8, ub_name="proj", ub_overlap_rs=True)
+    te.Linear(8, 8, ub_name="proj", ub_overlap_rs=True)  # TE: inert without sequence parallel
+    with pytest.raises(RuntimeError, match="initialize_ub"):
+        te.Linear(8, 8, ub_name="proj", ub_overlap_rs=True, parallel_mode="row", tp_size=2,
+                  sequence_parallel=True)
 
 
 def test_input_dtype_must_match_parameters():

@@ -17,7 +17,6 @@ from typing import Any
 import torch
 
 from .attention.multi_head_attention import MultiheadAttention
-from .module.base import reject_unsupported
 from .module.layernorm import LayerNorm, RMSNorm
 from .module.layernorm_mlp import LayerNormMLP
 
@@ -44,8 +43,8 @@ class TransformerLayer(torch.nn.Module):
     always dropped in training). activation_params: passed to LayerNormMLP (clamped_swiglu).
     qk_norm_type / qk_norm_eps / qk_norm_before_rope: QK normalization in the self- and the
     cross-attention (see MultiheadAttention).
-    Not supported (NotImplementedError): ub_tp_comm_overlap (the ub_* flags only matter with it,
-    as in TE). softmax_type goes to the attention modules (attention sinks). seq_length /
+    ub_tp_comm_overlap: TE's Userbuffers switch; with it the ub_* flags go to the attention and
+    MLP submodules (initialize_ub must have run, see module/userbuffers.py). softmax_type goes to the attention modules (attention sinks). seq_length /
     micro_batch_size: passed to LayerNormMLP and the attentions (TE's JIT warm-up sizes, used by
     qk_norm_type 'L2Normalization').
     """
@@ -105,11 +104,15 @@ class TransformerLayer(torch.nn.Module):
     ) -> None:
         super().__init__()
         owner = "TransformerLayer"
-        reject_unsupported(
-            owner,
-            ub_tp_comm_overlap=ub_tp_comm_overlap,
-        )
-        del ub_overlap_ag, ub_overlap_rs, ub_overlap_rs_dgrad, ub_bulk_dgrad, ub_bulk_wgrad
+        # TE's rule: the ub_* flags take effect only with ub_tp_comm_overlap (the submodules then
+        # validate them against initialize_ub's communicators, module/userbuffers.py)
+        ub = {
+            "ub_overlap_ag": bool(ub_tp_comm_overlap and ub_overlap_ag),
+            "ub_overlap_rs": bool(ub_tp_comm_overlap and ub_overlap_rs),
+            "ub_overlap_rs_dgrad": bool(ub_tp_comm_overlap and ub_overlap_rs_dgrad),
+            "ub_bulk_dgrad": bool(ub_tp_comm_overlap and ub_bulk_dgrad),
+            "ub_bulk_wgrad": bool(ub_tp_comm_overlap and ub_bulk_wgrad),
+        }
         if layer_type not in ("encoder", "decoder"):
             raise ValueError(
                 f"{owner}: layer_type: expected 'encoder' or 'decoder', got {layer_type!r}"
@@ -178,6 +181,7 @@ class TransformerLayer(torch.nn.Module):
             "qk_norm_before_rope": qk_norm_before_rope,
             "seq_length": seq_length,
             "micro_batch_size": micro_batch_size,
+            **ub,
         }
         self.self_attention = MultiheadAttention(
             hidden_size,
@@ -223,6 +227,7 @@ class TransformerLayer(torch.nn.Module):
             set_parallel_mode=set_parallel_mode,
             zero_centered_gamma=zero_centered_gamma,
             device=device,
+            **ub,
         )
         if output_layernorm:
             norm_cls = LayerNorm if normalization == "LayerNorm" else RMSNorm

@@ -25,7 +25,6 @@ from typing import Any
 import torch
 
 from ..distributed import get_distributed_world_size
-from ..module.base import reject_unsupported
 from ..module.layernorm import LayerNorm, RMSNorm
 from ..module.layernorm_linear import LayerNormLinear
 from ..module.linear import Linear
@@ -90,8 +89,8 @@ class MultiheadAttention(torch.nn.Module):
     te.LayerNorm over the head dim, submodules q_norm and k_norm), qk_norm_eps, applied to each
     head of q and k after the rotary embedding, or before it with qk_norm_before_rope=True.
     softmax_type: passed to DotProductAttention (attention sinks; its softmax_offset is
-    self.core_attention.softmax_offset). Not supported (NotImplementedError): userbuffer overlap
-    (ub_*). seq_length / micro_batch_size: TE's JIT warm-up sizes, passed to L2Normalization
+    self.core_attention.softmax_offset). ub_*: TE's Userbuffers flags, passed to the QKV
+    LayerNormLinear (ub_name "qkv") and the proj Linear ("proj"); see module/userbuffers.py. seq_length / micro_batch_size: TE's JIT warm-up sizes, passed to L2Normalization
     (userbuffer shape hints otherwise, unused as in TE without userbuffers).
     """
 
@@ -142,14 +141,6 @@ class MultiheadAttention(torch.nn.Module):
     ) -> None:
         super().__init__()
         owner = "MultiheadAttention"
-        reject_unsupported(
-            owner,
-            ub_overlap_ag=ub_overlap_ag,
-            ub_overlap_rs=ub_overlap_rs,
-            ub_overlap_rs_dgrad=ub_overlap_rs_dgrad,
-            ub_bulk_dgrad=ub_bulk_dgrad,
-            ub_bulk_wgrad=ub_bulk_wgrad,
-        )
         for arg, v in (("hidden_size", hidden_size), ("num_attention_heads", num_attention_heads)):
             if not isinstance(v, int) or v < 1:
                 raise ValueError(f"{owner}: {arg}: expected an int >= 1, got {v!r}")
@@ -239,11 +230,15 @@ class MultiheadAttention(torch.nn.Module):
         }
         if not input_layernorm and return_layernorm_output:
             raise ValueError(f"{owner}: return_layernorm_output=True needs input_layernorm=True")
+        # TE's Userbuffers wiring: the norm + QKV GEMM ("qkv") all-gathers its input, the output
+        # projection ("proj") reduce-scatters its output (module/userbuffers.py)
+        ub_qkv = {"ub_overlap_ag": ub_overlap_ag, "ub_overlap_rs_dgrad": ub_overlap_rs_dgrad,
+                  "ub_bulk_dgrad": ub_bulk_dgrad, "ub_bulk_wgrad": ub_bulk_wgrad, "ub_name": "qkv"}
         if attention_type == "self":
             split = None if fuse_qkv_params else {"query": hq, "key": hkv, "value": hkv}
             if input_layernorm:
                 self.layernorm_qkv = LayerNormLinear(
-                    hidden_size, hq + 2 * hkv, parameters_split=split, **common, **norm
+                    hidden_size, hq + 2 * hkv, parameters_split=split, **common, **norm, **ub_qkv
                 )
             else:
                 self.qkv = Linear(hidden_size, hq + 2 * hkv, parameters_split=split, **common)
@@ -251,7 +246,7 @@ class MultiheadAttention(torch.nn.Module):
             q_split = None if fuse_qkv_params else ("query",)
             if input_layernorm:
                 self.layernorm_query = LayerNormLinear(
-                    hidden_size, hq, parameters_split=q_split, **common, **norm
+                    hidden_size, hq, parameters_split=q_split, **common, **norm, **ub_qkv
                 )
             else:
                 self.query_layer = Linear(hidden_size, hq, parameters_split=q_split, **common)
@@ -261,7 +256,8 @@ class MultiheadAttention(torch.nn.Module):
             init_method=output_layer_init_method or init_method,
             parallel_mode="row" if set_parallel_mode else None,
         )
-        self.proj = Linear(hq, hidden_size, return_bias=return_bias, **common)
+        self.proj = Linear(hq, hidden_size, return_bias=return_bias, ub_overlap_rs=ub_overlap_rs,
+                           ub_overlap_ag=ub_overlap_ag, ub_name="proj", **common)
 
     def set_context_parallel_group(
         self, cp_group: Any, cp_global_ranks: list[int] | None, cp_stream: Any,

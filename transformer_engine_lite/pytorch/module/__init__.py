@@ -11,6 +11,7 @@ from .layernorm import LayerNorm, RMSNorm
 from .layernorm_linear import LayerNormLinear
 from .layernorm_mlp import LayerNormMLP
 from .linear import Linear
+from .userbuffers import UserBufferQuantizationMode, destroy_ub, initialize_ub
 
 
 def is_module_grouped_tensor_path_supported(recipe: Any = None, dtype: Any = None) -> bool:
@@ -29,5 +30,8 @@ __all__ = [
     "Linear",
     "RMSNorm",
     "TransformerEngineBaseModule",
+    "UserBufferQuantizationMode",
+    "destroy_ub",
+    "initialize_ub",
     "is_module_grouped_tensor_path_supported",
 ]

@@ -56,6 +56,9 @@ from ._autograd import GemmConfig, WeightCast, cast_weight, linear
 from ._custom import builtin_quantizers, custom_gemm_config
 from ._params import _moved, materialize_params, weight_param_quantizer  # noqa: F401
 from ._recipe_checks import check_recipe_change
+from .userbuffers import (  # noqa: F401 (TE's home of the Userbuffers entry points)
+    UserBufferQuantizationMode, destroy_ub, get_ub, initialize_ub, is_ub_initialized,
+)
 
 __all__ = [
     "EXTRA_STATE_VERSION",
@@ -97,12 +100,8 @@ def default_device() -> torch.device:
 
 def reject_unsupported(owner: str, **flags: Any) -> None:
     """NotImplementedError for each TE argument set to a value this implementation cannot honour
-    (userbuffers overlap, delayed wgrad, symmetric all-reduce, ...)."""
+    (symmetric all-reduce, FP8 outputs, ...)."""
     for name, value in flags.items():
-        if name == "ub_name":  # a label naming the userbuffers buffer: only the ub_overlap_* flags
-            if value is not None and not isinstance(value, str):  # would use it (and they raise)
-                raise TypeError(f"{owner}: ub_name: expected a str or None, got {value!r}")
-            continue
         if value not in (None, False):
             raise NotImplementedError(
                 f"{owner}: argument '{name}'={value!r} is not supported by transformer_engine_lite "
@@ -369,6 +368,8 @@ class TransformerEngineBaseModule(torch.nn.Module):
         x = inp if inp.dtype == dtype else inp.to(dtype)
         fp8 = self._fp8_mode()
         self._note_recipe(fp8[1])
+        if getattr(self, "_ub", None) is not None:  # Userbuffers: communicators looked up
+            self._ub.check_module_forward(self, inp)
         return x, fp8
 
     def _run_linear(

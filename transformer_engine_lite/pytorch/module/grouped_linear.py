@@ -193,9 +193,11 @@ class GroupedLinear(TransformerEngineBaseModule):
         use_grouped_tensor: bool | None = None,
     ) -> None:
         owner = "GroupedLinear"
-        reject_unsupported(
-            owner, ub_overlap_rs=ub_overlap_rs, ub_overlap_ag=ub_overlap_ag, ub_name=ub_name
-        )
+        # TE's GroupedLinear keeps ub_name as a label and never overlaps (its ctx turns the
+        # flags off); an overlap asked for here is refused rather than dropped
+        if ub_name is not None and not isinstance(ub_name, str):
+            raise TypeError(f"{owner}: ub_name: expected a str or None, got {ub_name!r}")
+        reject_unsupported(owner, ub_overlap_rs=ub_overlap_rs, ub_overlap_ag=ub_overlap_ag)
         for arg, v in (
             ("num_gemms", num_gemms),
             ("in_features", in_features),

@@ -14,6 +14,7 @@ from ..distributed import (
     split_size,
 )
 from ._params import materialize_params
+from .userbuffers import module_ub_config
 from .base import (
     TransformerEngineBaseModule,
     default_device,
@@ -74,15 +75,7 @@ class LayerNormLinear(TransformerEngineBaseModule):
         name: str | None = None,
     ) -> None:
         owner = "LayerNormLinear"
-        reject_unsupported(
-            owner,
-            ub_overlap_ag=ub_overlap_ag,
-            ub_overlap_rs_dgrad=ub_overlap_rs_dgrad,
-            ub_bulk_wgrad=ub_bulk_wgrad,
-            ub_bulk_dgrad=ub_bulk_dgrad,
-            ub_name=ub_name,
-            symmetric_ar_type=symmetric_ar_type,
-        )
+        reject_unsupported(owner, symmetric_ar_type=symmetric_ar_type)
         if parallel_mode == "row":
             raise NotImplementedError(
                 f"{owner}: parallel_mode='row' is not supported (the norm needs the whole hidden "
@@ -102,6 +95,12 @@ class LayerNormLinear(TransformerEngineBaseModule):
         self.parallel_mode = parallel_mode
         self.sequence_parallel = self.tp.sequence_parallel
         self.tp_size = self.tp.size
+        module_ub_config(
+            owner, parallel_mode=parallel_mode, sequence_parallel=self.sequence_parallel,
+            tp_size=self.tp_size, ub_name=ub_name, delay_wgrad_compute=bool(delay_wgrad_compute),
+            ub_overlap_ag=ub_overlap_ag, ub_overlap_rs_dgrad=ub_overlap_rs_dgrad,
+            ub_bulk_dgrad=ub_bulk_dgrad, ub_bulk_wgrad=ub_bulk_wgrad,
+        ).apply_to(self, ub_name)
         self.fuse_wgrad_accumulation = fuse_wgrad_accumulation
         self.delay_wgrad_compute = bool(delay_wgrad_compute)
         self.use_bias = bias

@@ -16,6 +16,7 @@ from ..distributed import (
     split_size,
 )
 from ._autograd import activation as apply_activation
+from .userbuffers import module_ub_config
 from ._params import materialize_params
 from .base import (
     TransformerEngineBaseModule,
@@ -148,15 +149,7 @@ class LayerNormMLP(TransformerEngineBaseModule):
         checkpoint: bool = False,
     ) -> None:
         owner = "LayerNormMLP"
-        reject_unsupported(
-            owner,
-            ub_overlap_ag=ub_overlap_ag,
-            ub_overlap_rs=ub_overlap_rs,
-            ub_overlap_rs_dgrad=ub_overlap_rs_dgrad,
-            ub_bulk_dgrad=ub_bulk_dgrad,
-            ub_bulk_wgrad=ub_bulk_wgrad,
-            symmetric_ar_type=symmetric_ar_type,
-        )
+        reject_unsupported(owner, symmetric_ar_type=symmetric_ar_type)
         if activation not in ACTIVATIONS:
             raise ValueError(
                 f"{owner}: activation: expected one of {ACTIVATIONS}, got {activation!r}"
@@ -180,6 +173,15 @@ class LayerNormMLP(TransformerEngineBaseModule):
         self.zero_centered_gamma = bool(zero_centered_gamma)
         self.sequence_parallel = self.tp.sequence_parallel
         self.tp_size = self.tp.size
+        # fc1 (column) all-gathers its input / fc2 (row) reduce-scatters its output; TE names
+        # their communicators fc1_* / fc2_* (no ub_name)
+        module_ub_config(
+            owner, parallel_mode="column" if set_parallel_mode else None, mlp=True,
+            sequence_parallel=self.sequence_parallel, tp_size=self.tp_size, ub_name=None,
+            delay_wgrad_compute=bool(delay_wgrad_compute), ub_overlap_ag=ub_overlap_ag,
+            ub_overlap_rs=ub_overlap_rs, ub_overlap_rs_dgrad=ub_overlap_rs_dgrad,
+            ub_bulk_dgrad=ub_bulk_dgrad, ub_bulk_wgrad=ub_bulk_wgrad,
+        ).apply_to(self, None, mlp=True)
         self.fuse_wgrad_accumulation = fuse_wgrad_accumulation
         self.delay_wgrad_compute = bool(delay_wgrad_compute)
         self.use_bias = bias

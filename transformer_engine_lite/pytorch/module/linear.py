@@ -9,6 +9,7 @@ import torch
 
 from ..distributed import TPConfig, set_tensor_model_parallel_attributes, split_size
 from ._params import materialize_params
+from .userbuffers import module_ub_config
 from .base import (
     TransformerEngineBaseModule,
     default_device,
@@ -103,16 +104,7 @@ class Linear(TransformerEngineBaseModule):
         name: str | None = None,
     ) -> None:
         owner = "Linear"
-        reject_unsupported(
-            owner,
-            ub_overlap_ag=ub_overlap_ag,
-            ub_overlap_rs=ub_overlap_rs,
-            ub_overlap_rs_dgrad=ub_overlap_rs_dgrad,
-            ub_bulk_dgrad=ub_bulk_dgrad,
-            ub_bulk_wgrad=ub_bulk_wgrad,
-            ub_name=ub_name,
-            symmetric_ar_type=symmetric_ar_type,
-        )
+        reject_unsupported(owner, symmetric_ar_type=symmetric_ar_type)
         for arg, v in (("in_features", in_features), ("out_features", out_features)):
             if not isinstance(v, int) or v < 1:
                 raise ValueError(f"{owner}: {arg}: expected an int >= 1, got {v!r}")
@@ -124,6 +116,13 @@ class Linear(TransformerEngineBaseModule):
         self.parallel_mode = parallel_mode
         self.sequence_parallel = self.tp.sequence_parallel
         self.tp_size = self.tp.size
+        module_ub_config(
+            owner, parallel_mode=parallel_mode, sequence_parallel=self.sequence_parallel,
+            tp_size=self.tp_size, ub_name=ub_name, delay_wgrad_compute=bool(delay_wgrad_compute),
+            ub_overlap_ag=ub_overlap_ag, ub_overlap_rs=ub_overlap_rs,
+            ub_overlap_rs_dgrad=ub_overlap_rs_dgrad, ub_bulk_dgrad=ub_bulk_dgrad,
+            ub_bulk_wgrad=ub_bulk_wgrad,
+        ).apply_to(self, ub_name)
         self.fuse_wgrad_accumulation = fuse_wgrad_accumulation
         self.delay_wgrad_compute = bool(delay_wgrad_compute)
         self.save_original_input = bool(save_original_input)

@@ -3,6 +3,9 @@ our kernels covers them.
 
 Forward fusions (fused/__init__.py lists them; each gives the results of its ops run one by one,
 up to the rounding of the output dtype):
+  BasicLinear(userbuffers_options=) [+ Bias] [+ ReduceScatter] -> UserbuffersForwardLinear (TE's
+      rule: a multi-process job, no backward_override; the same GEMM and collective, so the same
+      bytes) and, in the backward, UserbuffersBackwardLinear over the same ops.
   BasicLinear + Bias -> ForwardLinearBiasActivation: the bias is added in the GEMM epilogue (fp32
       accumulator, one rounding to the output dtype; te.Linear's own path, so te.Linear and
       ops.Linear with the same weights give the same bytes).
@@ -183,16 +186,44 @@ class OperationFuser:
         self._ops: OpList | None = None
         self._bwd: list[tuple[FusibleOperation, list[int]]] | None = None
         self._bwd_key: Any = None
+        self._fwd_key: Any = None
         self.num_extra_inputs = sum(op.num_extra_inputs for op in basic)
+
+    @staticmethod
+    def _recipe_key(recipe: Any) -> Any:
+        return None if recipe is None else (type(recipe), getattr(recipe, "backward_override", None))
+
+    @property
+    def _num_basic_ops(self) -> int:
+        """TE's count of the basic ops this fuser runs."""
+        return len(self._basic_ops)
+
+    def maybe_fuse_ops(
+        self, is_grad_enabled: bool, recipe: Any, input_: torch.Tensor, extra_inputs: Any
+    ) -> None:
+        """TE's entry point: (re)build the forward and backward fusion plans for a forward under
+        `recipe` when its kind or backward_override differs from the last plan's (the
+        Userbuffers fusion is off under a backward_override, TE's rule). is_grad_enabled /
+        input_ / extra_inputs: TE's signature (no fusion here depends on them)."""
+        del is_grad_enabled, input_, extra_inputs
+        key = self._recipe_key(recipe)
+        if self._ops is not None and key == self._fwd_key:
+            return
+        if self._ops is None:
+            for op in self._basic_ops:
+                op.pre_first_fuser_forward()
+        self._ops = fuse_forward_ops([(op, [i]) for i, op in enumerate(self._basic_ops)], recipe)
+        self._fwd_key = key
+        self._bwd = None  # indexes the old forward plan
+        self._backward_plan_for(recipe)
 
     @property
     def _forward_ops(self) -> OpList:
         """TE's view: the ops as executed forward, each with the indices of its basic ops (after
-        the fusion passes; built on the first forward)."""
+        the fusion passes; built on the first forward, rebuilt by maybe_fuse_ops)."""
         if self._ops is None:
-            for op in self._basic_ops:
-                op.pre_first_fuser_forward()
-            self._ops = fuse_forward_ops([(op, [i]) for i, op in enumerate(self._basic_ops)])
+            self.maybe_fuse_ops(torch.is_grad_enabled(), active_recipe(), None, None)
+        assert self._ops is not None
         return self._ops
 
     @property
@@ -207,9 +238,7 @@ class OperationFuser:
     def _backward_plan_for(self, recipe: Any) -> list[tuple[FusibleOperation, list[int]]]:
         """The plan for a forward under `recipe`, rebuilt when the recipe's kind or its
         backward_override changes (TE rebuilds its backward fusions the same way)."""
-        key = (
-            None if recipe is None else (type(recipe), getattr(recipe, "backward_override", None))
-        )
+        key = self._recipe_key(recipe)
         if self._bwd is None or key != self._bwd_key:
             self._bwd = fuse_backward_ops(self._forward_ops, recipe)
             self._bwd_key = key
@@ -238,6 +267,7 @@ class OperationFuser:
                 f"Sequential: extra_inputs: the ops take {self.num_extra_inputs} extra input(s), "
                 f"got {len(extra_inputs)}"
             )
+        self.maybe_fuse_ops(torch.is_grad_enabled(), active_recipe(), input, extra_inputs)
         params = list({id(p): p for op, _ in self._forward_ops for p in _params(op)}.values())
         record = torch.is_grad_enabled() and any(
             t.requires_grad for t in (input, *extra_inputs, *params)

@@ -6,6 +6,7 @@ from typing import Any
 
 import torch
 
+from .._common import group_size
 from ..op import BasicOperation
 
 
@@ -16,6 +17,11 @@ class CollectiveOp(BasicOperation):
     def __init__(self, process_group: Any = None) -> None:
         super().__init__()
         self.process_group = process_group
+
+    @property
+    def process_group_size(self) -> int:
+        """TE's attribute: the number of ranks in process_group (1 without torch.distributed)."""
+        return group_size(self.process_group)
 
     def _run(self, x: torch.Tensor) -> torch.Tensor:
         raise NotImplementedError

@@ -31,6 +31,24 @@ def _kaiming_uniform(w: torch.Tensor) -> None:
     torch.nn.init.kaiming_uniform_(w, a=math.sqrt(5))
 
 
+def _check_userbuffers_options(options: Any) -> None:
+    """{"comm_name": str} or None (the one key TE's Userbuffers fusions read)."""
+    if options is None:
+        return
+    if not isinstance(options, dict):
+        raise TypeError(f"{_OWNER}: userbuffers_options: expected a dict or None, got {options!r}")
+    if not isinstance(options.get("comm_name"), str):
+        raise ValueError(
+            f"{_OWNER}: userbuffers_options: expected a 'comm_name' str (the initialize_ub "
+            f"communicator prefix, e.g. 'qkv'), got {options!r}"
+        )
+    unknown = sorted(set(options) - {"comm_name"})
+    if unknown:
+        raise ValueError(
+            f"{_OWNER}: userbuffers_options: unknown key(s) {unknown}; expected only 'comm_name'"
+        )
+
+
 class BasicLinear(TransformerEngineBaseModule, BasicOperation):
     """Apply y = x W^T (TE's transformer_engine.pytorch.ops.BasicLinear).
 
@@ -43,7 +61,8 @@ class BasicLinear(TransformerEngineBaseModule, BasicOperation):
     dim 0 with sequence_parallel) or "row" (split along in_features; output all-reduced, or
     reduce-scattered on dim 0 with sequence_parallel). tensor_parallel_group defaults to the world
     group. accumulate_into_main_grad: weight gradient added into weight.main_grad (fp32).
-    userbuffers_options (TE's comm/GEMM overlap): not implemented.
+    userbuffers_options: {"comm_name": name} (TE's comm/GEMM overlap): the op fuser runs this
+    linear as UserbuffersForwardLinear / UserbuffersBackwardLinear (ops/fused/userbuffers_*.py).
     """
 
     def __init__(
@@ -60,10 +79,7 @@ class BasicLinear(TransformerEngineBaseModule, BasicOperation):
         accumulate_into_main_grad: bool = False,
         userbuffers_options: dict[str, Any] | None = None,
     ) -> None:
-        if userbuffers_options is not None:
-            raise NotImplementedError(
-                f"{_OWNER}: userbuffers_options: userbuffer comm/GEMM overlap is not implemented"
-            )
+        _check_userbuffers_options(userbuffers_options)
         check_positive_int(_OWNER, "in_features", in_features)
         check_positive_int(_OWNER, "out_features", out_features)
         if tensor_parallel_mode not in (None, "column", "row"):
@@ -96,6 +112,10 @@ class BasicLinear(TransformerEngineBaseModule, BasicOperation):
         )
         self._rng_state_tracker_function = rng_state_tracker_function
         self.accumulate_into_main_grad = bool(accumulate_into_main_grad)
+        # {"comm_name": name}: the fuser runs this linear as UserbuffersForwardLinear /
+        # UserbuffersBackwardLinear over the initialize_ub communicators <name>_fprop/_dgrad/_wgrad
+        self._userbuffers_options = userbuffers_options
+        self._last_forward_quantized = False
         w = torch.empty(self.local_out_features, self.local_in_features, dtype=dtype, device=dev)
         self.weight = torch.nn.Parameter(w)
         if dev.type != "meta":
@@ -137,6 +157,8 @@ class BasicLinear(TransformerEngineBaseModule, BasicOperation):
         x = x if x.dtype == dtype else x.to(dtype)
         fp8 = self._fp8_mode()
         self._note_recipe(fp8[1])
+        # which communicator set (FP8 or not) the Userbuffers backward looks up
+        self._last_forward_quantized = fp8[0] not in ("hp", "calibrate")
         main_grad = self._main_grad(_OWNER, self.accumulate_into_main_grad, self.weight)
         return self._run_linear(
             x, self.weight, bias, 0, self.tensor_parallel_mode, self._tp, fp8,
