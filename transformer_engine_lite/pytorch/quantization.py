@@ -148,17 +148,25 @@ def block_dequantized(
     return r, c
 
 
-def block_rowwise(x2d: torch.Tensor, spec: QuantSpec) -> tuple[torch.Tensor, torch.Tensor]:
-    """The row-wise Float8BlockScaling copy of a 2-D tensor as (FP8 bytes, fp32 scale_inv): what
-    backward_override="dequantized" saves (block_dequantized's row-wise values are its decode)."""
+def block_rowwise(x2d: torch.Tensor, spec: QuantSpec) -> tuple[torch.Tensor, ...]:
+    """The row-wise block copy of a 2-D tensor that backward_override="dequantized" saves (TE's
+    quantized operand; block_dequantized's row-wise values are its decode): Float8BlockScaling's
+    (FP8 bytes, fp32 scale_inv); NVFP4's (packed E2M1 bytes, E4M3 block scales, fp32 amax) — the
+    row-wise copy has no Hadamard transform, and inputs / weights no stochastic rounding."""
+    if spec.mode == "nvfp4":
+        t = nvfp4_quantizer(spec, True, False)._quantize(x2d.contiguous())
+        return t._rowwise_data, t._rowwise_scale_inv, t._amax_rowwise
     row, row_s, _, _ = ops().quantize_fp8_block(
         x2d.contiguous(), spec.dtype, spec.block_dim, True, False, spec.pow2, spec.eps
     )
     return row, row_s
 
 
-def block_rowwise_values(q: tuple[torch.Tensor, torch.Tensor], spec: QuantSpec) -> torch.Tensor:
-    """fp32 [rows, cols] values of a row-wise block copy (block_rowwise's pair)."""
+def block_rowwise_values(q: tuple[torch.Tensor, ...], spec: QuantSpec) -> torch.Tensor:
+    """fp32 [rows, cols] values of a row-wise block copy (block_rowwise's tuple)."""
+    if spec.mode == "nvfp4":
+        data, scale_inv, amax = q
+        return ops().dequantize_nvfp4(data, scale_inv, amax, torch.float32, False, 448)
     return ops().dequantize_fp8_block(q[0], q[1], spec.block_dim, False, torch.float32)
 
 

@@ -21,12 +21,14 @@ __all__ = [
     "Float8BlockSavedOperand",
     "Float8SavedOperand",
     "MXFP8SavedOperand",
+    "NVFP4SavedOperand",
     "QuantizedTensor",
     "QuantizedTensorStorage",
     "Quantizer",
     "SavedFloat8",
     "SavedFloat8Block",
     "SavedMXFP8",
+    "SavedNVFP4",
     "prepare_for_saving",
     "restore_from_saved",
 ]
@@ -135,6 +137,41 @@ class SavedFloat8Block(SavedFloat8):
                              f"(bytes, scale_inv), got {len(saved)}")
         return (Float8BlockSavedOperand(self.shape, self.dtype, saved[0], saved[1],
                                         self.block_dim), saved[2:])
+
+
+class NVFP4SavedOperand(MXFP8SavedOperand):
+    """A row-wise NVFP4 operand as a backward node saved it under backward_override=
+    "dequantized" (TE's NVFP4TensorStorage role): `_rowwise_data` (E2M1, two per byte),
+    `_rowwise_scale_inv` (E4M3 per 1x16 or 16x16 block), `_amax_rowwise` (fp32, the per-tensor
+    amax the block scales are relative to), no column-wise copy (no Hadamard transform)."""
+
+    def __init__(self, shape: tuple[int, ...], dtype: torch.dtype, data: torch.Tensor,
+                 scale_inv: torch.Tensor, amax: torch.Tensor) -> None:
+        super().__init__(shape, dtype, data, scale_inv)
+        self._amax_rowwise = amax
+
+    def dequantize(self, *, dtype: torch.dtype | None = None) -> torch.Tensor:
+        from .quantization import ops
+
+        out = ops().dequantize_nvfp4(self._rowwise_data, self._rowwise_scale_inv,
+                                     self._amax_rowwise, torch.float32, False, 448)
+        return out.reshape(self.shape).to(dtype or self.dtype)
+
+
+class SavedNVFP4(SavedFloat8):
+    """Template of a row-wise NVFP4 operand saved as (bytes, block scales); the per-tensor amax
+    (one fp32) rides on the template, so the node's saved-tensor pairs stay (bytes, scales)."""
+
+    def __init__(self, shape: tuple[int, ...], dtype: torch.dtype, amax: torch.Tensor) -> None:
+        super().__init__(shape, dtype, None)
+        self.amax = amax
+
+    def restore_from_saved(self, saved: list[torch.Tensor | None]) -> tuple[NVFP4SavedOperand,
+                                                                            list]:
+        if len(saved) < 2:
+            raise ValueError(f"restore_from_saved: a saved NVFP4 operand needs 2 tensors (bytes, "
+                             f"scale_inv), got {len(saved)}")
+        return NVFP4SavedOperand(self.shape, self.dtype, saved[0], saved[1], self.amax), saved[2:]
 
 
 def prepare_for_saving(

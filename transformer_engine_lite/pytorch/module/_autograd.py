@@ -14,7 +14,7 @@ from typing import Any, NamedTuple
 import torch
 
 from ..fp8 import FP8GlobalStateManager
-from ..quantized_tensor import SavedFloat8, SavedFloat8Block, SavedMXFP8
+from ..quantized_tensor import SavedFloat8, SavedFloat8Block, SavedMXFP8, SavedNVFP4
 from ..quantization import (
     Operand,
     nvfp4_quantizer,
@@ -252,8 +252,10 @@ class _LinearFn(torch.autograd.Function):
             amax = _empty_amax(inp)
             if hp_bwd:
                 saved = (x2, None, w, None)
-            elif deq:  # the values the forward used, as FP8 block bytes + scales
-                saved = (*x_blk, *(w_blk if w_blk is not None else (wr, None)))
+            elif deq:  # the values the forward used, as block bytes + scales (+ NVFP4's amax)
+                saved = (*x_blk[:2], *(w_blk[:2] if w_blk is not None else (wr, None)))
+                if len(x_blk) > 2:  # NVFP4: the per-tensor amaxes decode the block scales
+                    ctx.block_amax = (x_blk[2:], w_blk[2:] if w_blk is not None else ())
             else:
                 saved = (x2 if cfg.save_original_input else xc, None, wc, None)
         else:
@@ -285,6 +287,8 @@ class _LinearFn(torch.autograd.Function):
             # ctx.saved_tensors: a per-tensor FP8 operand is its (bytes, scale_inv) pair.
             def template(i: int, shape: tuple) -> Any:
                 spec = cfg.inp if i == 0 else cfg.weight
+                if cfg.mode == "block" and spec.mode == "nvfp4":
+                    return SavedNVFP4(shape, out_dtype, ctx.block_amax[i][0])
                 if cfg.mode == "block":
                     return SavedFloat8Block(shape, out_dtype, spec.dtype, spec.block_dim)
                 kind = SavedMXFP8 if cfg.mode == "mxfp8" else SavedFloat8
@@ -361,10 +365,11 @@ class _LinearFn(torch.autograd.Function):
                 w_data = w_data if w_si is None else \
                     te.dequantize_mxfp8(w_data, w_si, False, torch.bfloat16)
             elif cfg.mode == "block":  # row-wise block bytes ("dequantized"), to fp32 as the fwd
+                x_amax, w_amax = getattr(ctx, "block_amax", ((), ()))
                 x_data = x_data if x_si is None else \
-                    block_rowwise_values((x_data, x_si), cfg.inp)
+                    block_rowwise_values((x_data, x_si, *x_amax), cfg.inp)
                 w_data = w_data if w_si is None else \
-                    block_rowwise_values((w_data, w_si), cfg.weight)
+                    block_rowwise_values((w_data, w_si, *w_amax), cfg.weight)
             else:
                 x_data = x_data if x_si is None else te.dequantize(x_data, x_si, act_dtype)
                 w_data = w_data if w_si is None else te.dequantize(w_data, w_si, act_dtype)
