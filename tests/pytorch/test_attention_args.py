@@ -98,12 +98,6 @@ BAD_INPUTS = [
         "max_seqlen_q=4 is smaller",
     ),
     (
-        "cu_seqlens without padding",
-        lambda: _dpa()(*_qkv(), cu_seqlens_q=cu_seqlens([5, 5])),
-        ValueError,
-        "only used with",
-    ),
-    (
         "mask not a tensor",
         lambda: _dpa()(*_qkv(), attention_mask="causal"),
         TypeError,
@@ -143,6 +137,40 @@ BAD_INPUTS = [
 def test_bad_inputs_raise_clear_errors(call, err, match):
     with pytest.raises(err, match=match):
         call()
+
+
+def _right_padding_mask(lengths, s):
+    """TE's [b, 1, 1, s] bool mask, True = padded."""
+    return torch.stack([torch.arange(s) >= n for n in lengths]).reshape(len(lengths), 1, 1, s)
+
+
+def test_unused_arguments_are_ignored_as_te():
+    """TE's DotProductAttention accepts and ignores what a format / mask does not use (TE's own
+    test_attention.py passes them): cu_seqlens with a non-padding bshd mask, attention_mask with
+    thd, and attention_mask next to cu_seqlens (cu_seqlens win)."""
+    torch.manual_seed(0)
+    q, k, v = _qkv(s=5)
+    dpa = _dpa()
+    ref = dpa(q, k, v, attn_mask_type="causal")
+    out = dpa(q, k, v, attn_mask_type="causal", cu_seqlens_q=cu_seqlens([3, 5]),
+              cu_seqlens_kv=cu_seqlens([3, 5]))
+    assert torch.equal(out, ref)
+
+    qt, kt, vt = _qkv("thd", s=5)
+    dpa_thd = _dpa(qkv_format="thd")
+    cu = cu_seqlens([4, 6])
+    ref = dpa_thd(qt, kt, vt, attn_mask_type="padding_causal", cu_seqlens_q=cu, cu_seqlens_kv=cu)
+    out = dpa_thd(qt, kt, vt, attn_mask_type="padding_causal", cu_seqlens_q=cu, cu_seqlens_kv=cu,
+                  attention_mask=_right_padding_mask([4, 5], 6))
+    assert torch.equal(out, ref)
+
+    # padding: cu_seqlens decide; a contradicting attention_mask is not read
+    cu = cu_seqlens([3, 5])
+    ref = dpa(q, k, v, attn_mask_type="padding", cu_seqlens_q=cu, cu_seqlens_kv=cu)
+    out = dpa(q, k, v, attn_mask_type="padding", cu_seqlens_q=cu, cu_seqlens_kv=cu,
+              attention_mask=_right_padding_mask([1, 2], 5))
+    by_mask = dpa(q, k, v, attn_mask_type="padding", attention_mask=_right_padding_mask([3, 5], 5))
+    assert torch.equal(out, ref) and torch.equal(by_mask, ref)
 
 
 def _op(layout="bshd_bshd_bshd", mask="causal", q=None, k=None, v=None, bias_type="no_bias"):

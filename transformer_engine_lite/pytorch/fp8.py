@@ -64,6 +64,8 @@ __all__ = [
     "fp8_model_init",
     "get_default_fp8_recipe",
     "get_default_recipe",
+    "get_fp4_te_dtype",
+    "get_fp8_te_dtype",
     "get_fp8_torch_dtype",
     "is_fp8_available",
     "is_fp8_block_scaling_available",
@@ -90,6 +92,27 @@ def get_fp8_torch_dtype(fp8_format: Format | Recipe, fprop_tensor: bool = True) 
         raise TypeError(f"get_fp8_torch_dtype: fp8_format: expected a Format or a recipe with "
                         f"one, got {fp8_format!r}")
     return _TORCH_FP8[fmt.dtype_name(bool(fprop_tensor))]
+
+
+def get_fp8_te_dtype(fp8_format: Format | Recipe, fprop_tensor: bool = True) -> Any:
+    """TE's DType (tex.DType) of forward or backward tensors of a recipe's fp8_format (or a
+    Format): kFloat8E4M3 / kFloat8E5M2 (ROCm's fnuz variants share them, as in TE)."""
+    from .tex import DType
+
+    name = get_fp8_torch_dtype(fp8_format, fprop_tensor)
+    return DType.kFloat8E4M3 if name in (torch.float8_e4m3fn, torch.float8_e4m3fnuz) \
+        else DType.kFloat8E5M2
+
+
+def get_fp4_te_dtype(fp4_recipe: Recipe) -> Any:
+    """TE's DType of an FP4 recipe's fp4_format: kFloat4E2M1 (the only FP4 format)."""
+    from .tex import DType
+
+    fmt = getattr(fp4_recipe, "fp4_format", None)
+    if fmt is not Format.E2M1:
+        raise ValueError(f"get_fp4_te_dtype: fp4_recipe: expected a recipe with fp4_format "
+                         f"Format.E2M1, got {fmt!r}")
+    return DType.kFloat4E2M1
 
 
 def get_fp8_max(fp8_format: Format, forward: bool) -> float:

@@ -23,6 +23,8 @@ from .fp8 import (  # noqa: F401  TE 2.x serves the autocast API from pytorch.qu
     fp8_autocast,
     fp8_model_init,
     get_default_fp8_recipe,
+    get_fp4_te_dtype,
+    get_fp8_te_dtype,
     get_fp8_torch_dtype,
     is_fp8_available,
     is_fp8_block_scaling_available,

@@ -30,6 +30,7 @@ __all__ = [
     "SavedMXFP8",
     "SavedNVFP4",
     "prepare_for_saving",
+    "restore_from_func_ctx",
     "restore_from_saved",
 ]
 
@@ -219,3 +220,15 @@ def restore_from_saved(
             t, rest = obj.restore_from_saved(rest)
             out.append(t)
     return (out, rest) if return_saved_tensors else out
+
+
+def restore_from_func_ctx(ctx: Any, return_saved_tensors: bool = False) -> Any:
+    """TE's restore_from_saved for an autograd ctx: rebuilds from ctx.tensor_objects and
+    ctx.saved_tensors, then drops ctx.tensor_objects (they are consumed once, as in TE)."""
+    if getattr(ctx, "tensor_objects", None) is None:
+        raise AttributeError("restore_from_func_ctx: ctx must have .tensor_objects to restore "
+                             "saved tensors")
+    out = restore_from_saved(ctx.tensor_objects, list(ctx.saved_tensors),
+                             return_saved_tensors=return_saved_tensors)
+    ctx.tensor_objects = None
+    return out

@@ -301,13 +301,14 @@ def resolve_sequences(
     max_seqlen_kv: int | None,
 ) -> tuple[str, torch.Tensor | None, torch.Tensor | None, int, int]:
     """(mask, cu_seqlens_q, cu_seqlens_kv, max_seqlen_q, max_seqlen_kv) in canonical form: thd
-    masks become their padding variants; bshd/sbhd padding comes from attention_mask (TE's
-    [b, 1, 1, s] right-padding masks, or a (q, kv) pair) or cu_seqlens; the rest gets None."""
+    masks become their padding variants; bshd/sbhd padding comes from cu_seqlens, or else from
+    attention_mask (TE's [b, 1, 1, s] right-padding masks, or a (q, kv) pair); the rest gets None.
+    As TE's DotProductAttention, arguments a format / mask does not use are accepted and ignored:
+    attention_mask with thd (cu_seqlens define its sequences), cu_seqlens with a non-padding
+    bshd/sbhd mask (every sequence is full), attention_mask when cu_seqlens are given."""
     if fmt == "thd":
         if mask == "arbitrary":
             raise NotImplementedError(f"{owner}: attn_mask_type 'arbitrary' with qkv_format 'thd'")
-        if attention_mask is not None:
-            raise ValueError(f"{owner}: attention_mask: thd takes cu_seqlens_q / cu_seqlens_kv")
         if cu_seqlens_q is None or cu_seqlens_kv is None:
             raise ValueError(f"{owner}: qkv_format 'thd' needs cu_seqlens_q and cu_seqlens_kv")
         cu_q = _check_cu(owner, "cu_seqlens_q", cu_seqlens_q, q.device)
@@ -345,25 +346,16 @@ def resolve_sequences(
         max_seqlen_q, max_seqlen_kv = sq, skv
         cu_q = cu_kv = None
         if "padding" in mask:
-            if attention_mask is not None and cu_seqlens_q is not None:
-                raise ValueError(
-                    f"{owner}: pass either attention_mask or cu_seqlens_q/kv, not both"
-                )
-            if attention_mask is not None:
-                b = q.shape[1 - sdim]
-                cu_q, cu_kv = _padding_cu_seqlens(owner, attention_mask, attention_type, b, sq, skv)
-            elif cu_seqlens_q is not None and cu_seqlens_kv is not None:
+            if cu_seqlens_q is not None and cu_seqlens_kv is not None:
                 cu_q = _check_cu(owner, "cu_seqlens_q", cu_seqlens_q, q.device)
                 cu_kv = _check_cu(owner, "cu_seqlens_kv", cu_seqlens_kv, q.device)
+            elif attention_mask is not None:
+                b = q.shape[1 - sdim]
+                cu_q, cu_kv = _padding_cu_seqlens(owner, attention_mask, attention_type, b, sq, skv)
             else:
                 raise ValueError(
                     f"{owner}: mask '{mask}' needs attention_mask or cu_seqlens_q and cu_seqlens_kv"
                 )
-        elif cu_seqlens_q is not None or cu_seqlens_kv is not None:
-            raise ValueError(
-                f"{owner}: cu_seqlens_q / cu_seqlens_kv are only used with qkv_format 'thd' "
-                f"or a padding mask, got mask '{mask}' with {fmt}"
-            )
         elif mask == "arbitrary":
             if not isinstance(attention_mask, torch.Tensor) or attention_mask.dtype != torch.bool:
                 raise ValueError(

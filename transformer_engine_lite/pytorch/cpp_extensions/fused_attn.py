@@ -13,7 +13,7 @@ from __future__ import annotations
 
 from enum import IntEnum
 
-__all__ = ["FusedAttnBackend"]
+__all__ = ["FusedAttnBackend", "fused_attn_bwd", "fused_attn_fwd"]
 
 
 class FusedAttnBackend(IntEnum):
@@ -101,3 +101,23 @@ def get_fused_attn_backend(
     if not reasons[fused["ck"]] or not reasons[fused["aotriton"]]:
         return FusedAttnBackend.F16_arbitrary_seqlen
     return FusedAttnBackend.No_Backend
+
+
+def fused_attn_fwd(*args: object, **kwargs: object) -> object:
+    """TE's functional FusedAttention forward (cuDNN's kernels, called with TE's aux-tensor
+    protocol). Not implemented here: DotProductAttention (and te_lite's fused-attention op under
+    it) is this library's entry to every attention kernel."""
+    del args, kwargs
+    raise NotImplementedError(
+        "cpp_extensions.fused_attn_fwd: TE's functional FusedAttention API (cuDNN aux-tensor "
+        "protocol) is not implemented by transformer_engine_lite; use DotProductAttention"
+    )
+
+
+def fused_attn_bwd(*args: object, **kwargs: object) -> object:
+    """TE's functional FusedAttention backward: not implemented (see fused_attn_fwd)."""
+    del args, kwargs
+    raise NotImplementedError(
+        "cpp_extensions.fused_attn_bwd: TE's functional FusedAttention API (cuDNN aux-tensor "
+        "protocol) is not implemented by transformer_engine_lite; use DotProductAttention"
+    )
