@@ -1,0 +1,196 @@
+// GPU kernels of NVFP4 quantize (NVTE_NVFP4_1D_SCALING, cast/nvfp4_quantize.cu) against the CPU
+// kernel, bit for bit: packed E2M1 bytes of both copies, both E4M3 scale grids (padding included)
+// and the amaxes, over shape classes (tiny, ragged, aligned, 3-D, past 128 rows of scale padding,
+// empty), 1x16 and 16x16 blocks, the column-wise RHT, stochastic rounding and row-scaled amaxes,
+// plus inputs with NaN / Inf / zeros. The CPU kernel's own bytes are checked against TE's
+// reference rules in tests/cpp/test_nvfp4.cpp. 4over6 has no GPU kernel: refused. Skipped without
+// a GPU device.
+#include <cmath>
+#include <string>
+#include <tuple>
+#include <vector>
+
+#include "cast_reference.h"
+#include "gpu/gpu_mirror.h"
+#include "transformer_engine_lite/cast.h"
+
+namespace {
+
+using test::Copies;
+using test::GpuTensor;
+using test::Shape;
+using test::TestTensor;
+
+size_t up(size_t a, size_t m) { return (a + m - 1) / m * m; }
+Shape scale_shape(size_t rows, size_t cols) { return {up(rows, 128), up((cols + 15) / 16, 4)}; }
+Shape transposed(const Shape &s) {
+  Shape t{s.back()};
+  t.insert(t.end(), s.begin(), s.end() - 1);
+  return t;
+}
+Shape packed(Shape s) {
+  s.back() /= 2;
+  return s;
+}
+
+// Quantization options of one case.
+enum class Opt { kPlain, kStochastic, kRht, kRhtStochastic, kRowScaled };
+const char *opt_tag(Opt o) {
+  switch (o) {
+    case Opt::kPlain: return "plain";
+    case Opt::kStochastic: return "sr";
+    case Opt::kRht: return "rht";
+    case Opt::kRhtStochastic: return "rht_sr";
+    default: return "rowscaled";
+  }
+}
+
+struct Config {
+  NVTEQuantizationConfig h = nvte_create_quantization_config();
+  TestTensor rng{{2}, kNVTEInt64};  // host memory, as the API requires
+  NVTETensor rng_h;
+  Config(bool two_d, Opt o) {
+    const bool rht = o == Opt::kRht || o == Opt::kRhtStochastic;
+    const bool sr = o == Opt::kStochastic || o == Opt::kRhtStochastic;
+    const uint32_t mask = 0xD7E8;  // TE's wgrad sign vector
+    rng.put(0, 12345.0, kNVTERowwiseData);
+    rng.put(1, 7.0, kNVTERowwiseData);
+    rng_h = rng;
+    nvte_set_quantization_config_attribute(h, kNVTEQuantizationConfigNVFP42DQuantization, &two_d,
+                                           1);
+    nvte_set_quantization_config_attribute(h, kNVTEQuantizationConfigNVFP4RHT, &rht, 1);
+    nvte_set_quantization_config_attribute(h, kNVTEQuantizationConfigNVFP4RHTSignMask, &mask, 4);
+    nvte_set_quantization_config_attribute(h, kNVTEQuantizationConfigStochasticRounding, &sr, 1);
+    nvte_set_quantization_config_attribute(h, kNVTEQuantizationConfigRNGState, &rng_h,
+                                           sizeof rng_h);
+  }
+  ~Config() { nvte_destroy_quantization_config(h); }
+};
+
+void set_row_scaled(NVTETensor t, bool row_scaled) {
+  const uint8_t rs = row_scaled;
+  ASSERT_EQ(nvte_set_tensor_param_v2(t, kNVTERowScaledNVFP4, &rs, 1), NVTE_SUCCESS);
+}
+
+// Output with the copies asked for, every byte poisoned: each one must be written (scale padding
+// and amaxes too), and written alike on both devices.
+TestTensor make_output(const Shape &shape, Copies copies, bool row_scaled) {
+  const size_t rows = test::rows_of(shape), cols = test::cols_of(shape);
+  TestTensor out(packed(shape), kNVTEByte, NVTE_NVFP4_1D_SCALING);
+  if (test::has_rowwise(copies)) {
+    out.set(kNVTERowwiseScaleInv, scale_shape(rows, cols), kNVTEFloat8E4M3);
+    out.set(kNVTEAmax, {row_scaled ? rows : 1}, kNVTEFloat32);
+  } else {
+    out.set_null(kNVTERowwiseData, packed(shape), kNVTEByte);
+  }
+  if (test::has_colwise(copies)) {
+    out.set(kNVTEColumnwiseData, packed(transposed(shape)), kNVTEByte);
+    out.set(kNVTEColumnwiseScaleInv, scale_shape(cols, rows), kNVTEFloat8E4M3);
+    out.set(kNVTEColumnwiseAmax, {row_scaled ? cols : 1}, kNVTEFloat32);
+  }
+  set_row_scaled(out, row_scaled);
+  test::poison(out, 0x5A);
+  return out;
+}
+
+void expect_same(const TestTensor &in, const Shape &shape, Copies copies, bool two_d, Opt o) {
+  const bool row_scaled = o == Opt::kRowScaled;
+  TestTensor out = make_output(shape, copies, row_scaled);
+  TestTensor gout = make_output(shape, copies, row_scaled);
+  GpuTensor d_in(in), d_out(gout);
+  set_row_scaled(d_out, row_scaled);  // a tensor property, not a buffer: set on the copy too
+  Config cfg(two_d, o);
+  ASSERT_NVTE_OK(nvte_quantize_v2(in, out, cfg.h, nullptr));
+  ASSERT_NVTE_OK(nvte_quantize_v2(d_in, d_out, cfg.h, nullptr));
+  d_out.download_all(gout);
+  EXPECT_TRUE(test::same_buffers(gout, out));
+}
+
+using Param = std::tuple<NVTEDType, Shape, Copies, bool, Opt>;
+class Nvfp4QuantizeGpu : public ::testing::TestWithParam<Param> {};
+
+TEST_P(Nvfp4QuantizeGpu, MatchesCpuBitForBit) {
+  SKIP_WITHOUT_GPU();
+  const auto [in_dtype, shape, copies, two_d, o] = GetParam();
+  const size_t cols = test::cols_of(shape);
+  std::mt19937 rng = test::test_rng();
+  TestTensor in(shape, in_dtype);
+  // Magnitudes drift with position, so blocks get different E4M3 scales and some underflow.
+  test::fill_spread(in, rng, -6, 3, [&](size_t i) {
+    return static_cast<int>((i / cols / 7 + (i % cols) / 20) % 16) - 8;
+  });
+  expect_same(in, shape, copies, two_d, o);
+}
+
+std::string name(const ::testing::TestParamInfo<Param> &info) {
+  const auto &[in, shape, copies, two_d, o] = info.param;
+  return test::dtype_tag(in) + "_" + test::shape_tag(shape) + "_" + test::copies_tag(copies) +
+         (two_d ? "_2d_" : "_1d_") + opt_tag(o);
+}
+
+// Every valid combination (none may skip under gpusim): the RHT only where a column-wise copy
+// exists and the rows divide by 16, row scaling only with a row-wise copy and 1x16 blocks.
+std::vector<Param> params() {
+  // Tiny, ragged (rows not a multiple of 16, last block short), aligned, 3-D, past 128 rows (a
+  // second 128-row band of the padded scale grid), empty.
+  const Shape shapes[] = {{2, 2}, {6, 34}, {32, 64}, {2, 8, 18}, {144, 36}, {0, 4}};
+  std::vector<Param> v;
+  for (const NVTEDType t : test::kHighPrecisionTypes)
+    for (const Shape &s : shapes)
+      for (const Copies c : {Copies::kRowwise, Copies::kColumnwise, Copies::kBoth})
+        for (const bool two_d : {false, true})
+          for (const Opt o : {Opt::kPlain, Opt::kStochastic, Opt::kRht, Opt::kRhtStochastic,
+                              Opt::kRowScaled}) {
+            const bool rht = o == Opt::kRht || o == Opt::kRhtStochastic;
+            if (rht && (!test::has_colwise(c) || test::rows_of(s) % 16 != 0)) continue;
+            if (o == Opt::kRowScaled && (!test::has_rowwise(c) || two_d)) continue;
+            v.emplace_back(t, s, c, two_d, o);
+          }
+  return v;
+}
+
+INSTANTIATE_TEST_SUITE_P(Shapes, Nvfp4QuantizeGpu, ::testing::ValuesIn(params()), name);
+
+// NaN, +-Inf, zeros and a zero block: NaN-sticky amaxes (global and per row), E4M3 NaN scales,
+// code 0 for NaN elements, saturation.
+TEST(Nvfp4QuantizeGpuEdges, NanInfZeros) {
+  SKIP_WITHOUT_GPU();
+  const Shape shape{48, 64};
+  for (const NVTEDType t : test::kHighPrecisionTypes)
+    for (const bool two_d : {false, true})
+      for (const Opt o : {Opt::kPlain, Opt::kRht, Opt::kRowScaled}) {
+        if (o == Opt::kRowScaled && two_d) continue;
+        for (const int special : {0, 1, 2}) {  // zeros only, + Inf, + NaN
+          std::mt19937 rng = test::test_rng();
+          TestTensor in(shape, t);
+          test::fill_spread(in, rng, -4, 4);
+          for (size_t c = 0; c < 16; ++c)
+            for (size_t r = 0; r < 16; ++r) in.put(r * 64 + c, 0.0);  // one zero 16x16 block
+          if (special >= 1) {
+            in.put(20 * 64 + 3, INFINITY);
+            in.put(33 * 64 + 40, -INFINITY);
+          }
+          if (special == 2) in.put(40 * 64 + 17, NAN);
+          SCOPED_TRACE(std::string(test::dtype_tag(t)) + (two_d ? " 2d " : " 1d ") + opt_tag(o) +
+                       " special " + std::to_string(special));
+          expect_same(in, shape, Copies::kBoth, two_d, o);
+        }
+      }
+}
+
+// 4over6 has no GPU kernel: refused with NVTE_ERROR_UNSUPPORTED naming the option.
+TEST(Nvfp4QuantizeGpuRejects, FourOverSix) {
+  SKIP_WITHOUT_GPU();
+  const Shape shape{32, 32};
+  TestTensor in(shape, kNVTEFloat32);
+  TestTensor gout = make_output(shape, Copies::kRowwise, false);
+  GpuTensor d_in(in), d_out(gout);
+  NVTEQuantizationConfig c = nvte_create_quantization_config();
+  const uint8_t mode = kNVTENVFP44Over6MinMAE;
+  nvte_set_quantization_config_attribute(c, kNVTEQuantizationConfigNVFP44Over6Mode, &mode, 1);
+  EXPECT_NVTE_ERROR(nvte_quantize_v2(d_in, d_out, c, nullptr), NVTE_ERROR_UNSUPPORTED,
+                    "4over6", "kNVTEQuantizationConfigNVFP44Over6Mode", "gpu");
+  nvte_destroy_quantization_config(c);
+}
+
+}  // namespace
