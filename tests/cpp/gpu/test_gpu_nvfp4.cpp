@@ -1,10 +1,10 @@
 // GPU kernels of NVFP4 quantize (NVTE_NVFP4_1D_SCALING, cast/nvfp4_quantize.cu) against the CPU
 // kernel, bit for bit: packed E2M1 bytes of both copies, both E4M3 scale grids (padding included)
 // and the amaxes, over shape classes (tiny, ragged, aligned, 3-D, past 128 rows of scale padding,
-// empty), 1x16 and 16x16 blocks, the column-wise RHT, stochastic rounding and row-scaled amaxes,
-// plus inputs with NaN / Inf / zeros. The CPU kernel's own bytes are checked against TE's
-// reference rules in tests/cpp/test_nvfp4.cpp. 4over6 has no GPU kernel: refused. Skipped without
-// a GPU device.
+// empty), 1x16 and 16x16 blocks, the column-wise RHT, stochastic rounding, row-scaled amaxes and
+// 4over6 (MAE / MSE, exact / fast-math errors, E4M3 max 448 / 256), plus inputs with NaN / Inf /
+// zeros. The CPU kernel's own bytes are checked against TE's reference rules in
+// tests/cpp/test_nvfp4.cpp and test_nvfp4_4over6.cpp. Skipped without a GPU device.
 #include <cmath>
 #include <string>
 #include <tuple>
@@ -33,25 +33,40 @@ Shape packed(Shape s) {
   return s;
 }
 
-// Quantization options of one case.
-enum class Opt { kPlain, kStochastic, kRht, kRhtStochastic, kRowScaled };
+// Quantization options of one case. 4over6: MAE with exact errors and E4M3 max 448; MSE with
+// fast-math errors and 256; MAE, 256, row-scaled.
+enum class Opt {
+  kPlain, kStochastic, kRht, kRhtStochastic, kRowScaled, kFosMae, kFosMseFast256, kFosRowScaled
+};
 const char *opt_tag(Opt o) {
   switch (o) {
     case Opt::kPlain: return "plain";
     case Opt::kStochastic: return "sr";
     case Opt::kRht: return "rht";
     case Opt::kRhtStochastic: return "rht_sr";
-    default: return "rowscaled";
+    case Opt::kRowScaled: return "rowscaled";
+    case Opt::kFosMae: return "4over6_mae";
+    case Opt::kFosMseFast256: return "4over6_mse_fast_256";
+    default: return "4over6_rowscaled";
   }
 }
+bool is_row_scaled(Opt o) { return o == Opt::kRowScaled || o == Opt::kFosRowScaled; }
+bool is_rht(Opt o) { return o == Opt::kRht || o == Opt::kRhtStochastic; }
+uint8_t fos_mode(Opt o) {
+  if (o == Opt::kFosMae || o == Opt::kFosRowScaled) return kNVTENVFP44Over6MinMAE;
+  return o == Opt::kFosMseFast256 ? kNVTENVFP44Over6MinMSE : kNVTENVFP44Over6Disabled;
+}
+int32_t e4m3_max(Opt o) { return o == Opt::kFosMseFast256 || o == Opt::kFosRowScaled ? 256 : 448; }
 
 struct Config {
   NVTEQuantizationConfig h = nvte_create_quantization_config();
   TestTensor rng{{2}, kNVTEInt64};  // host memory, as the API requires
   NVTETensor rng_h;
   Config(bool two_d, Opt o) {
-    const bool rht = o == Opt::kRht || o == Opt::kRhtStochastic;
+    const bool rht = is_rht(o);
     const bool sr = o == Opt::kStochastic || o == Opt::kRhtStochastic;
+    const uint8_t mode = fos_mode(o);
+    const bool fast = o == Opt::kFosMseFast256;
     const uint32_t mask = 0xD7E8;  // TE's wgrad sign vector
     rng.put(0, 12345.0, kNVTERowwiseData);
     rng.put(1, 7.0, kNVTERowwiseData);
@@ -63,18 +78,25 @@ struct Config {
     nvte_set_quantization_config_attribute(h, kNVTEQuantizationConfigStochasticRounding, &sr, 1);
     nvte_set_quantization_config_attribute(h, kNVTEQuantizationConfigRNGState, &rng_h,
                                            sizeof rng_h);
+    nvte_set_quantization_config_attribute(h, kNVTEQuantizationConfigNVFP44Over6Mode, &mode, 1);
+    nvte_set_quantization_config_attribute(h, kNVTEQuantizationConfigNVFP44Over6ErrUseFastMath,
+                                           &fast, 1);
   }
   ~Config() { nvte_destroy_quantization_config(h); }
 };
 
-void set_row_scaled(NVTETensor t, bool row_scaled) {
-  const uint8_t rs = row_scaled;
+// Tensor properties, not buffers: set on the host output and on its GPU copy alike.
+void set_properties(NVTETensor t, Opt o) {
+  const uint8_t rs = is_row_scaled(o);
+  const int32_t em = e4m3_max(o);
   ASSERT_EQ(nvte_set_tensor_param_v2(t, kNVTERowScaledNVFP4, &rs, 1), NVTE_SUCCESS);
+  ASSERT_EQ(nvte_set_tensor_param_v2(t, kNVTENVFP4E4M3Max, &em, 4), NVTE_SUCCESS);
 }
 
 // Output with the copies asked for, every byte poisoned: each one must be written (scale padding
 // and amaxes too), and written alike on both devices.
-TestTensor make_output(const Shape &shape, Copies copies, bool row_scaled) {
+TestTensor make_output(const Shape &shape, Copies copies, Opt o) {
+  const bool row_scaled = is_row_scaled(o);
   const size_t rows = test::rows_of(shape), cols = test::cols_of(shape);
   TestTensor out(packed(shape), kNVTEByte, NVTE_NVFP4_1D_SCALING);
   if (test::has_rowwise(copies)) {
@@ -88,17 +110,16 @@ TestTensor make_output(const Shape &shape, Copies copies, bool row_scaled) {
     out.set(kNVTEColumnwiseScaleInv, scale_shape(cols, rows), kNVTEFloat8E4M3);
     out.set(kNVTEColumnwiseAmax, {row_scaled ? cols : 1}, kNVTEFloat32);
   }
-  set_row_scaled(out, row_scaled);
+  set_properties(out, o);
   test::poison(out, 0x5A);
   return out;
 }
 
 void expect_same(const TestTensor &in, const Shape &shape, Copies copies, bool two_d, Opt o) {
-  const bool row_scaled = o == Opt::kRowScaled;
-  TestTensor out = make_output(shape, copies, row_scaled);
-  TestTensor gout = make_output(shape, copies, row_scaled);
+  TestTensor out = make_output(shape, copies, o);
+  TestTensor gout = make_output(shape, copies, o);
   GpuTensor d_in(in), d_out(gout);
-  set_row_scaled(d_out, row_scaled);  // a tensor property, not a buffer: set on the copy too
+  set_properties(d_out, o);
   Config cfg(two_d, o);
   ASSERT_NVTE_OK(nvte_quantize_v2(in, out, cfg.h, nullptr));
   ASSERT_NVTE_OK(nvte_quantize_v2(d_in, d_out, cfg.h, nullptr));
@@ -130,6 +151,7 @@ std::string name(const ::testing::TestParamInfo<Param> &info) {
 
 // Every valid combination (none may skip under gpusim): the RHT only where a column-wise copy
 // exists and the rows divide by 16, row scaling only with a row-wise copy and 1x16 blocks.
+// (4over6 with stochastic rounding is refused by TE.)
 std::vector<Param> params() {
   // Tiny, ragged (rows not a multiple of 16, last block short), aligned, 3-D, past 128 rows (a
   // second 128-row band of the padded scale grid), empty.
@@ -140,10 +162,10 @@ std::vector<Param> params() {
       for (const Copies c : {Copies::kRowwise, Copies::kColumnwise, Copies::kBoth})
         for (const bool two_d : {false, true})
           for (const Opt o : {Opt::kPlain, Opt::kStochastic, Opt::kRht, Opt::kRhtStochastic,
-                              Opt::kRowScaled}) {
-            const bool rht = o == Opt::kRht || o == Opt::kRhtStochastic;
-            if (rht && (!test::has_colwise(c) || test::rows_of(s) % 16 != 0)) continue;
-            if (o == Opt::kRowScaled && (!test::has_rowwise(c) || two_d)) continue;
+                              Opt::kRowScaled, Opt::kFosMae, Opt::kFosMseFast256,
+                              Opt::kFosRowScaled}) {
+            if (is_rht(o) && (!test::has_colwise(c) || test::rows_of(s) % 16 != 0)) continue;
+            if (is_row_scaled(o) && (!test::has_rowwise(c) || two_d)) continue;
             v.emplace_back(t, s, c, two_d, o);
           }
   return v;
@@ -158,8 +180,9 @@ TEST(Nvfp4QuantizeGpuEdges, NanInfZeros) {
   const Shape shape{48, 64};
   for (const NVTEDType t : test::kHighPrecisionTypes)
     for (const bool two_d : {false, true})
-      for (const Opt o : {Opt::kPlain, Opt::kRht, Opt::kRowScaled}) {
-        if (o == Opt::kRowScaled && two_d) continue;
+      for (const Opt o : {Opt::kPlain, Opt::kRht, Opt::kRowScaled, Opt::kFosMae,
+                          Opt::kFosMseFast256}) {
+        if (is_row_scaled(o) && two_d) continue;
         for (const int special : {0, 1, 2}) {  // zeros only, + Inf, + NaN
           std::mt19937 rng = test::test_rng();
           TestTensor in(shape, t);
@@ -176,21 +199,6 @@ TEST(Nvfp4QuantizeGpuEdges, NanInfZeros) {
           expect_same(in, shape, Copies::kBoth, two_d, o);
         }
       }
-}
-
-// 4over6 has no GPU kernel: refused with NVTE_ERROR_UNSUPPORTED naming the option.
-TEST(Nvfp4QuantizeGpuRejects, FourOverSix) {
-  SKIP_WITHOUT_GPU();
-  const Shape shape{32, 32};
-  TestTensor in(shape, kNVTEFloat32);
-  TestTensor gout = make_output(shape, Copies::kRowwise, false);
-  GpuTensor d_in(in), d_out(gout);
-  NVTEQuantizationConfig c = nvte_create_quantization_config();
-  const uint8_t mode = kNVTENVFP44Over6MinMAE;
-  nvte_set_quantization_config_attribute(c, kNVTEQuantizationConfigNVFP44Over6Mode, &mode, 1);
-  EXPECT_NVTE_ERROR(nvte_quantize_v2(d_in, d_out, c, nullptr), NVTE_ERROR_UNSUPPORTED,
-                    "4over6", "kNVTEQuantizationConfigNVFP44Over6Mode", "gpu");
-  nvte_destroy_quantization_config(c);
 }
 
 }  // namespace

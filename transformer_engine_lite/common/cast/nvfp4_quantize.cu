@@ -1,9 +1,9 @@
 // GPU kernels of NVFP4 quantize (NVTE_NVFP4_1D_SCALING): 1x16 and 16x16 blocks, row-wise and
 // column-wise (transposed) copies, the per-tensor global scale from the copy's amax, row-scaled
-// amaxes, the random Hadamard transform of the column-wise copy and stochastic rounding. Layouts
-// and arithmetic are nvfp4_quantize.cpp's (every value comes from nvfp4_math.h in the same order),
-// so bytes, scales and amaxes equal the CPU kernel's bit for bit
-// (tests/cpp/gpu/test_gpu_nvfp4.cpp). 4over6 is refused before the launch (cast/quantize.cpp).
+// amaxes, the random Hadamard transform of the column-wise copy, stochastic rounding and 4over6.
+// Layouts and arithmetic are nvfp4_quantize.cpp's (every value comes from nvfp4_math.h in the same
+// order), so bytes, scales and amaxes equal the CPU kernel's bit for bit
+// (tests/cpp/gpu/test_gpu_nvfp4.cpp).
 #include <algorithm>
 
 #include "../platform/device.h"
@@ -47,6 +47,9 @@ struct CopyParams {
   bool row_scaled = false, two_d = false, rht = false, stochastic = false;
   uint32_t sign_mask = 0;
   uint64_t seed = 0, offset = 0;
+  int e4m3_max = 448;         // E4M3 bound of S_enc (256 only with 4over6)
+  uint8_t four_over_six = 0;  // NVTENVFP44Over6Mode
+  bool fast_err = false;      // 4over6 errors in the E4M3-scaled domain
 };
 
 // Work items of a copy: (row group, block) with a row group of 1 row (1x16 blocks) or 16 rows
@@ -145,6 +148,26 @@ __global__ void __launch_bounds__(kThreads) row_amax_kernel(const CopyParams p) 
   }
 }
 
+// 4over6 candidates of one block (the CPU's fourover6_block): the map-to-6 [0] and map-to-4 [1]
+// scales and each one's error summed over all 16 terms in element order (v is zero past len: the
+// reference's padding, whose terms are added too).
+__device__ __forceinline__ void fos_candidates(const float *v, float block_amax,
+                                               const Nvfp4Global &g, const CopyParams &p,
+                                               Nvfp4BlockScale *sc, float *err) {
+  const float denom = kNvfp4E2M1Max * static_cast<float>(p.e4m3_max);
+  const bool mse = p.four_over_six == kNVTENVFP44Over6MinMSE;
+  for (int c = 0; c < 2; ++c) {
+    sc[c] = nvfp4_4over6_scale(block_amax, g, c == 1);
+    float e = 0.0f;
+#pragma unroll
+    for (int k = 0; k < kB; ++k) {
+      const uint8_t code = e2m1_rne(nvfp4_scaled(v[k], sc[c].enc));
+      e += nvfp4_4over6_err_term(v[k], code, sc[c].e4m3, g, denom, p.fast_err, mse);
+    }
+    err[c] = e;
+  }
+}
+
 // Quantize: one thread per (row group, block). 16x16 blocks take their amax over the group's rows
 // first (row-major, as the CPU), then every row of the group is encoded with that block scale.
 template <typename IType>
@@ -158,6 +181,7 @@ __global__ void __launch_bounds__(kThreads) nvfp4_quantize_kernel(const CopyPara
     const size_t i0 = it.group * rpg, i1 = i0 + rpg < p.rows ? i0 + rpg : p.rows;
     const size_t j0 = it.block * kB;
     const int len = block_len(p, it.block);
+    const bool fos = p.four_over_six != kNVTENVFP44Over6Disabled;
     float v[kB];
     float amax = 0.0f;
     if (p.two_d) {
@@ -166,11 +190,48 @@ __global__ void __launch_bounds__(kThreads) nvfp4_quantize_kernel(const CopyPara
         amax = amax_over(amax, v, len);
       }
     }
+    // 2D 4over6: one choice per 16x16 block from its 16 rows' errors (rows past the end are the
+    // reference's zero padding), summed in TE's warp-tree order: rows i and i+8, then i and i+4,
+    // i and i+2, i and i+1. The candidate scales do not depend on the row.
+    Nvfp4BlockScale fos_sc[2];
+    int pick = 0;
+    if (p.two_d && fos) {
+      const Nvfp4Global g = nvfp4_global(p.amax[0], p.e4m3_max);
+      float e[2][kB];
+      for (int r = 0; r < kB; ++r) {
+        if (i0 + r < i1) {
+          load_block<IType>(p, i0 + r, j0, len, v);
+        } else {
+#pragma unroll
+          for (int k = 0; k < kB; ++k) v[k] = 0.0f;
+        }
+        float err[2];
+        fos_candidates(v, amax, g, p, fos_sc, err);
+        e[0][r] = err[0];
+        e[1][r] = err[1];
+      }
+      for (int w = kB / 2; w >= 1; w /= 2)
+        for (int r = 0; r < w; ++r) {
+          e[0][r] = e[0][r] + e[0][r + w];
+          e[1][r] = e[1][r] + e[1][r + w];
+        }
+      pick = e[1][0] < e[0][0] ? 1 : 0;  // ties keep map-to-6
+    }
     for (size_t i = i0; i < i1; ++i) {
       load_block<IType>(p, i, j0, len, v);
       if (!p.two_d) amax = amax_over(0.0f, v, len);
-      const Nvfp4Global g = nvfp4_global(p.amax[p.row_scaled ? i : 0]);
-      const Nvfp4BlockScale bs = nvfp4_block_scale(amax, g);
+      const Nvfp4Global g = nvfp4_global(p.amax[p.row_scaled ? i : 0], p.e4m3_max);
+      Nvfp4BlockScale bs;
+      if (!fos) {
+        bs = nvfp4_block_scale(amax, g);
+      } else {
+        if (!p.two_d) {  // 1D 4over6: the candidate of lower error for this block alone
+          float err[2];
+          fos_candidates(v, amax, g, p, fos_sc, err);
+          pick = err[1] < err[0] ? 1 : 0;  // ties keep map-to-6
+        }
+        bs = fos_sc[pick];
+      }
       p.sc[i * p.sld + it.block] = bs.e4m3;
       uint8_t codes[kB];
       uint64_t sr_q = ~uint64_t{0};
@@ -178,7 +239,7 @@ __global__ void __launch_bounds__(kThreads) nvfp4_quantize_kernel(const CopyPara
 #pragma unroll
       for (int k = 0; k < kB; ++k) {
         const float x = nvfp4_scaled(v[k], bs.enc);
-        if (k >= len || !p.stochastic) {
+        if (k >= len || !p.stochastic) {  // (validation: no stochastic rounding with 4over6)
           codes[k] = e2m1_rne(x);
           continue;
         }
@@ -243,6 +304,9 @@ void launch_nvfp4_quantize(const Tensor &in, const Tensor &out, const Nvfp4Spec 
   base.stochastic = s.stochastic;
   base.seed = s.seed;
   base.offset = s.offset;
+  base.e4m3_max = s.e4m3_max;
+  base.four_over_six = s.four_over_six;
+  base.fast_err = s.fast_err;
   dispatch_dtype<HighPrecisionTypes>(in.data.dtype, "input", [&](auto itag) {
     using IType = typename decltype(itag)::type;
     if (s.rowwise) {

@@ -69,11 +69,6 @@ void quantize_nvfp4(const Tensor &in, const Tensor &out, const QuantizationConfi
   check_no_overlap(out.data, "output (row-wise data)", out.columnwise_data,
                    "output (column-wise data)");
   if (use_gpu(dev, "nvte_quantize (NVFP4)")) {
-    // 4over6 is the one NVFP4 option the GPU kernel does not implement: refused, never ignored.
-    NVTE_CHECK_SUPPORTED(spec.four_over_six == kNVTENVFP44Over6Disabled,
-                         "NVFP4 4over6 (kNVTEQuantizationConfigNVFP44Over6Mode) has no GPU kernel "
-                         "yet (expected it disabled for a gpu tensor, got mode ",
-                         static_cast<int>(spec.four_over_six), ")");
 #ifdef NVTE_WITH_GPU
     gpu::launch_nvfp4_quantize(in, out, spec, stream);
 #endif
