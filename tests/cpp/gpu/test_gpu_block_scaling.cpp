@@ -160,4 +160,15 @@ TEST(BlockQuantizeGpuDefaults, NoConfig) {
   }
 }
 
+// More 1x128 row tiles (33,000) than the capped grid covers in one step (4096 blocks x 8 tile
+// groups), so the row-wise kernel's block-uniform grid-stride loop runs a second iteration.
+TEST(BlockQuantizeGpuLarge, RowTilesPastOneGridStep) {
+  SKIP_WITHOUT_GPU();
+  const Shape shape{33000, 4};
+  std::mt19937 rng = test::test_rng();
+  TestTensor in(shape, kNVTEBFloat16);
+  test::fill_spread(in, rng, -12, 12);
+  expect_same(in, shape, kNVTEFloat8E4M3, false, Copies::kBoth, 0.0f, false);
+}
+
 }  // namespace
