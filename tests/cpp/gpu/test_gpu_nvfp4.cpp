@@ -201,4 +201,36 @@ TEST(Nvfp4QuantizeGpuEdges, NanInfZeros) {
       }
 }
 
+// TE keeps the stochastic-rounding state (seed, offset) in a CUDA tensor: a GPU-resident rng_state
+// is read by the kernel and draws the same stream as the host one the CPU reads. A cpu output
+// cannot take a device-memory state.
+TEST(Nvfp4QuantizeGpuRng, StateInDeviceMemory) {
+  SKIP_WITHOUT_GPU();
+  const Shape shape{32, 48};
+  std::mt19937 rng = test::test_rng();
+  TestTensor in(shape, kNVTEBFloat16);
+  test::fill_spread(in, rng, -6, 6);
+  for (const bool two_d : {false, true})
+    for (const Opt o : {Opt::kStochastic, Opt::kRhtStochastic}) {
+      SCOPED_TRACE(std::string(two_d ? "2d " : "1d ") + opt_tag(o));
+      TestTensor out = make_output(shape, Copies::kBoth, o);
+      TestTensor gout = make_output(shape, Copies::kBoth, o);
+      GpuTensor d_in(in), d_out(gout);
+      set_properties(d_out, o);
+      Config cfg(two_d, o);  // host state, for the CPU run
+      ASSERT_NVTE_OK(nvte_quantize_v2(in, out, cfg.h, nullptr));
+      Config dcfg(two_d, o);
+      GpuTensor d_rng(dcfg.rng);
+      NVTETensor d_rng_h = d_rng;
+      nvte_set_quantization_config_attribute(dcfg.h, kNVTEQuantizationConfigRNGState, &d_rng_h,
+                                             sizeof d_rng_h);
+      ASSERT_NVTE_OK(nvte_quantize_v2(d_in, d_out, dcfg.h, nullptr));
+      d_out.download_all(gout);
+      EXPECT_TRUE(test::same_buffers(gout, out));
+      TestTensor cpu_out = make_output(shape, Copies::kBoth, o);
+      EXPECT_NVTE_ERROR(nvte_quantize_v2(in, cpu_out, dcfg.h, nullptr),
+                        NVTE_ERROR_INVALID_ARGUMENT, "'config'", "host memory", "gpu");
+    }
+}
+
 }  // namespace

@@ -47,6 +47,7 @@ struct CopyParams {
   bool row_scaled = false, two_d = false, rht = false, stochastic = false;
   uint32_t sign_mask = 0;
   uint64_t seed = 0, offset = 0;
+  const int64_t *rng = nullptr;  // when set: seed and offset in device memory (TE's rng_state)
   int e4m3_max = 448;         // E4M3 bound of S_enc (256 only with 4over6)
   uint8_t four_over_six = 0;  // NVTENVFP44Over6Mode
   bool fast_err = false;      // 4over6 errors in the E4M3-scaled domain
@@ -175,6 +176,8 @@ __global__ void __launch_bounds__(kThreads) nvfp4_quantize_kernel(const CopyPara
   const size_t rpg = p.two_d ? kB : 1, groups = ceil_div(p.rows, rpg);
   const size_t blocks = ceil_div(p.cols, kB), n = groups * blocks;
   const int copy = p.colwise ? 1 : 0;  // the stochastic-rounding stream of this copy
+  const uint64_t seed = p.rng ? static_cast<uint64_t>(p.rng[0]) : p.seed;
+  const uint64_t offset = p.rng ? static_cast<uint64_t>(p.rng[1]) : p.offset;
   for (size_t t = static_cast<size_t>(blockIdx.x) * blockDim.x + threadIdx.x; t < n;
        t += static_cast<size_t>(gridDim.x) * blockDim.x) {
     const Item it = item_of(p, t, groups, blocks);
@@ -248,7 +251,7 @@ __global__ void __launch_bounds__(kThreads) nvfp4_quantize_kernel(const CopyPara
         const uint64_t idx = static_cast<uint64_t>(i) * p.cols + j0 + k;
         if (idx / 4 != sr_q) {
           sr_q = idx / 4;
-          sr_rnd = nvfp4_sr_block(p.seed, p.offset, copy, sr_q);
+          sr_rnd = nvfp4_sr_block(seed, offset, copy, sr_q);
         }
         codes[k] = e2m1_stochastic(x, sr_rnd.v[idx % 4] >> 8);
       }
@@ -304,6 +307,7 @@ void launch_nvfp4_quantize(const Tensor &in, const Tensor &out, const Nvfp4Spec 
   base.stochastic = s.stochastic;
   base.seed = s.seed;
   base.offset = s.offset;
+  base.rng = s.stochastic ? s.rng_device : nullptr;
   base.e4m3_max = s.e4m3_max;
   base.four_over_six = s.four_over_six;
   base.fast_err = s.fast_err;
