@@ -95,7 +95,10 @@ __global__ void __launch_bounds__(kThreads) block_rowwise_1d_kernel(const BlockP
 
 // 1D column-wise: one thread per (128-row block, column); neighbouring threads take neighbouring
 // columns, so the reads are coalesced. The 128 values are read twice (amax, then encode; the second
-// read hits the cache). Each thread writes a contiguous 128-byte run of the transposed copy.
+// read hits the cache). Each thread writes a contiguous 128-byte run of the transposed copy;
+// neighbouring threads' runs lie `rows` bytes apart, so those stores do not coalesce (staging the
+// tile in shared memory, as quantize.cu's transposed copy does, would; not done yet: unmeasured
+// without a GPU).
 template <typename IType, typename F>
 __global__ void __launch_bounds__(kThreads) block_colwise_1d_kernel(const BlockParams p) {
   const IType *src = static_cast<const IType *>(p.src);

@@ -56,7 +56,7 @@ struct CopyParams {
 // Work items of a copy: (row group, block) with a row group of 1 row (1x16 blocks) or 16 rows
 // (16x16 blocks). Row-wise: blocks fastest, so neighbouring threads read neighbouring 16-element
 // runs of a row; column-wise: row groups fastest, so neighbouring threads read neighbouring input
-// columns (coalesced).
+// columns (coalesced reads; their 8-byte stores land a copy row apart and do not coalesce).
 struct Item {
   size_t group, block;
 };
