@@ -93,27 +93,38 @@ __global__ void __launch_bounds__(kThreads) block_rowwise_1d_kernel(const BlockP
   }
 }
 
-// 1D column-wise: one thread per (128-row block, column); neighbouring threads take neighbouring
-// columns, so the reads are coalesced. The 128 values are read twice (amax, then encode; the second
-// read hits the cache). Each thread writes a contiguous 128-byte run of the transposed copy;
-// neighbouring threads' runs lie `rows` bytes apart, so those stores do not coalesce (staging the
-// tile in shared memory, as quantize.cu's transposed copy does, would; not done yet: unmeasured
-// without a GPU).
+// 1D column-wise: a thread block per (128-row block, chunk of kThreads columns), a thread per
+// column: neighbouring threads read neighbouring columns (coalesced), each reducing its 128x1
+// tile's amax and encoding it into shared memory (the 128 values are read twice; the second read
+// hits the cache). The chunk then leaves as contiguous per-column runs of the transposed copy,
+// consecutive threads writing consecutive bytes, so the stores coalesce too. The grid-stride loop
+// is block-uniform: it holds barriers.
 template <typename IType, typename F>
 __global__ void __launch_bounds__(kThreads) block_colwise_1d_kernel(const BlockParams p) {
+  // +4 bytes per column: a 33-word stride puts the 32 columns of a warp's stores in 32 banks.
+  __shared__ uint8_t tile[kThreads][kN + 4];
   const IType *src = static_cast<const IType *>(p.src);
-  const size_t n = ceil_div(p.rows, kN) * p.cols;
-  for (size_t t = static_cast<size_t>(blockIdx.x) * blockDim.x + threadIdx.x; t < n;
-       t += static_cast<size_t>(gridDim.x) * blockDim.x) {
-    const size_t rb = t / p.cols, c = t - rb * p.cols;
-    const size_t r0 = rb * kN, r1 = r0 + kN < p.rows ? r0 + kN : p.rows;
-    uint32_t amax = 0;
-    for (size_t r = r0; r < r1; ++r)
-      amax = max_u32(amax, tile_amax_bits(to_float(src[r * p.cols + c])));
-    const float scale = tile_scale<F>(amax, p);
-    p.sinv_t[rb * p.sld_t + c] = 1.0f / scale;  // grid [row blocks, cols]
-    for (size_t r = r0; r < r1; ++r)
-      p.qt[c * p.rows + r] = fp8_encode<F>(to_float(src[r * p.cols + c]) * scale);
+  const size_t chunks = ceil_div(p.cols, kThreads), items = ceil_div(p.rows, kN) * chunks;
+  for (size_t w = blockIdx.x; w < items; w += gridDim.x) {
+    const size_t rb = w / chunks, c0 = (w - rb * chunks) * kThreads;
+    const size_t r0 = rb * kN, nr = r0 + kN < p.rows ? kN : p.rows - r0;
+    const size_t nc = c0 + kThreads < p.cols ? kThreads : p.cols - c0;
+    const size_t c = c0 + threadIdx.x;
+    if (threadIdx.x < nc) {
+      uint32_t amax = 0;
+      for (size_t k = 0; k < nr; ++k)
+        amax = max_u32(amax, tile_amax_bits(to_float(src[(r0 + k) * p.cols + c])));
+      const float scale = tile_scale<F>(amax, p);
+      p.sinv_t[rb * p.sld_t + c] = 1.0f / scale;  // grid [row blocks, cols]
+      for (size_t k = 0; k < nr; ++k)
+        tile[threadIdx.x][k] = fp8_encode<F>(to_float(src[(r0 + k) * p.cols + c]) * scale);
+    }
+    __syncthreads();
+    for (size_t i = threadIdx.x; i < nc * nr; i += blockDim.x) {
+      const size_t j = i / nr, k = i - j * nr;  // column c0 + j, row r0 + k
+      p.qt[(c0 + j) * p.rows + r0 + k] = tile[j][k];
+    }
+    __syncthreads();  // the tile is rewritten by the next item
   }
 }
 
@@ -177,8 +188,8 @@ void launch_typed(const BlockParams &p, const BlockSpec &s, cudaStream_t stream)
     NVTE_CHECK_LAUNCH();
   }
   if (s.colwise) {
-    const size_t work = ceil_div(s.rows, kN) * s.cols;
-    block_colwise_1d_kernel<IType, F><<<grid_for(work, kThreads), kThreads, 0, stream>>>(p);
+    const size_t items = ceil_div(s.rows, kN) * ceil_div(s.cols, kThreads);
+    block_colwise_1d_kernel<IType, F><<<grid_for(items, 1), kThreads, 0, stream>>>(p);
     NVTE_CHECK_LAUNCH();
   }
 }
