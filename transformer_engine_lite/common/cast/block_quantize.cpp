@@ -57,14 +57,13 @@ size_t prod(const std::vector<size_t> &v, size_t b, size_t e) {
   return p;
 }
 
-// Largest finite value of the input dtype: the scale of a tile whose fp8_max / amax overflows fp32.
-float value_for_inf(DType t) {
+}  // namespace
+
+float block_value_for_inf(DType t) {
   if (t == kNVTEFloat16) return 65504.0f;
   if (t == kNVTEBFloat16) return bits_float(0x7F7F0000u);
   return bits_float(kFloatMaxBits);
 }
-
-}  // namespace
 
 BlockSpec validate_block_output(const Tensor &out, const char *arg,
                                 const std::vector<size_t> &shape) {
@@ -205,7 +204,7 @@ void launch_block_quantize(const Tensor &in, const Tensor &out, const BlockSpec 
   uint8_t *qt = s.colwise ? static_cast<uint8_t *>(out.columnwise_data.dptr) : nullptr;
   float *sinv = s.rowwise ? static_cast<float *>(out.scale_inv.dptr) : nullptr;
   float *sinv_t = s.colwise ? static_cast<float *>(out.columnwise_scale_inv.dptr) : nullptr;
-  const float vinf = value_for_inf(in.data.dtype);
+  const float vinf = block_value_for_inf(in.data.dtype);
   dispatch_dtype<HighPrecisionTypes>(in.data.dtype, "input", [&](auto itag) {
     using IType = typename decltype(itag)::type;
     const IType *src = in.data.ptr<const IType>();

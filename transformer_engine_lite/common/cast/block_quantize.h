@@ -22,6 +22,8 @@ BlockSpec validate_block_output(const Tensor &out, const char *arg,
 BlockSpec validate_block_input(const Tensor &in, const char *arg);
 void launch_block_quantize(const Tensor &in, const Tensor &out, const BlockSpec &spec,
                            const QuantizationConfig &cfg);
+// Largest finite value of the input dtype: the scale of a tile whose fp8_max / amax overflows fp32.
+float block_value_for_inf(DType input);
 void launch_block_dequantize(const Tensor &in, const BlockSpec &spec, const SimpleTensor &out);
 
 }  // namespace nvte

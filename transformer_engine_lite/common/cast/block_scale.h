@@ -1,6 +1,6 @@
 // Float8BlockScaling (NVTE_BLOCK_SCALING_1D / _2D): the per-tile scale rule and the GEMM_READY scale
-// layouts, shared by validation, the CPU kernel and (later) GPU kernels. Plain fp32 arithmetic and
-// bit tests, so every device rounds the same way.
+// layouts, shared by validation, the CPU kernel and the GPU kernels (block_quantize.cu). Plain fp32
+// arithmetic and bit tests, so every device rounds the same way.
 #pragma once
 
 #include <cstddef>

@@ -127,12 +127,17 @@ Nvfp4Spec validate_nvfp4_output(const Tensor &out, const char *arg,
     NVTE_CHECK(cfg.rng_state != nullptr, "argument 'config': stochastic rounding needs "
                "kNVTEQuantizationConfigRNGState (int64 [2]: seed, offset), got none");
     const Tensor &rng = as_tensor(cfg.rng_state, "config (rng_state)");
-    NVTE_CHECK(rng.device == kNVTEDeviceCPU && rng.data.has_data() &&
-                   rng.data.dtype == kNVTEInt64 && rng.data.numel() == 2,
-               "argument 'config': expected an RNG state of int64 [2] (seed, offset) in host "
-               "memory, got ", rng.data.describe());
-    s.seed = static_cast<uint64_t>(rng.data.ptr<const int64_t>()[0]);
-    s.offset = static_cast<uint64_t>(rng.data.ptr<const int64_t>()[1]);
+    NVTE_CHECK(rng.data.has_data() && rng.data.dtype == kNVTEInt64 && rng.data.numel() == 2,
+               "argument 'config': expected an RNG state of int64 [2] (seed, offset), got ",
+               rng.data.describe());
+    if (rng.device == kNVTEDeviceCPU) {
+      s.seed = static_cast<uint64_t>(rng.data.ptr<const int64_t>()[0]);
+      s.offset = static_cast<uint64_t>(rng.data.ptr<const int64_t>()[1]);
+    } else {  // device memory: read by the GPU kernel, which only a gpu output reaches
+      NVTE_CHECK(out.device != kNVTEDeviceCPU, "argument 'config': expected the RNG state in "
+                 "host memory for a cpu output, got it on the gpu");
+      s.rng_device = rng.data.ptr<const int64_t>();
+    }
   }
   return s;
 }

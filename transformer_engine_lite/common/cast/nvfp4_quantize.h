@@ -16,6 +16,9 @@ struct Nvfp4Spec {
   uint32_t rht_sign_mask = 0;  // bit i set: sign i of the RHT is -1
   bool stochastic = false;     // stochastic rounding (gradients)
   uint64_t seed = 0, offset = 0;
+  // GPU outputs may keep the RNG state in device memory (as TE's CUDA rng_state tensors): the
+  // kernel reads seed and offset there, and seed / offset above are unused.
+  const int64_t *rng_device = nullptr;
   bool row_scaled = false;     // one amax (and S_enc) per row of each copy
   int e4m3_max = 448;          // E4M3 bound of S_enc (256 only with 4over6)
   uint8_t four_over_six = 0;   // NVTENVFP44Over6Mode

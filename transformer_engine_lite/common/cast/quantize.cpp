@@ -37,8 +37,9 @@ void check_outputs_disjoint(const SimpleTensor &in, const Tensor &out) {
   check_no_overlap(in, "input", out.amax, "output (amax)");
 }
 
-// Float8BlockScaling outputs: checks, then the CPU kernel (GPU tensors: no GPU kernel yet).
-void quantize_block(const Tensor &in, const Tensor &out, const QuantizationConfig &cfg) {
+// Float8BlockScaling outputs: checks, then the CPU kernel or the GPU launcher (block_quantize.cu).
+void quantize_block(const Tensor &in, const Tensor &out, const QuantizationConfig &cfg,
+                    NVTEStream stream) {
   check_has_data(in, "input");
   check_dtype(in.data, "input", {kNVTEFloat32, kNVTEFloat16, kNVTEBFloat16});
   const NVTEDevice dev = check_same_device({{&in, "input"}, {&out, "output"}});
@@ -46,14 +47,19 @@ void quantize_block(const Tensor &in, const Tensor &out, const QuantizationConfi
   check_outputs_disjoint(in.data, out);
   check_no_overlap(out.data, "output (row-wise data)", out.columnwise_data,
                    "output (column-wise data)");
-  NVTE_CHECK_SUPPORTED(dev == kNVTEDeviceCPU,
-                       "block scaling (NVTE_BLOCK_SCALING_1D/2D) has no GPU kernel yet "
-                       "(expected device cpu, got gpu)");
+  if (use_gpu(dev, "nvte_quantize (block scaling)")) {
+#ifdef NVTE_WITH_GPU
+    gpu::launch_block_quantize(in, out, spec, cfg, stream);
+#endif
+    return;
+  }
+  (void)stream;  // the CPU path is synchronous
   launch_block_quantize(in, out, spec, cfg);
 }
 
-// NVFP4 outputs: checks, then the CPU kernel (no GPU kernel yet).
-void quantize_nvfp4(const Tensor &in, const Tensor &out, const QuantizationConfig &cfg) {
+// NVFP4 outputs: checks, then the CPU kernel or the GPU launcher (nvfp4_quantize.cu).
+void quantize_nvfp4(const Tensor &in, const Tensor &out, const QuantizationConfig &cfg,
+                    NVTEStream stream) {
   check_has_data(in, "input");
   check_dtype(in.data, "input", {kNVTEFloat32, kNVTEFloat16, kNVTEBFloat16});
   const NVTEDevice dev = check_same_device({{&in, "input"}, {&out, "output"}});
@@ -62,8 +68,13 @@ void quantize_nvfp4(const Tensor &in, const Tensor &out, const QuantizationConfi
   check_no_overlap(in.data, "input", out.columnwise_amax, "output (columnwise_amax)");
   check_no_overlap(out.data, "output (row-wise data)", out.columnwise_data,
                    "output (column-wise data)");
-  NVTE_CHECK_SUPPORTED(dev == kNVTEDeviceCPU, "NVFP4 (NVTE_NVFP4_1D_SCALING) has no GPU kernel "
-                       "yet (expected device cpu, got gpu)");
+  if (use_gpu(dev, "nvte_quantize (NVFP4)")) {
+#ifdef NVTE_WITH_GPU
+    gpu::launch_nvfp4_quantize(in, out, spec, stream);
+#endif
+    return;
+  }
+  (void)stream;  // the CPU path is synchronous
   launch_nvfp4_quantize(in, out, spec);
 }
 
@@ -94,9 +105,10 @@ NVTEStatus nvte_quantize(const NVTETensor input, NVTETensor output, NVTEStream s
     (void)stream;  // only GPU launchers take it: the CPU path is synchronous
     const Tensor &in = as_tensor(input, "input");
     const Tensor &out = as_tensor(output, "output");
-    if (is_block_scaling(out.scaling_mode)) return quantize_block(in, out, QuantizationConfig{});
+    if (is_block_scaling(out.scaling_mode))
+      return quantize_block(in, out, QuantizationConfig{}, stream);
     if (out.scaling_mode == NVTE_NVFP4_1D_SCALING)
-      return quantize_nvfp4(in, out, QuantizationConfig{});
+      return quantize_nvfp4(in, out, QuantizationConfig{}, stream);
     const QuantizeArgs args = check_quantize_args(in, out);
     if (use_gpu(args.device, "nvte_quantize")) {
 #ifdef NVTE_WITH_GPU
@@ -117,9 +129,9 @@ NVTEStatus nvte_quantize_v2(const NVTETensor input, NVTETensor output,
   return guarded("nvte_quantize_v2", [&] {
     const auto &cfg = *static_cast<const QuantizationConfig *>(config);
     if (mode == NVTE_NVFP4_1D_SCALING)
-      quantize_nvfp4(as_tensor(input, "input"), as_tensor(output, "output"), cfg);
+      quantize_nvfp4(as_tensor(input, "input"), as_tensor(output, "output"), cfg, stream);
     else
-      quantize_block(as_tensor(input, "input"), as_tensor(output, "output"), cfg);
+      quantize_block(as_tensor(input, "input"), as_tensor(output, "output"), cfg, stream);
   });
 }
 

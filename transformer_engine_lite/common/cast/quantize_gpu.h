@@ -3,6 +3,8 @@
 #pragma once
 
 #include "../util/tensor.h"
+#include "block_quantize.h"
+#include "nvfp4_quantize.h"
 #include "output_spec.h"
 
 namespace nvte {
@@ -21,6 +23,13 @@ void launch_cast_transpose(const Tensor &in, const Tensor &out, const OutputSpec
 // plain, per-tensor FP8 with amax/scale_inv/transposed copy, or MXFP8 row/column-wise). Fused GPU
 // producers (norms, activations, GEMM) stage MXFP8 outputs through this.
 void launch_quantize_f32(const float *src, const Tensor &out, const OutputSpec &spec, void *stream);
+
+// Float8BlockScaling quantize (cast/block_quantize.cu), the CPU kernel's bytes and scale grids.
+void launch_block_quantize(const Tensor &in, const Tensor &out, const BlockSpec &spec,
+                           const QuantizationConfig &cfg, void *stream);
+// NVFP4 quantize (cast/nvfp4_quantize.cu), the CPU kernel's bytes, scales and amaxes.
+void launch_nvfp4_quantize(const Tensor &in, const Tensor &out, const Nvfp4Spec &spec,
+                           void *stream);
 
 }  // namespace gpu
 }  // namespace nvte
