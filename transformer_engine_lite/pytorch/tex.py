@@ -32,6 +32,9 @@ __all__ = [
     "fused_amax_and_scale_update_after_reduction",
     "quantize",
     "split_quantize",
+    "swizzle_scales_for_gemm_",
+    "multi_tensor_swizzle_scales_for_gemm_",
+    "multi_tensor_swizzle_scales_for_gemm_unchecked_",
     "thd_get_partitioned_indices",
     "torch_to_dtype",
     *_MULTI_TENSOR,
@@ -185,6 +188,44 @@ def split_quantize(tensor: torch.Tensor, split_sections: Any, quantizers: Any) -
         raise ValueError(f"tex.split_quantize: split_sections: expected sizes summing to "
                          f"{tensor.shape[0]} (dim 0), got {sections}")
     return [q(part) for q, part in zip(quantizers, torch.split(tensor, sections))]
+
+
+def _block_scaled(tensor: Any) -> bool:
+    """Whether TE's swizzle touches this tensor: MXFP8 / NVFP4 (other formats' GEMMs read their
+    scales as they are, so TE returns without doing anything)."""
+    from .tensor.storage.mxfp8_tensor_storage import MXFP8TensorStorage
+    from .tensor.storage.nvfp4_tensor_storage import NVFP4TensorStorage
+
+    return isinstance(tensor, (MXFP8TensorStorage, NVFP4TensorStorage))
+
+
+def swizzle_scales_for_gemm_(tensor: Any) -> None:
+    """TE's tex.swizzle_scales_for_gemm_: an MXFP8 / NVFP4 tensor's scale grids (each kept copy)
+    into the GEMM-swizzled layout, in place (new scale buffers, _with_gemm_swizzled_scales set);
+    a tensor already swizzled or of another format is left as it is."""
+    if _block_scaled(tensor):
+        tensor._swizzle_scales_for_gemm()
+
+
+def multi_tensor_swizzle_scales_for_gemm_(tensors: Any, rowwise: bool, columnwise: bool) -> None:
+    """TE's tex.multi_tensor_swizzle_scales_for_gemm_: the row-wise or the column-wise grid
+    (exactly one of the two) of each not-yet-swizzled MXFP8 / NVFP4 tensor, in place. As TE's, it
+    leaves _with_gemm_swizzled_scales to the caller, who sets it once both copies are done."""
+    if bool(rowwise) == bool(columnwise):
+        raise ValueError("tex.multi_tensor_swizzle_scales_for_gemm_: expected exactly one of "
+                         f"rowwise / columnwise, got rowwise={rowwise}, columnwise={columnwise}")
+    tensors = list(tensors)
+    if not tensors or not _block_scaled(tensors[0]):
+        return  # TE decides the format from the first tensor
+    for t in tensors:
+        if not _block_scaled(t):
+            raise ValueError(f"tex.multi_tensor_swizzle_scales_for_gemm_: tensors: expected "
+                             f"MXFP8 / NVFP4 tensors throughout, got {type(t).__name__}")
+        if not t._with_gemm_swizzled_scales:
+            t._swizzle_grid_of(bool(columnwise))
+
+
+multi_tensor_swizzle_scales_for_gemm_unchecked_ = multi_tensor_swizzle_scales_for_gemm_
 
 
 def generic_gemm(*args, **kwargs):  # noqa: ANN002, ANN003, ANN201

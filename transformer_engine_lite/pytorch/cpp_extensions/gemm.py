@@ -31,7 +31,7 @@ def _operand(name: str, t: Any, rowwise: bool) -> tuple[torch.Tensor, torch.Tens
         use_col = (not rowwise and t._columnwise_data is not None) or t._rowwise_data is None
         fp8 = t.fp8_data_dtype()
         data = t._columnwise_data if use_col else t._rowwise_data
-        s = t._columnwise_scale_inv if use_col else t._rowwise_scale_inv
+        s = t._scale_grid(use_col)  # compact (a GEMM-swizzled grid unswizzled)
         out = ops().dequantize_mxfp8(data.view(fp8), s, use_col, _MX_GEMM_DTYPE)
         return out.reshape(t.shape), None
     if isinstance(t, Float8BlockwiseQTensor):

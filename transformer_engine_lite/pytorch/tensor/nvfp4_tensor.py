@@ -125,6 +125,7 @@ class NVFP4Tensor(QuantizedTensor, NVFP4TensorStorage):
                 mine.copy_(theirs)
             else:
                 setattr(self, name, theirs)
+        self._with_gemm_swizzled_scales = other._with_gemm_swizzled_scales  # the bytes' layout
 
     def _quantized_op(self, func: Any, args: Any, kwargs: Any) -> Any:
         aten = torch.ops.aten
@@ -151,7 +152,8 @@ class NVFP4Tensor(QuantizedTensor, NVFP4TensorStorage):
 
     def _like(self, shape: Any, *inner: Any) -> NVFP4Tensor:
         return type(self)(shape=shape, dtype=self.dtype, **{n[1:]: t for n, t in zip(_INNER, inner)},
-                          quantizer=self._quantizer)
+                          quantizer=self._quantizer,
+                          with_gemm_swizzled_scales=self._with_gemm_swizzled_scales)
 
     def _inner_names(self) -> list[str]:
         return list(_INNER)
@@ -166,7 +168,8 @@ class NVFP4Tensor(QuantizedTensor, NVFP4TensorStorage):
         names = [n for n in _INNER if getattr(self, n) is not None]
         q = self._quantizer
         kwargs = {"fp4_dtype": self._fp4_dtype, "fake_dtype": self.dtype,
-                  "quantizer": None if q is None else q._context_quantizer()}
+                  "quantizer": None if q is None else q._context_quantizer(),
+                  "with_gemm_swizzled_scales": self._with_gemm_swizzled_scales}
         return names, flatten_context(self, kwargs)
 
     @staticmethod
@@ -175,16 +178,19 @@ class NVFP4Tensor(QuantizedTensor, NVFP4TensorStorage):
     ) -> NVFP4Tensor:
         cls, kw, requires_grad = unflatten_kwargs("NVFP4Tensor", ctx)
         return cls(shape=outer_size, dtype=kw["fake_dtype"], **{n[1:]: inner.get(n) for n in _INNER},
-                   quantizer=kw.get("quantizer"), requires_grad=requires_grad)
+                   quantizer=kw.get("quantizer"), requires_grad=requires_grad,
+                   with_gemm_swizzled_scales=kw.get("with_gemm_swizzled_scales", False))
 
     def __reduce_ex__(self, protocol: int) -> Any:
         q = self._quantizer
         return (rebuild_nvfp4_tensor, ({n: getattr(self, n) for n in _INNER}, tuple(self.shape),
-                                       self.dtype, None if q is None else q.state()))
+                                       self.dtype, None if q is None else q.state(),
+                                       self._with_gemm_swizzled_scales))
 
 
 def rebuild_nvfp4_tensor(inner: dict[str, torch.Tensor | None], shape: tuple[int, ...],
-                         dtype: torch.dtype, quantizer_state: dict[str, Any] | None) -> NVFP4Tensor:
+                         dtype: torch.dtype, quantizer_state: dict[str, Any] | None,
+                         with_gemm_swizzled_scales: bool = False) -> NVFP4Tensor:
     """Unpickling target of NVFP4Tensor (see __reduce_ex__)."""
     q = None
     if quantizer_state is not None:
@@ -193,7 +199,7 @@ def rebuild_nvfp4_tensor(inner: dict[str, torch.Tensor | None], shape: tuple[int
         st.pop("fp8_dtype", None)
         q = NVFP4Quantizer(**st)
     return NVFP4Tensor(shape=shape, dtype=dtype, **{n[1:]: inner.get(n) for n in _INNER},
-                       quantizer=q)
+                       quantizer=q, with_gemm_swizzled_scales=with_gemm_swizzled_scales)
 
 
 class NVFP4Quantizer(Quantizer):
@@ -331,13 +337,34 @@ class NVFP4Quantizer(Quantizer):
             self.stochastic_rounding, seed, offset, self.row_scaled_nvfp4, four_over_six,
             self.nvfp4_e4m3_max, fast)
         row, col = self.rowwise_usage, self.columnwise_usage
-        return NVFP4Tensor(
+        out = NVFP4Tensor(
             shape=tensor.shape, dtype=tensor.dtype,
             rowwise_data=r if row else None, rowwise_scale_inv=rs if row else None,
             columnwise_data=c if col else None, columnwise_scale_inv=cs if col else None,
             amax_rowwise=ra if row else None, amax_columnwise=ca if col else None,
             quantizer=self,
         )
+        if self.optimize_for_gemm:
+            # TE: the scales come out GEMM-swizzled whatever the shape (written so by the fused
+            # kernels on eligible shapes, by a swizzle pass after the cast otherwise): same bytes.
+            out._swizzle_scales_for_gemm()
+        return out
+
+    def emits_swizzled_scales_in_kernel(self, shape: Iterable[int]) -> bool:
+        """TE's create_tensor gate (nvfp4_emits_gemm_swizzled_scales): whether a tensor of
+        `shape` is allocated with GEMM-swizzled scales, i.e. TE's fused kernels would write them
+        so: the RHT cast fusion (rows % 64, cols % 128) or the plain 2D quantize (rows and cols %
+        128, not row-scaled, no 4over6), with optimize_for_gemm. TE also needs SM 100-110 there;
+        the NVFP4 recipe is emulated here as on those GPUs (is_nvfp4_available)."""
+        if not self.optimize_for_gemm:
+            return False
+        shape = tuple(int(d) for d in shape)
+        cols = shape[-1] if shape else 1
+        rows = math.prod(shape[:-1])
+        if self.with_rht:
+            return rows % 64 == 0 and cols % 128 == 0
+        return (self.with_2d_quantization and not self.row_scaled_nvfp4
+                and not self.nvfp4_use_4over6 and rows % 128 == 0 and cols % 128 == 0)
 
     def update_quantized(self, src: torch.Tensor, dst: QuantizedTensor, *,
                          noop_flag: torch.Tensor | None = None) -> QuantizedTensor:
@@ -353,8 +380,10 @@ class NVFP4Quantizer(Quantizer):
         shape = tuple(int(d) for d in shape)
         buf = {n: torch.zeros(s, dtype=dt, device=device)
                for n, (s, dt) in self.inner_tensor_specs(shape).items()}
+        # Zeroed grids are the same bytes in either layout: only the flag differs.
         return NVFP4Tensor(shape=shape, dtype=dtype, **{n[1:]: buf.get(n) for n in _INNER},
-                           quantizer=self, requires_grad=requires_grad)
+                           quantizer=self, requires_grad=requires_grad,
+                           with_gemm_swizzled_scales=self.emits_swizzled_scales_in_kernel(shape))
 
     def get_scale_shape(self, shape: Iterable[int], columnwise: bool) -> tuple[int, int]:
         """TE's: [roundup(M, 128), roundup(ceil(K / 16), 4)] row-wise; K and M swapped
@@ -416,7 +445,8 @@ class NVFP4Quantizer(Quantizer):
     def storage_metadata(self, fake_dtype: torch.dtype) -> dict[str, Any]:
         return {"cls": NVFP4Tensor,
                 "nontensor_kwargs": {"fp4_dtype": self.dtype, "fake_dtype": fake_dtype,
-                                     "quantizer": self._context_quantizer()}}
+                                     "quantizer": self._context_quantizer(),
+                                     "with_gemm_swizzled_scales": self.optimize_for_gemm}}
 
 
 register_value_opaque_quantizer(NVFP4Quantizer)

@@ -20,8 +20,9 @@ buffers. Per recipe:
     does on such hardware), scale_inv [n]; amax [n] (and scale [n] for current scaling) hold each
     member's amax (and scale) after quantize().
   - MXFP8: uint8 data per usage ([rows, cols] each), E8M0 scales [rows, ceil(cols/32)] row-wise,
-    [ceil(rows/32), cols] column-wise (compact: TE's GEMM-swizzled layout is not implemented, so
-    a quantizer's optimize_for_gemm gives compact scales here, as MXFP8Quantizer's own output).
+    [ceil(rows/32), cols] column-wise (compact: TE's GEMM-swizzled grouped layout is not
+    implemented, so a quantizer's optimize_for_gemm gives compact scales here, unlike
+    MXFP8Quantizer's own output).
   - Float8BlockScaling: row-wise data [rows, cols] and column-wise (transposed) data, fp32 scales
     in the quantizer's GEMM-ready grid (Float8BlockQuantizer.get_scale_shape).
 NVFP4 is not implemented in transformer_engine_lite (NotImplementedError).
@@ -71,9 +72,20 @@ def _recipe_kind(owner: str, quantizer: Any) -> str:
                      f"{type(quantizer).__name__}")
 
 
+def _compact_layout(quantizer: Any) -> Any:
+    """The quantizer members are written with: grouped buffers keep compact scales (the grouped
+    GEMMs read them so; see the module docstring), so optimize_for_gemm is turned off in a copy."""
+    if not getattr(quantizer, "optimize_for_gemm", False):
+        return quantizer
+    q = quantizer.copy()
+    q.optimize_for_gemm = False
+    return q
+
+
 def _member_specs(quantizer: Any, shape: Tuple[int, ...]) -> dict:
     """TE field -> (shape, dtype) of one member's buffers under `quantizer`."""
-    return {_FIELD_OF[k]: v for k, v in quantizer.inner_tensor_specs(tuple(shape)).items()}
+    specs = _compact_layout(quantizer).inner_tensor_specs(tuple(shape))
+    return {_FIELD_OF[k]: v for k, v in specs.items()}
 
 
 class GroupedTensorStorage:
@@ -466,11 +478,12 @@ class GroupedTensorStorage:
         members = self.split_into_quantized_tensors()
         from ._grouped_members import record_member_stats
 
+        quantizer = _compact_layout(self.quantizer)
         for i, (src, dst) in enumerate(zip(tensors, members)):
             if tuple(src.shape) != tuple(dst.shape):
                 raise ValueError(f"{owner}: tensors[{i}]: expected shape {tuple(dst.shape)}, "
                                  f"got {tuple(src.shape)}")
-            self.quantizer.update_quantized(src, dst, noop_flag=noop_flag)
+            quantizer.update_quantized(src, dst, noop_flag=noop_flag)
             if noop_flag is None or float(noop_flag.reshape(-1)[0]) != 1.0:
                 record_member_stats(self, i, src, dst)
         self.quantized_tensors = members
