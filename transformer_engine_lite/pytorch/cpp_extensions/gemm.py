@@ -74,6 +74,13 @@ def general_gemm(A: Any, B: Any, *args: Any, **kwargs: Any):
         if "workspace" in kwargs:
             raise TypeError("general_gemm: workspace given twice (positionally and by keyword)")
         kwargs["workspace"], args = args[0], args[1:]
+    layout = kwargs["layout"] if "layout" in kwargs else (args[7] if len(args) > 7 else "TN")
+    both_block = isinstance(A, Float8BlockwiseQTensor) and isinstance(B, Float8BlockwiseQTensor)
+    # TE's general_gemm takes three layouts; TT: a column-wise (transposed) block-scaled B with a
+    # row-wise A, as TE's block GEMM takes. tex.generic_gemm (TE's C++ GEMM) takes all four.
+    if layout not in ("TN", "NN", "NT") and not (both_block and layout == "TT"):
+        raise ValueError(f"general_gemm: layout: expected 'TN', 'NN' or 'NT' ('TT' for two "
+                         f"Float8BlockwiseQTensors), got {layout!r}")
     return _general_gemm(A, B, *args, **kwargs)
 
 
@@ -107,10 +114,9 @@ def _general_gemm(
             "bulk_overlap) is not supported by transformer_engine_lite"
         )
     both_block = isinstance(A, Float8BlockwiseQTensor) and isinstance(B, Float8BlockwiseQTensor)
-    # TT: a column-wise (transposed) block-scaled B with a row-wise A, as TE's block GEMM takes
-    if layout not in ("TN", "NN", "NT") and not (both_block and layout == "TT"):
-        raise ValueError(f"general_gemm: layout: expected 'TN', 'NN' or 'NT' ('TT' for two "
-                         f"Float8BlockwiseQTensors), got {layout!r}")
+    if layout not in ("TN", "NN", "NT", "TT"):
+        raise ValueError(f"general_gemm: layout: expected 'TN', 'NN', 'NT' or 'TT', got "
+                         f"{layout!r}")
     transa, transb = layout[0] == "T", layout[1] == "T"
     if (both_block
             and not gelu and not grad and quantization_params is None and alpha == 1.0

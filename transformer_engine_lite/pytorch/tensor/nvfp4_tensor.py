@@ -129,6 +129,24 @@ class NVFP4Tensor(QuantizedTensor, NVFP4TensorStorage):
 
     def _quantized_op(self, func: Any, args: Any, kwargs: Any) -> Any:
         aten = torch.ops.aten
+        if func is aten.as_strided.default:
+            # TE's no-op handler (FSDP2 calls it on the gathered parameter): the tensor's own
+            # size, contiguous strides and offset 0 keep it quantized; anything else dequantizes.
+            size, stride = list(args[1]), list(args[2])
+            offset = args[3] if len(args) > 3 else kwargs.get("storage_offset", 0)
+            if size == list(self.shape) and stride == list(self.stride()) and not offset:
+                return self._shallow_copy()
+            return NotImplemented
+        if func is aten.slice.Tensor:
+            # TE's no-op handler: a slice covering a whole dim with step 1.
+            dim = args[1] if len(args) > 1 else kwargs.get("dim", 0)
+            start = args[2] if len(args) > 2 else kwargs.get("start", None)
+            end = args[3] if len(args) > 3 else kwargs.get("end", None)
+            step = args[4] if len(args) > 4 else kwargs.get("step", 1)
+            n = self.shape[dim]
+            if (start in (None, 0) and (end is None or end >= n) and step == 1):
+                return self._shallow_copy()
+            return NotImplemented
         if func in (aten.view.default, aten._unsafe_view.default, aten.reshape.default):
             # Blocks run along the last dim and over the flattened leading dims: any shape that
             # keeps the last dim (and, for a column-wise copy, an even last leading dim) keeps
@@ -150,10 +168,62 @@ class NVFP4Tensor(QuantizedTensor, NVFP4TensorStorage):
                               self._amax_rowwise, self._amax_columnwise)
         return NotImplemented
 
+    # ----------------------------------------------------------------- FSDP2 (TE's hooks)
+    def fsdp_pre_all_gather(self, mesh: Any, orig_size: Any, contiguous_orig_stride: Any,
+                            module: Any, mp_policy: Any) -> tuple[tuple[torch.Tensor, ...], Any]:
+        """TE's: the shard's row-wise data and its scale rows (padding cut off, so the gathered
+        rows line up) are all-gathered; the column-wise copy is rebuilt from them afterwards
+        (16x16 blocks only, where it is the row-wise codes transposed)."""
+        owner = "NVFP4Tensor.fsdp_pre_all_gather"
+        if self._with_gemm_swizzled_scales:
+            raise NotImplementedError(f"{owner}: FSDP2 is not supported for NVFP4Tensors with "
+                                      "GEMM-swizzled scales")
+        shard_m = math.prod(self.shape[:-1])
+        if shard_m % NVFP4_BLOCK_SCALING_SIZE:
+            raise ValueError(f"{owner}: expected the shard's rows ({shard_m}) to be a multiple "
+                             f"of {NVFP4_BLOCK_SCALING_SIZE} (the NVFP4 block)")
+        if self._rowwise_data is None:
+            raise ValueError(f"{owner}: expected row-wise data (a quantizer with rowwise=True), "
+                             "got a tensor without it")
+        q = self._quantizer
+        columnwise = bool(q is not None and q.columnwise_usage)
+        if columnwise and not q.with_2d_quantization:
+            raise ValueError(f"{owner}: column-wise usage under FSDP2 expects 2D quantization "
+                             "(with_2d_quantization=True), got 1x16 blocks")
+        sharded = (self._rowwise_data, self._rowwise_scale_inv[:shard_m, :])
+        meta = (columnwise, self._amax_rowwise, self._amax_columnwise, self._format_fields(),
+                self.shape[-1])
+        return sharded, meta
+
+    def fsdp_post_all_gather(self, all_gather_outputs: tuple[torch.Tensor, ...], metadata: Any,
+                             param_dtype: torch.dtype, *, out: NVFP4Tensor | None = None
+                             ) -> tuple[NVFP4Tensor, tuple[torch.Tensor, ...]]:
+        """TE's: the gathered rows as one NVFP4Tensor (scale rows padded back to 128), its
+        column-wise copy rebuilt locally; `out` (a previous result) is updated in place."""
+        columnwise, amax_row, amax_col, fields, cols = metadata
+        data, scale = all_gather_outputs[:2]
+        rows = data.shape[0]
+        pad = -(-rows // 128) * 128 - scale.shape[0]
+        if pad > 0:
+            scale = torch.nn.functional.pad(scale, (0, 0, 0, pad))
+        if out is not None:
+            out._rowwise_data, out._rowwise_scale_inv = data, scale
+            out._amax_rowwise, out._amax_columnwise = amax_row, amax_col
+            out._columnwise_data = out._columnwise_scale_inv = None
+        else:
+            out = NVFP4Tensor(shape=(rows, cols), dtype=param_dtype, rowwise_data=data,
+                              rowwise_scale_inv=scale, columnwise_data=None,
+                              columnwise_scale_inv=None, amax_rowwise=amax_row,
+                              amax_columnwise=amax_col, **fields)
+        if columnwise:
+            out._create_columnwise()
+        if out._quantizer is not None:
+            out._quantizer.set_usage(rowwise=True, columnwise=columnwise)
+        return out, all_gather_outputs
+
     def _like(self, shape: Any, *inner: Any) -> NVFP4Tensor:
         return type(self)(shape=shape, dtype=self.dtype, **{n[1:]: t for n, t in zip(_INNER, inner)},
-                          quantizer=self._quantizer,
-                          with_gemm_swizzled_scales=self._with_gemm_swizzled_scales)
+                          **self._format_fields())
 
     def _inner_names(self) -> list[str]:
         return list(_INNER)

@@ -145,6 +145,16 @@ class MXFP8TensorStorage(QuantizedTensorStorage):
             self._rowwise_scale_inv = swizzle_grid(
                 self._rowwise_scale_inv, rows, math.ceil(cols / MXFP8_BLOCK_SCALING_SIZE))
 
+    def get_metadata(self) -> dict[str, Any]:
+        """TE's: the constructor keywords that rebuild this tensor (buffers shared)."""
+        fake = self.dtype if isinstance(self, torch.Tensor) else self._fake_dtype
+        return {"rowwise_data": self._rowwise_data, "rowwise_scale_inv": self._rowwise_scale_inv,
+                "columnwise_data": self._columnwise_data,
+                "columnwise_scale_inv": self._columnwise_scale_inv, "fp8_dtype": self._fp8_dtype,
+                "quantizer": self._quantizer,
+                "with_gemm_swizzled_scales": self._with_gemm_swizzled_scales,
+                "fake_dtype": fake}
+
     def _dequantize_2d(self, dtype: torch.dtype) -> torch.Tensor:
         """The values as [rows, cols] (from the row-wise copy if kept, else the column-wise)."""
         rows, cols = self._data_2d_shape()

@@ -84,8 +84,9 @@ class NVFP4TensorStorage(QuantizedTensorStorage):
 
     def _set_nvfp4_fields(self, owner: str, rd: Any, rs: Any, cd: Any, cs: Any, ra: Any, ca: Any,
                           fp4_dtype: Any, quantizer: Any, swizzled: bool,
-                          row_scaled_nvfp4: bool = False, nvfp4_use_4over6: bool = False,
-                          nvfp4_e4m3_max: int = 448, **_: Any) -> None:
+                          row_scaled_nvfp4: bool | None = None,
+                          nvfp4_use_4over6: bool | None = None,
+                          nvfp4_e4m3_max: int | None = None, **_: Any) -> None:
         from ...tex import DType
 
         if rd is None and cd is None:
@@ -97,9 +98,15 @@ class NVFP4TensorStorage(QuantizedTensorStorage):
             if data is not None and data.dtype != torch.uint8:
                 raise ValueError(f"{owner}: {name}_data: expected uint8 (packed E2M1), got "
                                  f"{data.dtype}")
-        if row_scaled_nvfp4 or nvfp4_use_4over6:
-            raise NotImplementedError(f"{owner}: row_scaled_nvfp4 / nvfp4_use_4over6 are not "
-                                      "implemented in transformer_engine_lite")
+        # How the buffers were quantized (TE's tensor fields): given, or the quantizer's.
+        if row_scaled_nvfp4 is None:
+            row_scaled_nvfp4 = bool(getattr(quantizer, "row_scaled_nvfp4", False))
+        if nvfp4_use_4over6 is None:
+            nvfp4_use_4over6 = bool(getattr(quantizer, "nvfp4_use_4over6", False))
+        if nvfp4_e4m3_max is None:
+            nvfp4_e4m3_max = int(getattr(quantizer, "nvfp4_e4m3_max", 448))
+        if nvfp4_e4m3_max not in (448, 256):
+            raise ValueError(f"{owner}: nvfp4_e4m3_max: expected 448 or 256, got {nvfp4_e4m3_max}")
         if fp4_dtype is not None and DType(fp4_dtype) != DType.kFloat4E2M1:
             raise ValueError(f"{owner}: fp4_dtype: expected DType.kFloat4E2M1, got {fp4_dtype!r}")
         self._rowwise_data, self._rowwise_scale_inv, self._amax_rowwise = rd, rs, ra
@@ -109,9 +116,9 @@ class NVFP4TensorStorage(QuantizedTensorStorage):
         # Scale grids in TE's GEMM-swizzled byte order (tensor/_gemm_swizzle.py) when set; every
         # reader of the grids goes through _scale_grid, which undoes it.
         self._with_gemm_swizzled_scales = bool(swizzled)
-        self._row_scaled_nvfp4 = False
-        self._nvfp4_use_4over6 = False
-        self._nvfp4_e4m3_max = nvfp4_e4m3_max
+        self._row_scaled_nvfp4 = bool(row_scaled_nvfp4)
+        self._nvfp4_use_4over6 = bool(nvfp4_use_4over6)
+        self._nvfp4_e4m3_max = int(nvfp4_e4m3_max)
 
     # ------------------------------------------------------------------------------- data
     def _logical_shape(self) -> torch.Size:
@@ -133,11 +140,25 @@ class NVFP4TensorStorage(QuantizedTensorStorage):
         return q.rht_matrix_random_sign_mask_t if q is not None and q.with_rht else -1
 
     def _nvfp4_params(self) -> tuple[bool, int]:
-        """(row-scaled, E4M3 bound) the buffers were quantized with (the quantizer's)."""
-        q = self._quantizer
-        if q is None:
-            return False, 448
-        return bool(getattr(q, "row_scaled_nvfp4", False)), int(getattr(q, "nvfp4_e4m3_max", 448))
+        """(row-scaled, E4M3 bound) the buffers were quantized with."""
+        return self._row_scaled_nvfp4, self._nvfp4_e4m3_max
+
+    def _format_fields(self) -> dict[str, Any]:
+        """The non-buffer fields a copy of this tensor needs (TE's constructor keywords)."""
+        return {"fp4_dtype": self._fp4_dtype, "quantizer": self._quantizer,
+                "with_gemm_swizzled_scales": self._with_gemm_swizzled_scales,
+                "row_scaled_nvfp4": self._row_scaled_nvfp4,
+                "nvfp4_use_4over6": self._nvfp4_use_4over6,
+                "nvfp4_e4m3_max": self._nvfp4_e4m3_max}
+
+    def get_metadata(self) -> dict[str, Any]:
+        """TE's: the constructor keywords that rebuild this tensor (buffers shared)."""
+        fake = self.dtype if isinstance(self, torch.Tensor) else self._fake_dtype
+        return {"rowwise_data": self._rowwise_data, "rowwise_scale_inv": self._rowwise_scale_inv,
+                "columnwise_data": self._columnwise_data,
+                "columnwise_scale_inv": self._columnwise_scale_inv,
+                "amax_rowwise": self._amax_rowwise, "amax_columnwise": self._amax_columnwise,
+                **self._format_fields(), "fake_dtype": fake}
 
     def _grid_dims(self, columnwise: bool) -> tuple[int, int]:
         """(rows, 16-blocks per row) of a copy's scale grid: the column-wise copy is stored
