@@ -282,14 +282,16 @@ def group_quantize(tensor: torch.Tensor, quantizer: Any, num_tensors: int,
             raise ValueError(f"{owner}: expected rows ({tensor.shape[0]}) divisible by "
                              f"num_tensors ({num_tensors}) without first_dims")
         rows = [tensor.shape[0] // num_tensors] * num_tensors
-    if len(rows) != num_tensors or sum(rows) != tensor.shape[0]:
-        raise ValueError(f"{owner}: first_dims: expected {num_tensors} entries summing to "
-                         f"{tensor.shape[0]} rows, got {rows}")
+    # Members may cover fewer rows than the tensor has (TE's paged stashing: the rows after them
+    # are padding, left unquantized), never more.
+    if len(rows) != num_tensors or sum(rows) > tensor.shape[0] or min(rows, default=0) < 0:
+        raise ValueError(f"{owner}: first_dims: expected {num_tensors} non-negative entries "
+                         f"summing to at most {tensor.shape[0]} rows, got {rows}")
     if output is None:
         output = GroupedTensorStorage.make_grouped_tensor(
             num_tensors, first_dims, None, tensor.shape[0], tensor.shape[1], quantizer,
             tensor.device, tensor.dtype)
-    output.quantize(list(torch.split(tensor, rows, 0)), noop_flag=noop_flag)
+    output.quantize(list(torch.split(tensor[:sum(rows)], rows, 0)), noop_flag=noop_flag)
     return output
 
 
