@@ -67,3 +67,28 @@ def test_group_quantize_paged_stashing_and_swizzled_members():
             assert torch.equal(m.dequantize(), ref.dequantize())
     with pytest.raises(ValueError, match="summing to at most 640 rows"):
         _group(x, [640, 64], q)
+
+
+@pytest.mark.parametrize("swizzled", [False, True])
+def test_grouped_gemm_on_nvfp4_grouped_input(swizzled):
+    from transformer_engine_lite.pytorch.cpp_extensions import (
+        general_gemm,
+        general_grouped_gemm_for_grouped_tensor,
+    )
+    from transformer_engine_lite.pytorch.tensor.grouped_tensor import GroupedTensor
+
+    torch.manual_seed(2)
+    splits, k, n = [128, 0, 256], 128, 64
+    x = torch.randn(sum(splits), k)
+    q = NVFP4Quantizer()
+    q.optimize_for_gemm = swizzled
+    grouped_x = _group(x, splits, q)
+    w = [NVFP4Quantizer()(torch.randn(n, k)) for _ in splits]
+    out = GroupedTensor.make_grouped_tensor(3, torch.tensor(splits), None, sum(splits), n, None,
+                                            "cpu", torch.float32)
+    general_grouped_gemm_for_grouped_tensor(w, grouped_x, out, layout="TN")
+    plain = NVFP4Quantizer()
+    for o, wi, part in zip(out.split_into_quantized_tensors(), w, torch.split(x, splits)):
+        if part.shape[0]:
+            want = general_gemm(wi, plain(part), out_dtype=torch.float32)[0]
+            assert torch.equal(o, want)
