@@ -7,9 +7,10 @@ nibble); _columnwise_data the transposed copy [last dim, leading dims...] packed
 random-Hadamard-transformed along its rows when the quantizer had with_rht; scale_inv grids are
 uint8 E4M3, [roundup(rows, 128), roundup(ceil(cols / 16), 4)] (column-wise: rows and cols
 swapped), padding zero, or the same bytes in TE's GEMM-swizzled order when
-_with_gemm_swizzled_scales (a quantizer with optimize_for_gemm; see _gemm_swizzle.py); _amax_rowwise / _amax_columnwise the fp32 [1] amax each copy was scaled
-by ([rows of the copy] with row_scaled_nvfp4). A value is e2m1 * e4m3 scale * amax / (6 * 448)
-(6 * nvfp4_e4m3_max: 256 with 4over6 if the quantizer asked for it).
+_with_gemm_swizzled_scales (a quantizer with optimize_for_gemm; see _gemm_swizzle.py);
+_amax_rowwise / _amax_columnwise the fp32 [1] amax each copy was scaled by ([rows of the copy]
+with row_scaled_nvfp4). A value is e2m1 * e4m3 scale * amax / (6 * 448) (6 * nvfp4_e4m3_max:
+256 with 4over6; _row_scaled_nvfp4 / _nvfp4_e4m3_max record how the bytes were made).
 """
 
 from __future__ import annotations
