@@ -222,10 +222,13 @@ def test_mxfp8_storage_arguments_are_checked():
         MXFP8TensorStorage(rowwise_data=None, rowwise_scale_inv=None, **kw)
     with pytest.raises(ValueError, match="rowwise_scale_inv: expected it exactly when"):
         MXFP8TensorStorage(rowwise_data=data, rowwise_scale_inv=None, **kw)
-    with pytest.raises(NotImplementedError, match="with_gemm_swizzled_scales=True"):
-        MXFP8TensorStorage(
-            rowwise_data=data, rowwise_scale_inv=scale, with_gemm_swizzled_scales=True, **kw
-        )
+    # GEMM-swizzled scales (tests/pytorch/test_nvfp4_swizzle.py): a [roundup(rows, 128),
+    # roundup(blocks, 4)] swizzled grid is read back in the compact layout.
+    st = MXFP8TensorStorage(
+        rowwise_data=data, rowwise_scale_inv=torch.zeros(128, 4, dtype=torch.uint8),
+        with_gemm_swizzled_scales=True, **kw
+    )
+    assert st._with_gemm_swizzled_scales and st._scale_grid(False).shape == (32, 1)
 
 
 def test_nvfp4_classes_are_made():

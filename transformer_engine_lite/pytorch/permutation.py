@@ -173,7 +173,7 @@ def _permute_rows(data, row_id_map, probs, num_out, like):
     scale = None
     if isinstance(like, MXFP8Tensor):
         scale, _ = _ops.moe_permute_with_mask_map(
-            like._rowwise_scale_inv.contiguous(), row_id_map, None, num_out
+            like._scale_grid(False).contiguous(), row_id_map, None, num_out
         )
     return _wrap(out, like, scale), permuted_probs
 

@@ -41,6 +41,9 @@ __all__ = [
     "fused_amax_and_scale_update_after_reduction",
     "quantize",
     "split_quantize",
+    "swizzle_scales_for_gemm_",
+    "multi_tensor_swizzle_scales_for_gemm_",
+    "multi_tensor_swizzle_scales_for_gemm_unchecked_",
     "thd_get_partitioned_indices",
     "torch_to_dtype",
     *_MULTI_TENSOR,
@@ -196,6 +199,44 @@ def split_quantize(tensor: torch.Tensor, split_sections: Any, quantizers: Any) -
     return [q(part) for q, part in zip(quantizers, torch.split(tensor, sections))]
 
 
+def _block_scaled(tensor: Any) -> bool:
+    """Whether TE's swizzle touches this tensor: MXFP8 / NVFP4 (other formats' GEMMs read their
+    scales as they are, so TE returns without doing anything)."""
+    from .tensor.storage.mxfp8_tensor_storage import MXFP8TensorStorage
+    from .tensor.storage.nvfp4_tensor_storage import NVFP4TensorStorage
+
+    return isinstance(tensor, (MXFP8TensorStorage, NVFP4TensorStorage))
+
+
+def swizzle_scales_for_gemm_(tensor: Any) -> None:
+    """TE's tex.swizzle_scales_for_gemm_: an MXFP8 / NVFP4 tensor's scale grids (each kept copy)
+    into the GEMM-swizzled layout, in place (new scale buffers, _with_gemm_swizzled_scales set);
+    a tensor already swizzled or of another format is left as it is."""
+    if _block_scaled(tensor):
+        tensor._swizzle_scales_for_gemm()
+
+
+def multi_tensor_swizzle_scales_for_gemm_(tensors: Any, rowwise: bool, columnwise: bool) -> None:
+    """TE's tex.multi_tensor_swizzle_scales_for_gemm_: the row-wise or the column-wise grid
+    (exactly one of the two) of each not-yet-swizzled MXFP8 / NVFP4 tensor, in place. As TE's, it
+    leaves _with_gemm_swizzled_scales to the caller, who sets it once both copies are done."""
+    if bool(rowwise) == bool(columnwise):
+        raise ValueError("tex.multi_tensor_swizzle_scales_for_gemm_: expected exactly one of "
+                         f"rowwise / columnwise, got rowwise={rowwise}, columnwise={columnwise}")
+    tensors = list(tensors)
+    if not tensors or not _block_scaled(tensors[0]):
+        return  # TE decides the format from the first tensor
+    for t in tensors:
+        if not _block_scaled(t):
+            raise ValueError(f"tex.multi_tensor_swizzle_scales_for_gemm_: tensors: expected "
+                             f"MXFP8 / NVFP4 tensors throughout, got {type(t).__name__}")
+        if not t._with_gemm_swizzled_scales:
+            t._swizzle_grid_of(bool(columnwise))
+
+
+multi_tensor_swizzle_scales_for_gemm_unchecked_ = multi_tensor_swizzle_scales_for_gemm_
+
+
 def generic_gemm(*args, **kwargs):  # noqa: ANN002, ANN003, ANN201
     """TE's tex.generic_gemm (see cpp_extensions.gemm.generic_gemm)."""
     from .cpp_extensions.gemm import generic_gemm as _impl
@@ -254,14 +295,16 @@ def group_quantize(tensor: torch.Tensor, quantizer: Any, num_tensors: int,
             raise ValueError(f"{owner}: expected rows ({tensor.shape[0]}) divisible by "
                              f"num_tensors ({num_tensors}) without first_dims")
         rows = [tensor.shape[0] // num_tensors] * num_tensors
-    if len(rows) != num_tensors or sum(rows) != tensor.shape[0]:
-        raise ValueError(f"{owner}: first_dims: expected {num_tensors} entries summing to "
-                         f"{tensor.shape[0]} rows, got {rows}")
+    # Members may cover fewer rows than the tensor has (TE's paged stashing: the rows after them
+    # are padding, left unquantized), never more.
+    if len(rows) != num_tensors or sum(rows) > tensor.shape[0] or min(rows, default=0) < 0:
+        raise ValueError(f"{owner}: first_dims: expected {num_tensors} non-negative entries "
+                         f"summing to at most {tensor.shape[0]} rows, got {rows}")
     if output is None:
         output = GroupedTensorStorage.make_grouped_tensor(
             num_tensors, first_dims, None, tensor.shape[0], tensor.shape[1], quantizer,
             tensor.device, tensor.dtype)
-    output.quantize(list(torch.split(tensor, rows, 0)), noop_flag=noop_flag)
+    output.quantize(list(torch.split(tensor[:sum(rows)], rows, 0)), noop_flag=noop_flag)
     return output
 
 

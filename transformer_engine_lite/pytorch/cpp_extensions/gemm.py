@@ -31,7 +31,7 @@ def _operand(name: str, t: Any, rowwise: bool) -> tuple[torch.Tensor, torch.Tens
         use_col = (not rowwise and t._columnwise_data is not None) or t._rowwise_data is None
         fp8 = t.fp8_data_dtype()
         data = t._columnwise_data if use_col else t._rowwise_data
-        s = t._columnwise_scale_inv if use_col else t._rowwise_scale_inv
+        s = t._scale_grid(use_col)  # compact (a GEMM-swizzled grid unswizzled)
         out = ops().dequantize_mxfp8(data.view(fp8), s, use_col, _MX_GEMM_DTYPE)
         return out.reshape(t.shape), None
     if isinstance(t, Float8BlockwiseQTensor):
@@ -77,6 +77,13 @@ def general_gemm(A: Any, B: Any, *args: Any, **kwargs: Any):
         if "workspace" in kwargs:
             raise TypeError("general_gemm: workspace given twice (positionally and by keyword)")
         kwargs["workspace"], args = args[0], args[1:]
+    layout = kwargs["layout"] if "layout" in kwargs else (args[7] if len(args) > 7 else "TN")
+    both_block = isinstance(A, Float8BlockwiseQTensor) and isinstance(B, Float8BlockwiseQTensor)
+    # TE's general_gemm takes three layouts; TT: a column-wise (transposed) block-scaled B with a
+    # row-wise A, as TE's block GEMM takes. tex.generic_gemm (TE's C++ GEMM) takes all four.
+    if layout not in ("TN", "NN", "NT") and not (both_block and layout == "TT"):
+        raise ValueError(f"general_gemm: layout: expected 'TN', 'NN' or 'NT' ('TT' for two "
+                         f"Float8BlockwiseQTensors), got {layout!r}")
     return _general_gemm(A, B, *args, **kwargs)
 
 
@@ -114,10 +121,9 @@ def _general_gemm(
             "bulk_overlap) is not supported by transformer_engine_lite"
         )
     both_block = isinstance(A, Float8BlockwiseQTensor) and isinstance(B, Float8BlockwiseQTensor)
-    # TT: a column-wise (transposed) block-scaled B with a row-wise A, as TE's block GEMM takes
-    if layout not in ("TN", "NN", "NT") and not (both_block and layout == "TT"):
-        raise ValueError(f"general_gemm: layout: expected 'TN', 'NN' or 'NT' ('TT' for two "
-                         f"Float8BlockwiseQTensors), got {layout!r}")
+    if layout not in ("TN", "NN", "NT", "TT"):
+        raise ValueError(f"general_gemm: layout: expected 'TN', 'NN', 'NT' or 'TT', got "
+                         f"{layout!r}")
     transa, transb = layout[0] == "T", layout[1] == "T"
     if both_block:
         from .block_gemm import block_scaled_gemm, check_block_gemm_contract

@@ -96,4 +96,9 @@ def general_grouped_gemm(
             use_split_accumulator=use_split_accumulator,
         )
         gelu_input[i] = pre
-    return (out[:1] if single_output else out), (bias if use_bias else [None] * n), gelu_input
+    # TE returns single_output's out as the list it was given, except on its row-scaled NVFP4
+    # path (per-GEMM loop), which returns the tensor itself.
+    row_scaled = any(getattr(t, "_row_scaled_nvfp4", False) for t in (*A, *B))
+    if single_output:
+        out = out[0] if row_scaled else out[:1]
+    return out, (bias if use_bias else [None] * n), gelu_input

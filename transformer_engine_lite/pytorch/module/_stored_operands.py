@@ -44,12 +44,12 @@ def stored_mxfp8(
         return None
     te, dt = ops(), cfg.inp.dtype
     r = te.dequantize_mxfp8(
-        weight._rowwise_data.view(dt), weight._rowwise_scale_inv, False, torch.bfloat16
+        weight._rowwise_data.view(dt), weight._scale_grid(False), False, torch.bfloat16
     )
     if not columnwise:
         return r, None
     c = te.dequantize_mxfp8(
-        weight._columnwise_data.view(dt), weight._columnwise_scale_inv, True, torch.bfloat16
+        weight._columnwise_data.view(dt), weight._scale_grid(True), True, torch.bfloat16
     )
     return r, c
 

@@ -88,10 +88,11 @@ class MXFP8Tensor(QuantizedTensor, MXFP8TensorStorage):
             "_columnwise_scale_inv",
         ):
             mine, theirs = getattr(self, name), getattr(other, name)
-            if mine is not None and theirs is not None:
+            if mine is not None and theirs is not None and mine.shape == theirs.shape:
                 mine.copy_(theirs)
-            else:
+            else:  # a dropped copy, or a grid of the other layout's shape
                 setattr(self, name, theirs)
+        self._with_gemm_swizzled_scales = other._with_gemm_swizzled_scales  # the bytes' layout
 
     # ----------------------------------------------------- ops that keep the quantized form
     def _quantized_op(self, func: Any, args: Any, kwargs: Any) -> Any:
@@ -114,6 +115,8 @@ class MXFP8Tensor(QuantizedTensor, MXFP8TensorStorage):
         """Split along dim 0 into whole 32-row blocks: slices of the buffers (TE's). Anything
         else: NotImplemented (the pieces are then the dequantized values')."""
         if self.dim() < 2 or dim not in (0, -self.dim()) or not isinstance(split_size, int):
+            return NotImplemented
+        if self._with_gemm_swizzled_scales:  # swizzled tiles span 128 rows: no row slices
             return NotImplemented
         if split_size <= 0 or self.shape[0] % split_size:
             return NotImplemented
@@ -150,6 +153,7 @@ class MXFP8Tensor(QuantizedTensor, MXFP8TensorStorage):
             columnwise_scale_inv=cs,
             fp8_dtype=self._fp8_dtype,
             quantizer=self._quantizer,
+            with_gemm_swizzled_scales=self._with_gemm_swizzled_scales,
         )
 
     _INNER = ("_rowwise_data", "_rowwise_scale_inv", "_columnwise_data", "_columnwise_scale_inv")
@@ -169,6 +173,7 @@ class MXFP8Tensor(QuantizedTensor, MXFP8TensorStorage):
             "fp8_dtype": self._fp8_dtype,
             "fake_dtype": self.dtype,
             "quantizer": None if q is None else q._context_quantizer(),
+            "with_gemm_swizzled_scales": self._with_gemm_swizzled_scales,
         }
         return names, flatten_context(self, kwargs)
 
@@ -184,6 +189,7 @@ class MXFP8Tensor(QuantizedTensor, MXFP8TensorStorage):
             fp8_dtype=kw["fp8_dtype"],
             quantizer=kw.get("quantizer"),
             requires_grad=requires_grad,
+            with_gemm_swizzled_scales=kw.get("with_gemm_swizzled_scales", False),
         )
 
     def __reduce_ex__(self, protocol: int) -> Any:
@@ -196,6 +202,7 @@ class MXFP8Tensor(QuantizedTensor, MXFP8TensorStorage):
                 tuple(self.shape),
                 self.dtype,
                 None if q is None else q.state(),
+                self._with_gemm_swizzled_scales,
             ),
         )
 
@@ -209,6 +216,7 @@ class MXFP8Tensor(QuantizedTensor, MXFP8TensorStorage):
             columnwise_scale_inv=self._columnwise_scale_inv,
             fp8_dtype=self._fp8_dtype,
             quantizer=self._quantizer,
+            with_gemm_swizzled_scales=self._with_gemm_swizzled_scales,
         )
 
 
@@ -218,6 +226,7 @@ def rebuild_mxfp8_tensor(
     shape: tuple[int, ...],
     dtype: torch.dtype,
     quantizer_state: dict[str, Any] | None,
+    with_gemm_swizzled_scales: bool = False,
 ) -> MXFP8Tensor:
     """Unpickling target of MXFP8Tensor (see __reduce_ex__)."""
     from .float8_tensor import quantizer_from_state
@@ -228,6 +237,7 @@ def rebuild_mxfp8_tensor(
         **{n[1:]: inner.get(n) for n in MXFP8Tensor._INNER},
         fp8_dtype=getattr(torch, fp8_dtype),
         quantizer=None if quantizer_state is None else quantizer_from_state(quantizer_state),
+        with_gemm_swizzled_scales=with_gemm_swizzled_scales,
     )
 
 
@@ -261,7 +271,7 @@ class MXFP8Quantizer(Quantizer):
         x2 = tensor.contiguous().reshape(-1, tensor.shape[-1])
         r, rs, c, cs = ops().quantize_mxfp8(x2, fp8, self.rowwise_usage, self.columnwise_usage)
         keep = lambda t, on: t if on else None
-        return MXFP8Tensor(
+        out = MXFP8Tensor(
             shape=tensor.shape,
             dtype=tensor.dtype,
             rowwise_data=keep(r, self.rowwise_usage),
@@ -271,13 +281,20 @@ class MXFP8Quantizer(Quantizer):
             fp8_dtype=fp8,
             quantizer=self,
         )
+        if self.optimize_for_gemm:
+            # TE's MXFP8 kernels write GEMM-swizzled scales when the quantizer asks for them
+            # (create_tensor: with_gemm_swizzled_scales = optimize_for_gemm): same bytes.
+            out._swizzle_scales_for_gemm()
+        return out
 
     def inner_tensor_specs(
         self, shape: tuple[int, ...]
     ) -> dict[str, tuple[tuple[int, ...], torch.dtype]]:
         """The buffers _quantize makes for a tensor of `shape` viewed as [rows, cols] (rows: the
         leading dims flattened): FP8 bytes [rows, cols] per usage, row-wise scales
-        [rows, ceil(cols/32)], column-wise scales [ceil(rows/32), cols] (E8M0 bytes)."""
+        [rows, ceil(cols/32)], column-wise scales [ceil(rows/32), cols] (E8M0 bytes); with
+        optimize_for_gemm the scales are GEMM-swizzled in TE's padded shapes (rows to 128 and
+        blocks to 4, the column-wise grid's [blocks, cols] to [4, 128])."""
         if len(shape) < 1:
             raise ValueError("MXFP8Quantizer: shape: expected at least 1 dimension, got ()")
         cols = int(shape[-1])
@@ -285,13 +302,14 @@ class MXFP8Quantizer(Quantizer):
         for d in shape[:-1]:
             rows *= int(d)
         blocks = lambda n: (n + 31) // 32
+        up = (lambda v, n: (v + n - 1) // n * n) if self.optimize_for_gemm else (lambda v, n: v)
         specs: dict[str, tuple[tuple[int, ...], torch.dtype]] = {}
         if self.rowwise_usage:
             specs["_rowwise_data"] = ((rows, cols), torch.uint8)
-            specs["_rowwise_scale_inv"] = ((rows, blocks(cols)), torch.uint8)
+            specs["_rowwise_scale_inv"] = ((up(rows, 128), up(blocks(cols), 4)), torch.uint8)
         if self.columnwise_usage:
             specs["_columnwise_data"] = ((rows, cols), torch.uint8)
-            specs["_columnwise_scale_inv"] = ((blocks(rows), cols), torch.uint8)
+            specs["_columnwise_scale_inv"] = ((up(blocks(rows), 4), up(cols, 128)), torch.uint8)
         return specs
 
     def storage_metadata(self, fake_dtype: torch.dtype) -> dict[str, Any]:
@@ -301,6 +319,7 @@ class MXFP8Quantizer(Quantizer):
                 "fp8_dtype": self.dtype,
                 "fake_dtype": fake_dtype,
                 "quantizer": self._context_quantizer(),
+                "with_gemm_swizzled_scales": self.optimize_for_gemm,
             },
         }
 

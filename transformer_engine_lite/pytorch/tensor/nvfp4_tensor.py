@@ -125,9 +125,28 @@ class NVFP4Tensor(QuantizedTensor, NVFP4TensorStorage):
                 mine.copy_(theirs)
             else:
                 setattr(self, name, theirs)
+        self._with_gemm_swizzled_scales = other._with_gemm_swizzled_scales  # the bytes' layout
 
     def _quantized_op(self, func: Any, args: Any, kwargs: Any) -> Any:
         aten = torch.ops.aten
+        if func is aten.as_strided.default:
+            # TE's no-op handler (FSDP2 calls it on the gathered parameter): the tensor's own
+            # size, contiguous strides and offset 0 keep it quantized; anything else dequantizes.
+            size, stride = list(args[1]), list(args[2])
+            offset = args[3] if len(args) > 3 else kwargs.get("storage_offset", 0)
+            if size == list(self.shape) and stride == list(self.stride()) and not offset:
+                return self._shallow_copy()
+            return NotImplemented
+        if func is aten.slice.Tensor:
+            # TE's no-op handler: a slice covering a whole dim with step 1.
+            dim = args[1] if len(args) > 1 else kwargs.get("dim", 0)
+            start = args[2] if len(args) > 2 else kwargs.get("start", None)
+            end = args[3] if len(args) > 3 else kwargs.get("end", None)
+            step = args[4] if len(args) > 4 else kwargs.get("step", 1)
+            n = self.shape[dim]
+            if (start in (None, 0) and (end is None or end >= n) and step == 1):
+                return self._shallow_copy()
+            return NotImplemented
         if func in (aten.view.default, aten._unsafe_view.default, aten.reshape.default):
             # Blocks run along the last dim and over the flattened leading dims: any shape that
             # keeps the last dim (and, for a column-wise copy, an even last leading dim) keeps
@@ -149,9 +168,62 @@ class NVFP4Tensor(QuantizedTensor, NVFP4TensorStorage):
                               self._amax_rowwise, self._amax_columnwise)
         return NotImplemented
 
+    # ----------------------------------------------------------------- FSDP2 (TE's hooks)
+    def fsdp_pre_all_gather(self, mesh: Any, orig_size: Any, contiguous_orig_stride: Any,
+                            module: Any, mp_policy: Any) -> tuple[tuple[torch.Tensor, ...], Any]:
+        """TE's: the shard's row-wise data and its scale rows (padding cut off, so the gathered
+        rows line up) are all-gathered; the column-wise copy is rebuilt from them afterwards
+        (16x16 blocks only, where it is the row-wise codes transposed)."""
+        owner = "NVFP4Tensor.fsdp_pre_all_gather"
+        if self._with_gemm_swizzled_scales:
+            raise NotImplementedError(f"{owner}: FSDP2 is not supported for NVFP4Tensors with "
+                                      "GEMM-swizzled scales")
+        shard_m = math.prod(self.shape[:-1])
+        if shard_m % NVFP4_BLOCK_SCALING_SIZE:
+            raise ValueError(f"{owner}: expected the shard's rows ({shard_m}) to be a multiple "
+                             f"of {NVFP4_BLOCK_SCALING_SIZE} (the NVFP4 block)")
+        if self._rowwise_data is None:
+            raise ValueError(f"{owner}: expected row-wise data (a quantizer with rowwise=True), "
+                             "got a tensor without it")
+        q = self._quantizer
+        columnwise = bool(q is not None and q.columnwise_usage)
+        if columnwise and not q.with_2d_quantization:
+            raise ValueError(f"{owner}: column-wise usage under FSDP2 expects 2D quantization "
+                             "(with_2d_quantization=True), got 1x16 blocks")
+        sharded = (self._rowwise_data, self._rowwise_scale_inv[:shard_m, :])
+        meta = (columnwise, self._amax_rowwise, self._amax_columnwise, self._format_fields(),
+                self.shape[-1])
+        return sharded, meta
+
+    def fsdp_post_all_gather(self, all_gather_outputs: tuple[torch.Tensor, ...], metadata: Any,
+                             param_dtype: torch.dtype, *, out: NVFP4Tensor | None = None
+                             ) -> tuple[NVFP4Tensor, tuple[torch.Tensor, ...]]:
+        """TE's: the gathered rows as one NVFP4Tensor (scale rows padded back to 128), its
+        column-wise copy rebuilt locally; `out` (a previous result) is updated in place."""
+        columnwise, amax_row, amax_col, fields, cols = metadata
+        data, scale = all_gather_outputs[:2]
+        rows = data.shape[0]
+        pad = -(-rows // 128) * 128 - scale.shape[0]
+        if pad > 0:
+            scale = torch.nn.functional.pad(scale, (0, 0, 0, pad))
+        if out is not None:
+            out._rowwise_data, out._rowwise_scale_inv = data, scale
+            out._amax_rowwise, out._amax_columnwise = amax_row, amax_col
+            out._columnwise_data = out._columnwise_scale_inv = None
+        else:
+            out = NVFP4Tensor(shape=(rows, cols), dtype=param_dtype, rowwise_data=data,
+                              rowwise_scale_inv=scale, columnwise_data=None,
+                              columnwise_scale_inv=None, amax_rowwise=amax_row,
+                              amax_columnwise=amax_col, **fields)
+        if columnwise:
+            out._create_columnwise()
+        if out._quantizer is not None:
+            out._quantizer.set_usage(rowwise=True, columnwise=columnwise)
+        return out, all_gather_outputs
+
     def _like(self, shape: Any, *inner: Any) -> NVFP4Tensor:
         return type(self)(shape=shape, dtype=self.dtype, **{n[1:]: t for n, t in zip(_INNER, inner)},
-                          quantizer=self._quantizer)
+                          **self._format_fields())
 
     def _inner_names(self) -> list[str]:
         return list(_INNER)
@@ -166,7 +238,8 @@ class NVFP4Tensor(QuantizedTensor, NVFP4TensorStorage):
         names = [n for n in _INNER if getattr(self, n) is not None]
         q = self._quantizer
         kwargs = {"fp4_dtype": self._fp4_dtype, "fake_dtype": self.dtype,
-                  "quantizer": None if q is None else q._context_quantizer()}
+                  "quantizer": None if q is None else q._context_quantizer(),
+                  "with_gemm_swizzled_scales": self._with_gemm_swizzled_scales}
         return names, flatten_context(self, kwargs)
 
     @staticmethod
@@ -175,16 +248,19 @@ class NVFP4Tensor(QuantizedTensor, NVFP4TensorStorage):
     ) -> NVFP4Tensor:
         cls, kw, requires_grad = unflatten_kwargs("NVFP4Tensor", ctx)
         return cls(shape=outer_size, dtype=kw["fake_dtype"], **{n[1:]: inner.get(n) for n in _INNER},
-                   quantizer=kw.get("quantizer"), requires_grad=requires_grad)
+                   quantizer=kw.get("quantizer"), requires_grad=requires_grad,
+                   with_gemm_swizzled_scales=kw.get("with_gemm_swizzled_scales", False))
 
     def __reduce_ex__(self, protocol: int) -> Any:
         q = self._quantizer
         return (rebuild_nvfp4_tensor, ({n: getattr(self, n) for n in _INNER}, tuple(self.shape),
-                                       self.dtype, None if q is None else q.state()))
+                                       self.dtype, None if q is None else q.state(),
+                                       self._with_gemm_swizzled_scales))
 
 
 def rebuild_nvfp4_tensor(inner: dict[str, torch.Tensor | None], shape: tuple[int, ...],
-                         dtype: torch.dtype, quantizer_state: dict[str, Any] | None) -> NVFP4Tensor:
+                         dtype: torch.dtype, quantizer_state: dict[str, Any] | None,
+                         with_gemm_swizzled_scales: bool = False) -> NVFP4Tensor:
     """Unpickling target of NVFP4Tensor (see __reduce_ex__)."""
     q = None
     if quantizer_state is not None:
@@ -193,7 +269,7 @@ def rebuild_nvfp4_tensor(inner: dict[str, torch.Tensor | None], shape: tuple[int
         st.pop("fp8_dtype", None)
         q = NVFP4Quantizer(**st)
     return NVFP4Tensor(shape=shape, dtype=dtype, **{n[1:]: inner.get(n) for n in _INNER},
-                       quantizer=q)
+                       quantizer=q, with_gemm_swizzled_scales=with_gemm_swizzled_scales)
 
 
 class NVFP4Quantizer(Quantizer):
@@ -331,13 +407,34 @@ class NVFP4Quantizer(Quantizer):
             self.stochastic_rounding, seed, offset, self.row_scaled_nvfp4, four_over_six,
             self.nvfp4_e4m3_max, fast)
         row, col = self.rowwise_usage, self.columnwise_usage
-        return NVFP4Tensor(
+        out = NVFP4Tensor(
             shape=tensor.shape, dtype=tensor.dtype,
             rowwise_data=r if row else None, rowwise_scale_inv=rs if row else None,
             columnwise_data=c if col else None, columnwise_scale_inv=cs if col else None,
             amax_rowwise=ra if row else None, amax_columnwise=ca if col else None,
             quantizer=self,
         )
+        if self.optimize_for_gemm:
+            # TE: the scales come out GEMM-swizzled whatever the shape (written so by the fused
+            # kernels on eligible shapes, by a swizzle pass after the cast otherwise): same bytes.
+            out._swizzle_scales_for_gemm()
+        return out
+
+    def emits_swizzled_scales_in_kernel(self, shape: Iterable[int]) -> bool:
+        """TE's create_tensor gate (nvfp4_emits_gemm_swizzled_scales): whether a tensor of
+        `shape` is allocated with GEMM-swizzled scales, i.e. TE's fused kernels would write them
+        so: the RHT cast fusion (rows % 64, cols % 128) or the plain 2D quantize (rows and cols %
+        128, not row-scaled, no 4over6), with optimize_for_gemm. TE also needs SM 100-110 there;
+        the NVFP4 recipe is emulated here as on those GPUs (is_nvfp4_available)."""
+        if not self.optimize_for_gemm:
+            return False
+        shape = tuple(int(d) for d in shape)
+        cols = shape[-1] if shape else 1
+        rows = math.prod(shape[:-1])
+        if self.with_rht:
+            return rows % 64 == 0 and cols % 128 == 0
+        return (self.with_2d_quantization and not self.row_scaled_nvfp4
+                and not self.nvfp4_use_4over6 and rows % 128 == 0 and cols % 128 == 0)
 
     def update_quantized(self, src: torch.Tensor, dst: QuantizedTensor, *,
                          noop_flag: torch.Tensor | None = None) -> QuantizedTensor:
@@ -353,8 +450,10 @@ class NVFP4Quantizer(Quantizer):
         shape = tuple(int(d) for d in shape)
         buf = {n: torch.zeros(s, dtype=dt, device=device)
                for n, (s, dt) in self.inner_tensor_specs(shape).items()}
+        # Zeroed grids are the same bytes in either layout: only the flag differs.
         return NVFP4Tensor(shape=shape, dtype=dtype, **{n[1:]: buf.get(n) for n in _INNER},
-                           quantizer=self, requires_grad=requires_grad)
+                           quantizer=self, requires_grad=requires_grad,
+                           with_gemm_swizzled_scales=self.emits_swizzled_scales_in_kernel(shape))
 
     def get_scale_shape(self, shape: Iterable[int], columnwise: bool) -> tuple[int, int]:
         """TE's: [roundup(M, 128), roundup(ceil(K / 16), 4)] row-wise; K and M swapped
@@ -416,7 +515,8 @@ class NVFP4Quantizer(Quantizer):
     def storage_metadata(self, fake_dtype: torch.dtype) -> dict[str, Any]:
         return {"cls": NVFP4Tensor,
                 "nontensor_kwargs": {"fp4_dtype": self.dtype, "fake_dtype": fake_dtype,
-                                     "quantizer": self._context_quantizer()}}
+                                     "quantizer": self._context_quantizer(),
+                                     "with_gemm_swizzled_scales": self.optimize_for_gemm}}
 
 
 register_value_opaque_quantizer(NVFP4Quantizer)

@@ -44,10 +44,23 @@ def quantized_member(grouped: Any, kind: str, i: int, shape: tuple, offset: int)
             if offs is None:
                 raise RuntimeError(f"GroupedTensor: {fld} without {fld}_offsets")
             fields[fld] = _view(buf, offs[i], specs[fld][0])
+    if kind == "nvfp4":
+        offset //= 2  # two E2M1 values per byte: member i's bytes start at half its elements
     row = _view(grouped.rowwise_data, offset, specs["rowwise_data"][0]) \
         if "rowwise_data" in specs else None
     col = _view(grouped.columnwise_data, offset, specs["columnwise_data"][0]) \
         if "columnwise_data" in specs else None
+    if kind == "nvfp4":
+        from ..nvfp4_tensor import NVFP4Tensor
+
+        amax = {f: None if getattr(grouped, f) is None or f not in specs
+                else getattr(grouped, f)[i:i + 1] for f in ("amax", "columnwise_amax")}
+        return NVFP4Tensor(shape=shape, dtype=grouped.fake_dtype, rowwise_data=row,
+                           rowwise_scale_inv=fields["scale_inv"], columnwise_data=col,
+                           columnwise_scale_inv=fields["columnwise_scale_inv"],
+                           amax_rowwise=amax["amax"], amax_columnwise=amax["columnwise_amax"],
+                           quantizer=q,
+                           with_gemm_swizzled_scales=grouped._with_gemm_swizzled_scales)
     common = dict(shape=shape, dtype=grouped.fake_dtype, rowwise_data=row,
                   rowwise_scale_inv=fields["scale_inv"], columnwise_data=col,
                   columnwise_scale_inv=fields["columnwise_scale_inv"], fp8_dtype=q.dtype,
@@ -64,7 +77,10 @@ def quantized_member(grouped: Any, kind: str, i: int, shape: tuple, offset: int)
 @torch.no_grad()
 def record_member_stats(grouped: Any, i: int, src: torch.Tensor, dst: Any) -> None:
     """Per-tensor recipes keep each member's amax (TE's grouped amax [n]) and, for current
-    scaling, its scale (TE's grouped scale [n], the reciprocal of the member's scale_inv)."""
+    scaling, its scale (TE's grouped scale [n], the reciprocal of the member's scale_inv).
+    NVFP4 members hold views of amax / columnwise_amax: quantizing wrote them already."""
+    if type(grouped.quantizer).__name__ == "NVFP4Quantizer":
+        return
     if grouped.amax is not None and grouped.amax.numel() == grouped.num_tensors:
         x = src.detach()
         amax = x.abs().max().float() if x.numel() else x.new_zeros((), dtype=torch.float32)

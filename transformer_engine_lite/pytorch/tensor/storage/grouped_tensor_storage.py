@@ -20,11 +20,15 @@ buffers. Per recipe:
     does on such hardware), scale_inv [n]; amax [n] (and scale [n] for current scaling) hold each
     member's amax (and scale) after quantize().
   - MXFP8: uint8 data per usage ([rows, cols] each), E8M0 scales [rows, ceil(cols/32)] row-wise,
-    [ceil(rows/32), cols] column-wise (compact: TE's GEMM-swizzled layout is not implemented, so
-    a quantizer's optimize_for_gemm gives compact scales here, as MXFP8Quantizer's own output).
+    [ceil(rows/32), cols] column-wise (compact: TE's GEMM-swizzled grouped layout is not
+    implemented, so a quantizer's optimize_for_gemm gives compact scales here, unlike
+    MXFP8Quantizer's own output).
   - Float8BlockScaling: row-wise data [rows, cols] and column-wise (transposed) data, fp32 scales
     in the quantizer's GEMM-ready grid (Float8BlockQuantizer.get_scale_shape).
-NVFP4 is not implemented in transformer_engine_lite (NotImplementedError).
+  - NVFP4: packed uint8 data per usage (member i's bytes from offsets[i] / 2: [rows, cols / 2]
+    row-wise, [cols, rows / 2] column-wise), its E4M3 grids (the quantizer's padded shapes;
+    GEMM-swizzled per member with optimize_for_gemm, _with_gemm_swizzled_scales), amax /
+    columnwise_amax [n] (each member's). Row-scaled / 4over6 quantizers: NotImplementedError.
 """
 
 from __future__ import annotations
@@ -46,6 +50,8 @@ _FIELD_OF = {
     "_scale_inv": "scale_inv",
     "_rowwise_scale_inv": "scale_inv",
     "_columnwise_scale_inv": "columnwise_scale_inv",
+    "_amax_rowwise": "amax",
+    "_amax_columnwise": "columnwise_amax",
 }
 _SAVED = ("rowwise_data", "columnwise_data", "scale_inv", "columnwise_scale_inv", "amax",
           "columnwise_amax", "scale", "first_dims", "last_dims", "tensor_offsets")
@@ -61,19 +67,38 @@ def _recipe_kind(owner: str, quantizer: Any) -> str:
                       (MXFP8Quantizer, "mxfp8"), (Float8BlockQuantizer, "block")):
         if isinstance(quantizer, cls):
             return kind
-    if type(quantizer).__name__ in ("NVFP4Quantizer", "IdentityQuantizer", "HybridQuantizer"):
+    if type(quantizer).__name__ == "NVFP4Quantizer":
+        if quantizer.row_scaled_nvfp4 or quantizer.nvfp4_use_4over6:
+            raise NotImplementedError(
+                f"{owner}: quantizer: NVFP4Quantizer with row_scaled_nvfp4 / nvfp4_use_4over6: "
+                "grouped storage of those is not implemented in transformer_engine_lite")
+        return "nvfp4"
+    if type(quantizer).__name__ in ("IdentityQuantizer", "HybridQuantizer"):
         raise NotImplementedError(
             f"{owner}: quantizer: {type(quantizer).__name__} grouped storage is not implemented in "
             "transformer_engine_lite (supported: Float8Quantizer, Float8CurrentScalingQuantizer, "
-            "MXFP8Quantizer, Float8BlockQuantizer)")
+            "MXFP8Quantizer, Float8BlockQuantizer, NVFP4Quantizer)")
     raise ValueError(f"{owner}: quantizer: expected None or a Float8Quantizer, "
-                     f"Float8CurrentScalingQuantizer, MXFP8Quantizer or Float8BlockQuantizer, got "
-                     f"{type(quantizer).__name__}")
+                     f"Float8CurrentScalingQuantizer, MXFP8Quantizer, Float8BlockQuantizer or "
+                     f"NVFP4Quantizer, got {type(quantizer).__name__}")
+
+
+def _compact_layout(quantizer: Any) -> Any:
+    """The quantizer members are written with: grouped buffers keep compact scales (the grouped
+    GEMMs read them so; see the module docstring), so optimize_for_gemm is turned off in a copy.
+    NVFP4 members keep theirs (each member's grid swizzled on its own, as TE's group quantize)."""
+    if not getattr(quantizer, "optimize_for_gemm", False) \
+            or type(quantizer).__name__ == "NVFP4Quantizer":
+        return quantizer
+    q = quantizer.copy()
+    q.optimize_for_gemm = False
+    return q
 
 
 def _member_specs(quantizer: Any, shape: Tuple[int, ...]) -> dict:
     """TE field -> (shape, dtype) of one member's buffers under `quantizer`."""
-    return {_FIELD_OF[k]: v for k, v in quantizer.inner_tensor_specs(tuple(shape)).items()}
+    specs = _compact_layout(quantizer).inner_tensor_specs(tuple(shape))
+    return {_FIELD_OF[k]: v for k, v in specs.items()}
 
 
 class GroupedTensorStorage:
@@ -119,16 +144,16 @@ class GroupedTensorStorage:
             raise ValueError(f"{owner}: num_tensors: expected an int >= 0, got {num_tensors!r}")
         if len(tuple(shape)) != 2:
             raise ValueError(f"{owner}: shape: expected a 2-D logical shape, got {tuple(shape)}")
-        if with_gemm_swizzled_scales:
+        kind = None if quantizer is None else _recipe_kind(owner, quantizer)
+        if with_gemm_swizzled_scales and kind != "nvfp4":
             raise NotImplementedError(
                 f"{owner}: with_gemm_swizzled_scales=True is not implemented in "
-                "transformer_engine_lite (its block-scaled kernels take compact scales)")
+                "transformer_engine_lite for this format (its grouped GEMMs take compact scales; "
+                "NVFP4 members may be swizzled)")
         if row_scaled_nvfp4 or nvfp4_use_4over6 or nvfp4_e4m3_max != 448:
             raise NotImplementedError(f"{owner}: NVFP4 options (row_scaled_nvfp4, "
                                       "nvfp4_use_4over6, nvfp4_e4m3_max) are not implemented in "
-                                      "transformer_engine_lite (no NVFP4)")
-        if quantizer is not None:
-            _recipe_kind(owner, quantizer)
+                                      "transformer_engine_lite's grouped storage")
         instance.num_tensors = num_tensors
         instance.quantizer = quantizer
         instance.tensor_shapes = None if shapes is None else [tuple(s) for s in shapes]
@@ -148,7 +173,7 @@ class GroupedTensorStorage:
         instance.offsets = offsets
         instance.logical_shape = tuple(shape)
         instance.quantized_tensors = None
-        instance._with_gemm_swizzled_scales = False
+        instance._with_gemm_swizzled_scales = bool(with_gemm_swizzled_scales)
         instance.row_scaled_nvfp4 = False
         instance.nvfp4_use_4over6 = False
         instance.nvfp4_e4m3_max = 448
@@ -380,8 +405,12 @@ class GroupedTensorStorage:
             for fld in fields:
                 dt = per_member[0][fld][1]
                 counts = [math.prod(m[fld][0]) for m in per_member]
+                if fld in ("amax", "columnwise_amax"):  # NVFP4: one amax per member and copy
+                    bufs[fld] = torch.zeros(sum(counts), dtype=dt, device=device)
+                    continue
                 if fld in ("rowwise_data", "columnwise_data"):
-                    size = max(total, sum(counts))  # the logical shape may carry padding
+                    # the logical shape may carry padding; NVFP4 packs two values per byte
+                    size = max(total // (2 if kind == "nvfp4" else 1), sum(counts))
                 else:
                     size = sum(counts)
                     cum = [0]
@@ -406,7 +435,9 @@ class GroupedTensorStorage:
                   dtype if dtype is not None else torch.float32, num_tensors=num_tensors,
                   shapes=shapes, quantizer=quantizer, first_dims=first_dims, last_dims=last_dims,
                   tensor_offsets=tensor_offsets, offsets=offsets, scale_inv_offsets=sio,
-                  columnwise_scale_inv_offsets=csio, **bufs)
+                  columnwise_scale_inv_offsets=csio,
+                  with_gemm_swizzled_scales=kind == "nvfp4" and quantizer.optimize_for_gemm,
+                  **bufs)
         out.quantized_tensors = out.split_into_quantized_tensors()
         return out
 
@@ -466,11 +497,12 @@ class GroupedTensorStorage:
         members = self.split_into_quantized_tensors()
         from ._grouped_members import record_member_stats
 
+        quantizer = _compact_layout(self.quantizer)
         for i, (src, dst) in enumerate(zip(tensors, members)):
             if tuple(src.shape) != tuple(dst.shape):
                 raise ValueError(f"{owner}: tensors[{i}]: expected shape {tuple(dst.shape)}, "
                                  f"got {tuple(src.shape)}")
-            self.quantizer.update_quantized(src, dst, noop_flag=noop_flag)
+            quantizer.update_quantized(src, dst, noop_flag=noop_flag)
             if noop_flag is None or float(noop_flag.reshape(-1)[0]) != 1.0:
                 record_member_stats(self, i, src, dst)
         self.quantized_tensors = members

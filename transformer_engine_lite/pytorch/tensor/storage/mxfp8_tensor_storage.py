@@ -4,9 +4,10 @@ its usage and FSDP2 methods).
 Layout (the te_lite MXFP8 kernels'): data are uint8 FP8 bytes of the tensor flattened to 2-D
 [rows, cols] (rows = product of the leading dims); _rowwise_scale_inv holds one E8M0 byte per 1x32
 block along cols ([rows, ceil(cols/32)]), _columnwise_scale_inv one per 32x1 block along rows
-([ceil(rows/32), cols]). Scales are compact: TE's GEMM-swizzled layout is not implemented. A scale
-buffer may carry TE's alignment padding (rows padded to 128 row-wise, 4 column-wise); only its
-leading rows are used.
+([ceil(rows/32), cols]). Scales are compact, or, when _with_gemm_swizzled_scales (a quantizer with
+optimize_for_gemm), in TE's GEMM-swizzled order and padded shapes (_gemm_swizzle.py; every reader
+goes through _scale_grid, which undoes it). A compact scale buffer may carry TE's alignment padding
+(rows padded to 128 row-wise, 4 column-wise); only its leading rows are used.
 """
 
 from __future__ import annotations
@@ -18,6 +19,12 @@ import torch
 
 from ...constants import MXFP8_BLOCK_SCALING_SIZE
 from ...quantization import ops
+from .._gemm_swizzle import (
+    swizzle_grid,
+    swizzle_mxfp8_columnwise,
+    unswizzle_grid,
+    unswizzle_mxfp8_columnwise,
+)
 from ..quantized_tensor import QuantizedTensorStorage, fp8_torch_dtype, to_dtype_enum
 
 __all__ = ["MXFP8TensorStorage"]
@@ -70,11 +77,6 @@ class MXFP8TensorStorage(QuantizedTensorStorage):
     ) -> None:
         if rowwise_data is None and columnwise_data is None:
             raise ValueError(f"{owner}: expected rowwise_data or columnwise_data, got neither")
-        if with_gemm_swizzled_scales:
-            raise NotImplementedError(
-                f"{owner}: with_gemm_swizzled_scales=True is not implemented in "
-                "transformer_engine_lite (its MXFP8 kernels take compact scales)"
-            )
         for name, data, scale in (
             ("rowwise", rowwise_data, rowwise_scale_inv),
             ("columnwise", columnwise_data, columnwise_scale_inv),
@@ -90,7 +92,7 @@ class MXFP8TensorStorage(QuantizedTensorStorage):
         self._columnwise_scale_inv = columnwise_scale_inv
         self._fp8_dtype = to_dtype_enum(fp8_torch_dtype(owner, fp8_dtype))
         self._quantizer = quantizer
-        self._with_gemm_swizzled_scales = False
+        self._with_gemm_swizzled_scales = bool(with_gemm_swizzled_scales)
 
     # ------------------------------------------------------------------------------- data
     def _data_2d_shape(self) -> torch.Size:
@@ -105,18 +107,60 @@ class MXFP8TensorStorage(QuantizedTensorStorage):
             raise RuntimeError(f"{type(self).__name__} holds no data (both usages were dropped)")
         return data.size(*args, **kwargs)
 
+    def _scale_grid(self, columnwise: bool) -> torch.Tensor | None:
+        """A copy's compact scale grid, [rows, ceil(cols/32)] or [ceil(rows/32), cols] (padding
+        cut off; unswizzled if stored GEMM-swizzled)."""
+        scale = self._columnwise_scale_inv if columnwise else self._rowwise_scale_inv
+        if scale is None:
+            return None
+        rows, cols = self._data_2d_shape()
+        blocks = math.ceil(cols / MXFP8_BLOCK_SCALING_SIZE)
+        if self._with_gemm_swizzled_scales:
+            if columnwise:
+                return unswizzle_mxfp8_columnwise(scale, rows, cols)
+            return unswizzle_grid(scale, rows, blocks)[:rows, :blocks]
+        # Only the leading (unpadded) scale rows and columns describe blocks.
+        if columnwise:
+            return scale[: math.ceil(rows / MXFP8_BLOCK_SCALING_SIZE), :cols]
+        return scale[:rows, :blocks]
+
+    def _swizzle_scales_for_gemm(self) -> None:
+        """TE's inplace_swizzle_scale_for_gemm: each kept grid into the GEMM-swizzled layout in
+        TE's padded shapes (row-wise [roundup(rows, 128), roundup(ceil(cols/32), 4)], column-wise
+        [roundup(ceil(rows/32), 4), roundup(cols, 128)]), in new buffers."""
+        if self._with_gemm_swizzled_scales:
+            return
+        self._swizzle_grid_of(False)
+        self._swizzle_grid_of(True)
+        self._with_gemm_swizzled_scales = True
+
+    def _swizzle_grid_of(self, columnwise: bool) -> None:
+        """One copy's (compact) grid into the GEMM-swizzled layout, in a new buffer; the flag is
+        the caller's (TE's multi-tensor swizzle sets it only after both copies)."""
+        rows, cols = self._data_2d_shape()
+        if columnwise and self._columnwise_scale_inv is not None:
+            self._columnwise_scale_inv = swizzle_mxfp8_columnwise(
+                self._columnwise_scale_inv, rows, cols)
+        if not columnwise and self._rowwise_scale_inv is not None:
+            self._rowwise_scale_inv = swizzle_grid(
+                self._rowwise_scale_inv, rows, math.ceil(cols / MXFP8_BLOCK_SCALING_SIZE))
+
+    def get_metadata(self) -> dict[str, Any]:
+        """TE's: the constructor keywords that rebuild this tensor (buffers shared)."""
+        fake = self.dtype if isinstance(self, torch.Tensor) else self._fake_dtype
+        return {"rowwise_data": self._rowwise_data, "rowwise_scale_inv": self._rowwise_scale_inv,
+                "columnwise_data": self._columnwise_data,
+                "columnwise_scale_inv": self._columnwise_scale_inv, "fp8_dtype": self._fp8_dtype,
+                "quantizer": self._quantizer,
+                "with_gemm_swizzled_scales": self._with_gemm_swizzled_scales,
+                "fake_dtype": fake}
+
     def _dequantize_2d(self, dtype: torch.dtype) -> torch.Tensor:
         """The values as [rows, cols] (from the row-wise copy if kept, else the column-wise)."""
         rows, cols = self._data_2d_shape()
         col = self._rowwise_data is None
         data = self._columnwise_data if col else self._rowwise_data
-        scale = self._columnwise_scale_inv if col else self._rowwise_scale_inv
-        block = MXFP8_BLOCK_SCALING_SIZE
-        # Only the leading (unpadded) scale rows and columns describe blocks.
-        if col:
-            scale = scale[: math.ceil(rows / block), :cols]
-        else:
-            scale = scale[:rows, : math.ceil(cols / block)]
+        scale = self._scale_grid(col)
         fp8 = fp8_torch_dtype(type(self).__name__, self._fp8_dtype)
         data = data.reshape(rows, cols).view(fp8)
         return ops().dequantize_mxfp8(data, scale.contiguous(), col, dtype)
@@ -174,6 +218,12 @@ class MXFP8TensorStorage(QuantizedTensorStorage):
     def fsdp_extract_buffers(self) -> tuple[tuple[torch.Tensor | None, ...], dict[str, Any]]:
         """As the base, with each scale buffer cut to its block rows: alignment padding would
         land between the shards when FSDP2 concatenates them along dim 0."""
+        if self._with_gemm_swizzled_scales:
+            # Swizzled tiles mix 128 rows: shards' grids cannot be concatenated along dim 0.
+            raise NotImplementedError(
+                f"{type(self).__name__}.fsdp_extract_buffers: an MXFP8 tensor with GEMM-swizzled "
+                "scales (optimize_for_gemm) cannot be all-gathered by FSDP2 in "
+                "transformer_engine_lite; quantize FSDP2 weights with compact scales")
         buffers, meta = super().fsdp_extract_buffers()
         rows = self._data_2d_shape()[0]
         wanted = {

@@ -6,9 +6,11 @@ the tensor's shape with the last dim halved, two E2M1 codes per byte (element 2j
 nibble); _columnwise_data the transposed copy [last dim, leading dims...] packed the same way,
 random-Hadamard-transformed along its rows when the quantizer had with_rht; scale_inv grids are
 uint8 E4M3, [roundup(rows, 128), roundup(ceil(cols / 16), 4)] (column-wise: rows and cols
-swapped), padding zero; _amax_rowwise / _amax_columnwise the fp32 [1] amax each copy was scaled
-by ([rows of the copy] with row_scaled_nvfp4). A value is e2m1 * e4m3 scale * amax / (6 * 448)
-(6 * nvfp4_e4m3_max: 256 with 4over6 if the quantizer asked for it).
+swapped), padding zero, or the same bytes in TE's GEMM-swizzled order when
+_with_gemm_swizzled_scales (a quantizer with optimize_for_gemm; see _gemm_swizzle.py);
+_amax_rowwise / _amax_columnwise the fp32 [1] amax each copy was scaled by ([rows of the copy]
+with row_scaled_nvfp4). A value is e2m1 * e4m3 scale * amax / (6 * 448) (6 * nvfp4_e4m3_max:
+256 with 4over6; _row_scaled_nvfp4 / _nvfp4_e4m3_max record how the bytes were made).
 """
 
 from __future__ import annotations
@@ -18,6 +20,7 @@ from typing import Any
 import torch
 
 from ...quantization import ops
+from .._gemm_swizzle import swizzle_grid, unswizzle_grid
 from ..quantized_tensor import QuantizedTensorStorage
 
 __all__ = ["NVFP4TensorStorage"]
@@ -82,8 +85,9 @@ class NVFP4TensorStorage(QuantizedTensorStorage):
 
     def _set_nvfp4_fields(self, owner: str, rd: Any, rs: Any, cd: Any, cs: Any, ra: Any, ca: Any,
                           fp4_dtype: Any, quantizer: Any, swizzled: bool,
-                          row_scaled_nvfp4: bool = False, nvfp4_use_4over6: bool = False,
-                          nvfp4_e4m3_max: int = 448, **_: Any) -> None:
+                          row_scaled_nvfp4: bool | None = None,
+                          nvfp4_use_4over6: bool | None = None,
+                          nvfp4_e4m3_max: int | None = None, **_: Any) -> None:
         from ...tex import DType
 
         if rd is None and cd is None:
@@ -95,22 +99,27 @@ class NVFP4TensorStorage(QuantizedTensorStorage):
             if data is not None and data.dtype != torch.uint8:
                 raise ValueError(f"{owner}: {name}_data: expected uint8 (packed E2M1), got "
                                  f"{data.dtype}")
-        if swizzled:
-            raise NotImplementedError(f"{owner}: with_gemm_swizzled_scales=True (cuBLAS's "
-                                      "swizzled scale layout) is not implemented")
-        if row_scaled_nvfp4 or nvfp4_use_4over6:
-            raise NotImplementedError(f"{owner}: row_scaled_nvfp4 / nvfp4_use_4over6 are not "
-                                      "implemented in transformer_engine_lite")
+        # How the buffers were quantized (TE's tensor fields): given, or the quantizer's.
+        if row_scaled_nvfp4 is None:
+            row_scaled_nvfp4 = bool(getattr(quantizer, "row_scaled_nvfp4", False))
+        if nvfp4_use_4over6 is None:
+            nvfp4_use_4over6 = bool(getattr(quantizer, "nvfp4_use_4over6", False))
+        if nvfp4_e4m3_max is None:
+            nvfp4_e4m3_max = int(getattr(quantizer, "nvfp4_e4m3_max", 448))
+        if nvfp4_e4m3_max not in (448, 256):
+            raise ValueError(f"{owner}: nvfp4_e4m3_max: expected 448 or 256, got {nvfp4_e4m3_max}")
         if fp4_dtype is not None and DType(fp4_dtype) != DType.kFloat4E2M1:
             raise ValueError(f"{owner}: fp4_dtype: expected DType.kFloat4E2M1, got {fp4_dtype!r}")
         self._rowwise_data, self._rowwise_scale_inv, self._amax_rowwise = rd, rs, ra
         self._columnwise_data, self._columnwise_scale_inv, self._amax_columnwise = cd, cs, ca
         self._fp4_dtype = DType.kFloat4E2M1
         self._quantizer = quantizer
-        self._with_gemm_swizzled_scales = False
-        self._row_scaled_nvfp4 = False
-        self._nvfp4_use_4over6 = False
-        self._nvfp4_e4m3_max = nvfp4_e4m3_max
+        # Scale grids in TE's GEMM-swizzled byte order (tensor/_gemm_swizzle.py) when set; every
+        # reader of the grids goes through _scale_grid, which undoes it.
+        self._with_gemm_swizzled_scales = bool(swizzled)
+        self._row_scaled_nvfp4 = bool(row_scaled_nvfp4)
+        self._nvfp4_use_4over6 = bool(nvfp4_use_4over6)
+        self._nvfp4_e4m3_max = int(nvfp4_e4m3_max)
 
     # ------------------------------------------------------------------------------- data
     def _logical_shape(self) -> torch.Size:
@@ -132,22 +141,69 @@ class NVFP4TensorStorage(QuantizedTensorStorage):
         return q.rht_matrix_random_sign_mask_t if q is not None and q.with_rht else -1
 
     def _nvfp4_params(self) -> tuple[bool, int]:
-        """(row-scaled, E4M3 bound) the buffers were quantized with (the quantizer's)."""
-        q = self._quantizer
-        if q is None:
-            return False, 448
-        return bool(getattr(q, "row_scaled_nvfp4", False)), int(getattr(q, "nvfp4_e4m3_max", 448))
+        """(row-scaled, E4M3 bound) the buffers were quantized with."""
+        return self._row_scaled_nvfp4, self._nvfp4_e4m3_max
+
+    def _format_fields(self) -> dict[str, Any]:
+        """The non-buffer fields a copy of this tensor needs (TE's constructor keywords)."""
+        return {"fp4_dtype": self._fp4_dtype, "quantizer": self._quantizer,
+                "with_gemm_swizzled_scales": self._with_gemm_swizzled_scales,
+                "row_scaled_nvfp4": self._row_scaled_nvfp4,
+                "nvfp4_use_4over6": self._nvfp4_use_4over6,
+                "nvfp4_e4m3_max": self._nvfp4_e4m3_max}
+
+    def get_metadata(self) -> dict[str, Any]:
+        """TE's: the constructor keywords that rebuild this tensor (buffers shared)."""
+        fake = self.dtype if isinstance(self, torch.Tensor) else self._fake_dtype
+        return {"rowwise_data": self._rowwise_data, "rowwise_scale_inv": self._rowwise_scale_inv,
+                "columnwise_data": self._columnwise_data,
+                "columnwise_scale_inv": self._columnwise_scale_inv,
+                "amax_rowwise": self._amax_rowwise, "amax_columnwise": self._amax_columnwise,
+                **self._format_fields(), "fake_dtype": fake}
+
+    def _grid_dims(self, columnwise: bool) -> tuple[int, int]:
+        """(rows, 16-blocks per row) of a copy's scale grid: the column-wise copy is stored
+        transposed, so its rows are the tensor's columns."""
+        shape = self._logical_shape()
+        cols = shape[-1] if len(shape) else 1
+        rows = shape.numel() // max(cols, 1)
+        if columnwise:
+            rows, cols = cols, rows
+        return rows, -(-cols // 16)
+
+    def _scale_grid(self, columnwise: bool) -> torch.Tensor | None:
+        """A copy's scale grid in the compact layout (unswizzled if stored GEMM-swizzled)."""
+        s = self._columnwise_scale_inv if columnwise else self._rowwise_scale_inv
+        if s is None or not self._with_gemm_swizzled_scales:
+            return s
+        return unswizzle_grid(s, *self._grid_dims(columnwise))
+
+    def _swizzle_grid_of(self, columnwise: bool) -> None:
+        """One copy's (compact) grid into the GEMM-swizzled layout, in a new buffer; the flag is
+        the caller's (TE's multi-tensor swizzle sets it only after both copies)."""
+        name = "_columnwise_scale_inv" if columnwise else "_rowwise_scale_inv"
+        if getattr(self, name) is not None:
+            setattr(self, name, swizzle_grid(getattr(self, name), *self._grid_dims(columnwise)))
+
+    def _swizzle_scales_for_gemm(self) -> None:
+        """TE's inplace_swizzle_scale_for_gemm: both grids into the GEMM-swizzled layout (padding
+        zeroed), in new buffers; nothing to do when they already are."""
+        if self._with_gemm_swizzled_scales:
+            return
+        self._swizzle_grid_of(False)
+        self._swizzle_grid_of(True)
+        self._with_gemm_swizzled_scales = True
 
     def _dequantize_copy(self, columnwise: bool, dtype: torch.dtype) -> torch.Tensor:
         """One copy's values in the logical shape, as stored (a column-wise copy transposed back,
         still Hadamard-transformed if it was): what a GEMM contracts."""
         shape = self._logical_shape()
         if not columnwise:
-            return ops().dequantize_nvfp4(self._rowwise_data, self._rowwise_scale_inv,
+            return ops().dequantize_nvfp4(self._rowwise_data, self._scale_grid(False),
                                           self._amax_rowwise, dtype,
                                           *self._nvfp4_params()).reshape(shape)
         d = self._columnwise_data
-        out_t = ops().dequantize_nvfp4(d.reshape(d.shape[0], -1), self._columnwise_scale_inv,
+        out_t = ops().dequantize_nvfp4(d.reshape(d.shape[0], -1), self._scale_grid(True),
                                        self._amax_columnwise, dtype, *self._nvfp4_params())
         return out_t.t().reshape(shape).contiguous()
 
@@ -161,7 +217,7 @@ class NVFP4TensorStorage(QuantizedTensorStorage):
             return self._dequantize_copy(True, dtype)
         shape = self._logical_shape()
         d = self._columnwise_data
-        y = ops().dequantize_nvfp4(d.reshape(d.shape[0], -1), self._columnwise_scale_inv,
+        y = ops().dequantize_nvfp4(d.reshape(d.shape[0], -1), self._scale_grid(True),
                                    self._amax_columnwise, torch.float32, *self._nvfp4_params())
         return rht_inverse(y, mask).t().reshape(shape).to(dtype).contiguous()
 
@@ -212,8 +268,10 @@ class NVFP4TensorStorage(QuantizedTensorStorage):
         grid = torch.zeros(q.get_scale_shape(shape, True), dtype=torch.uint8,
                            device=self._rowwise_data.device)
         # Row r of the row-wise grid holds block (r // 16, :); column-wise row c: block (:, c // 16).
-        blocks = self._rowwise_scale_inv[: rb * 16 : 16, :cb]  # [rb, cb]
+        blocks = self._scale_grid(False)[: rb * 16 : 16, :cb]  # [rb, cb]
         grid[:cols, :rb] = blocks.t().repeat_interleave(16, dim=0)[:cols]
+        if self._with_gemm_swizzled_scales:  # both grids share one layout
+            grid = swizzle_grid(grid, *self._grid_dims(True))
         self._columnwise_scale_inv = grid
         self._amax_columnwise = self._amax_rowwise.clone()
 
