@@ -64,11 +64,12 @@ def is_mxfp8_available(return_reason: bool = False) -> bool | tuple[bool, str]:
 
 
 def _fp8_block_scaling_support() -> tuple[bool, str]:
-    """CPU: yes (the core's CPU kernels). A GPU: no, until the block-scaling kernels get GPU
-    versions (the core refuses GPU tensors for NVTE_BLOCK_SCALING_1D/2D)."""
+    """CPU: yes (the core's CPU kernels). A GPU: no. Quantize has GPU kernels (proven under
+    gpusim), but dequantize and the block-scaled GEMM do not, so a recipe cannot train there."""
     if _cuda_arch() is None:
         return True, ""
-    return False, "Float8BlockScaling has no GPU kernel in transformer_engine_lite yet (CPU only)"
+    return False, ("Float8BlockScaling: transformer_engine_lite has GPU quantize kernels but no GPU "
+                   "dequantize / block-scaled GEMM yet (CPU only)")
 
 
 def is_fp8_block_scaling_available(return_reason: bool = False) -> bool | tuple[bool, str]:
@@ -77,11 +78,12 @@ def is_fp8_block_scaling_available(return_reason: bool = False) -> bool | tuple[
 
 
 def _nvfp4_support() -> tuple[bool, str]:
-    """CPU: yes (the core's CPU kernels). A GPU: no, until NVFP4 gets GPU kernels (the core
-    refuses GPU tensors for NVTE_NVFP4_1D_SCALING)."""
+    """CPU: yes (the core's CPU kernels). A GPU: no: quantize has GPU kernels (proven under
+    gpusim), dequantize and the NVFP4 GEMM do not."""
     if _cuda_arch() is None:
         return True, ""
-    return False, "NVFP4BlockScaling has no GPU kernel in transformer_engine_lite yet (CPU only)"
+    return False, ("NVFP4BlockScaling: transformer_engine_lite has GPU quantize kernels but no GPU "
+                   "dequantize / NVFP4 GEMM yet (CPU only)")
 
 
 def is_nvfp4_available(return_reason: bool = False) -> bool | tuple[bool, str]:
