@@ -79,7 +79,7 @@ ffi::Error quantize_nvfp4(const Device &dev, Buffer x, Buffer rng_state, Buffer 
   std::unique_ptr<void, ConfigDeleter> config(nvte_create_quantization_config());
   if (config == nullptr) throw std::bad_alloc();
   // The core reads (seed, offset) from an int64 [2] tensor in host memory: the CPU handler's
-  // buffers are host memory; on a GPU the core refuses NVFP4 (no GPU kernel) before reading it.
+  // buffers are host memory (on a GPU the core refuses this state, and NVFP4 has no GPU kernel).
   TensorWrapper rng(dev);
   if (stochastic_rounding) {
     TE_LITE_CHECK(rng_state.element_type() == DataType::U32 && rng_state.element_count() >= 4,

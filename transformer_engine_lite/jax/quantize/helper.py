@@ -262,7 +262,8 @@ def _format2dtypes(fmt):
     """TE-JAX's helper: a recipe Format -> (forward dtype, backward dtype)."""
     if not isinstance(fmt, _recipe.Format):
         raise TypeError(f"_format2dtypes: argument 'fmt': expected a recipe.Format, got {fmt!r}")
-    return (FORMAT_DTYPES[fmt.dtype_name(True)], FORMAT_DTYPES[fmt.dtype_name(False)])
+    table = {**FORMAT_DTYPES, "e2m1": jnp.float4_e2m1fn}  # E2M1: NVFP4's data format
+    return (table[fmt.dtype_name(True)], table[fmt.dtype_name(False)])
 
 
 def get_quantize_config_with_recipe(recipe) -> QuantizeConfig:
