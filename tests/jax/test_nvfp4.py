@@ -373,3 +373,25 @@ def test_flax_sr_state_from_sr_rng():
                               meta.stochastic_rounding_rng_state)
     x_meta = cfg.get_quantize_flax_meta(Probe(), "fp8_metas", "", TensorSource.X, "x")
     assert x_meta == QuantizeMeta(use_rht=True)
+
+
+@pytest.mark.parametrize("layout", ["NN", "TN", "NT"])
+def test_te_gemm_with_nvfp4_quantizers(layout):
+    """tex.gemm(x, w, quantizers): the exact dequantized product; RHT on both operands cancels
+    (the operands whose contracted dim is their first are quantized column-wise, transformed)."""
+    m, n, k = 64, 32, 64
+    x = _x((m, k) if layout[0] == "N" else (k, m), jnp.bfloat16, 21, 0.5)
+    w = _x((k, n) if layout[1] == "N" else (n, k), jnp.bfloat16, 22, 0.5)
+    dims = ((1,) if layout[0] == "N" else (0,), (0,) if layout[1] == "N" else (1,))
+    rht = layout in ("TN",)  # both operands column-wise: x^T (T) and w (N)
+    lq, rq = (QuantizerFactory.create(scaling_mode=M1, use_rht=rht) for _ in range(2))
+    out = tex.gemm(x, w, dims, lhs_quantizer=lq, rhs_quantizer=rq)
+    xs = x.T if layout[0] == "T" else x
+    ws = w.T if layout[1] == "T" else w
+    ref = np.asarray(xs, np.float64) @ np.asarray(ws, np.float64)
+    assert out.shape == (m, n) and out.dtype == jnp.bfloat16
+    assert np.linalg.norm(np.asarray(out, np.float64) - ref) / np.linalg.norm(ref) < 0.2
+    if layout == "TN":
+        with pytest.raises(ValueError, match="RHT"):
+            tex.gemm(x, w, dims, lhs_quantizer=QuantizerFactory.create(scaling_mode=M1),
+                     rhs_quantizer=rq)
