@@ -103,7 +103,9 @@ def test_layout_of_scaled_tensors(mode, shape, fa):
     f = fa % len(shape)
     assert r.data.dtype == jnp.float4_e2m1fn and r.data.shape == shape and r.data_layout == "N"
     assert c.data.shape == shape[f:] + shape[:f] and c.data_layout == "T" and c.is_colwise
-    assert r.scale_inv.dtype == jnp.float8_e4m3fn and r.flatten_axis == c.flatten_axis == f
+    # flatten_axis in each copy's own layout (TE-JAX's): the transposed copy's is ndim - f.
+    assert r.scale_inv.dtype == jnp.float8_e4m3fn and (r.flatten_axis, c.flatten_axis) == (
+        f, len(shape) - f)
     want = mode.get_scale_shape_2x(shape, is_padded=False, flatten_axis=fa,
                                    broadcast_2d_scale_shape_to_1d=True)
     assert (r.scale_inv.shape, c.scale_inv.shape) == want

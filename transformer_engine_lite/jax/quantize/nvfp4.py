@@ -52,9 +52,9 @@ def _pack(data, rows, cols):
 
 
 def _copy_split(t: ScaledTensor1x) -> int:
-    """Where the stored copy's 2-D view splits its dims (the transposed copy's own axis)."""
-    nd = t.data.ndim
-    return nd - t.flatten_axis if t.is_colwise else t.flatten_axis
+    """Where the stored copy's 2-D view splits its dims: flatten_axis, which TE-JAX gives a "T"
+    copy in its own (transposed) layout."""
+    return t.flatten_axis
 
 
 @_pytree
@@ -127,8 +127,9 @@ class NVFP4Quantizer(Quantizer):
         if col:
             s_shape = mode.get_scale_shape(tshape, "T", True, False, fa, True)
             si = jax.lax.bitcast_convert_type(cs[:cols, : rows // 16], jnp.float8_e4m3fn)
+            # flatten_axis of a "T" copy: in its own layout (TE-JAX's create_1x rule).
             out_c = ScaledTensor1x(_unpack(c, tshape), si.reshape(s_shape), mode, dq, True, ca,
-                                   None, fa, use_rht)
+                                   None, nd - fa, use_rht)
         if self.checkpoint_name is not None:  # as in Quantizer._wrap
             out_r, out_c = jax.tree_util.tree_map(
                 lambda a: checkpoint_name(a, self.checkpoint_name), (out_r, out_c))
@@ -163,9 +164,8 @@ def nvfp4_gemm_operand(t: ScaledTensor1x):
     transformed operands of the wgrad GEMM (H orthogonal)."""
     v = _stored_values(t, jnp.float32)
     if t.is_colwise:
-        nd = v.ndim
-        k = nd - t.flatten_axis
-        v = jnp.transpose(v, (*range(k, nd), *range(k)))
+        k = t.flatten_axis  # the stored copy's: dims k.. are the source's leading ones
+        v = jnp.transpose(v, (*range(k, v.ndim), *range(k)))
     return v
 
 

@@ -57,7 +57,8 @@ class ScaledTensor1x(ScaledTensor):
     layout): float4_e2m1fn data, the column-wise copy transposed ("T": the dims from
     `flatten_axis` on, then those before), unpadded E4M3 scales shaped as TE's get_scale_shape
     (2D blocks repeated over their rows), `amax` the copy's global amax (after the Hadamard
-    transform when `has_rht_applied`), `flatten_axis` positive, for the source ("N") layout."""
+    transform when `has_rht_applied`), `flatten_axis` positive and in the data's own layout (a "T"
+    copy's is ndim minus the source's, TE-JAX's convention)."""
 
     data: Any
     scale_inv: Any
@@ -127,12 +128,15 @@ class ScaledTensor2x(ScaledTensor):
 class ScaledTensorFactory:
     @staticmethod
     def create_1x(data, scale_inv, scaling_mode=ScalingMode.DELAYED_TENSOR_SCALING,
-                  dq_dtype=jnp.bfloat16, is_colwise=False, amax=None, flatten_axis=-1,
-                  has_rht_applied=False, **_):
-        """TE-JAX's factory; data_layout (implied by the mode and is_colwise here) and the
-        grouped-tensor arguments are taken and not needed."""
-        return ScaledTensor1x(data, scale_inv, scaling_mode, dq_dtype, is_colwise, amax, None,
-                              flatten_axis, has_rht_applied)
+                  dq_dtype=jnp.bfloat16, is_colwise=False, amax=None, data_layout="N",
+                  flatten_axis=-1, has_rht_applied=False, **_):
+        """TE-JAX's factory: flatten_axis is given for the source layout and stored in the data's
+        ("T": ndim minus it). The grouped-tensor arguments are taken and not needed."""
+        fa = flatten_axis % data.ndim if data.ndim else flatten_axis
+        if data_layout == "T":
+            fa = data.ndim - fa
+        return ScaledTensor1x(data, scale_inv, scaling_mode, dq_dtype, is_colwise, amax, None, fa,
+                              has_rht_applied)
 
     @staticmethod
     def create_2x(rowwise, colwise):
