@@ -1,8 +1,8 @@
 #!/usr/bin/env python
 """Train a small GPT-like byte-level language model with transformer_engine_lite's JAX/Flax modules
-on the CPU, once in bf16 and once per FP8 recipe (delayed scaling, current scaling, MXFP8), with the
-same seed, data and batches, and compare the loss curves (the JAX twin of
-examples/pytorch/train_gpt.py).
+on the CPU, once in bf16 and once per quantized recipe (FP8 delayed scaling, current scaling, MXFP8;
+NVFP4 on request: --recipes bf16,nvfp4), with the same seed, data and batches, and compare the loss
+curves (the JAX twin of examples/pytorch/train_gpt.py).
 
 Corpus: the Python standard library's own source files (offline everywhere Python is), loaded as the
 PyTorch demo does (examples/_common_demo.py); the last 5% of the bytes are held out for validation.
@@ -17,6 +17,8 @@ projections run in FP8 and the attention math in high precision. Parameters are 
 weights (optax AdamW); activations are bf16 (the modules cast weights to the input's dtype).
 DelayedScaling keeps its amax histories and scales in the "fp8_metas" collection: the step takes
 the gradient w.r.t. it too, and that "gradient" is the updated state (TE-JAX's idiom).
+NVFP4BlockScaling rounds gradients stochastically from states the modules draw off the "sr_rng"
+stream (TE-JAX's): every step passes a fresh key for it, derived from the seed and the step.
 
     python examples/jax/train_gpt.py                  # default: 4 runs, see README.md for times
     python examples/jax/train_gpt.py --quick          # a few steps, smoke test
@@ -51,6 +53,7 @@ import transformer_engine_lite.jax.flax as te_flax
 # corpus, recipes, schedule, table and plot: shared with examples/pytorch/train_gpt.py
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from _common_demo import (
+    FP8_DEMO_RECIPES,
     RECIPE_LABELS,
     RECIPES,
     demo_parser,
@@ -123,16 +126,18 @@ def make_schedule(steps: int, lr: float, warmup: int):
 def make_steps(model: GPT, opt: optax.GradientTransformation):
     """The jitted training and evaluation steps of one run (closures: the model holds its recipe)."""
 
-    def loss_fn(params, state, x, y):
-        logits = model.apply({"params": params, **state}, x)
+    def loss_fn(params, state, x, y, sr_key=None):
+        # sr_rng: NVFP4's stochastic-rounding stream (unused by the other recipes).
+        rngs = {"sr_rng": jax.random.PRNGKey(0) if sr_key is None else sr_key}
+        logits = model.apply({"params": params, **state}, x, rngs=rngs)
         return optax.softmax_cross_entropy_with_integer_labels(logits.astype(F32), y).mean()
 
     @jax.jit
-    def train_step(params, state, opt_state, x, y):
+    def train_step(params, state, opt_state, x, y, sr_key):
         # Gradients w.r.t. the FP8 state too: for DelayedScaling they are the new amax histories
-        # and scales (the state is empty for bf16, current scaling and MXFP8).
+        # and scales (the state is empty for bf16, current scaling, MXFP8 and NVFP4).
         loss, (g_params, g_state) = jax.value_and_grad(loss_fn, argnums=(0, 1))(
-            params, state, x, y)
+            params, state, x, y, sr_key)
         updates, opt_state = opt.update(g_params, opt_state, params)
         params = optax.apply_updates(params, updates)
         return params, te.update_collections(g_state, state), opt_state, loss
@@ -143,7 +148,8 @@ def make_steps(model: GPT, opt: optax.GradientTransformation):
 def init_model(model: GPT, seq_len: int, seed: int):
     """(params, state): fp32 master weights (unboxed from their logical-axis boxes) and the other
     collections (fp8_metas under DelayedScaling)."""
-    vs = model.init(jax.random.PRNGKey(seed), jnp.zeros((1, seq_len), jnp.int32))
+    vs = model.init({"params": jax.random.PRNGKey(seed), "sr_rng": jax.random.PRNGKey(seed + 1)},
+                    jnp.zeros((1, seq_len), jnp.int32))
     state, params = flax.core.pop(flax.core.unfreeze(vs), "params")
     return nn.unbox(params), nn.unbox(state)
 
@@ -171,7 +177,8 @@ def train_one(name: str, args, train: np.ndarray, val: np.ndarray) -> dict:
     # Compile before the clock starts: XLA's compile time is reported apart from tokens/s.
     t0 = time.perf_counter()
     x0, y0 = batches.next()
-    train_step = train_step.lower(params, state, opt_state, x0, y0).compile()
+    sr_base = jax.random.PRNGKey(args.seed + 2)
+    train_step = train_step.lower(params, state, opt_state, x0, y0, sr_base).compile()
     compile_s = time.perf_counter() - t0
 
     losses: list[float] = []
@@ -181,7 +188,8 @@ def train_one(name: str, args, train: np.ndarray, val: np.ndarray) -> dict:
     t0 = time.perf_counter()
     for step in bar:
         x, y = (x0, y0) if step == 0 else batches.next()
-        params, state, opt_state, loss = train_step(params, state, opt_state, x, y)
+        params, state, opt_state, loss = train_step(params, state, opt_state, x, y,
+                                                    jax.random.fold_in(sr_base, step))
         losses.append(float(loss))  # waits for the step: the timing is of finished steps
         if not math.isfinite(losses[-1]):
             log.error("%s: loss became %s at step %d; stopping this run", name, losses[-1], step)
@@ -196,9 +204,17 @@ def train_one(name: str, args, train: np.ndarray, val: np.ndarray) -> dict:
                        compile_s=compile_s)
 
 
+def make_parser():
+    """The shared command line; recipes: the default runs, plus NVFP4 on request
+    (--recipes ...,nvfp4)."""
+    p = demo_parser(__doc__, Path(__file__).resolve().parent / "out" / "loss.png",
+                    FP8_DEMO_RECIPES + ("nvfp4",))
+    p.set_defaults(recipes=",".join(FP8_DEMO_RECIPES))
+    return p
+
+
 def main(argv: list[str] | None = None) -> int:
-    p = demo_parser(__doc__, Path(__file__).resolve().parent / "out" / "loss.png")
-    args, names = parse_demo_args(p, argv)
+    args, names = parse_demo_args(make_parser(), argv)
     logging.basicConfig(level=logging.INFO, format="%(message)s", stream=sys.stdout)
     logging.getLogger("jax").setLevel(logging.WARNING)  # not its INFO notes on absent TPU/GPU
 

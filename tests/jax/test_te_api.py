@@ -46,10 +46,8 @@ def test_dtype_values_and_round_trip():
     assert (DType.kByte, DType.kFloat32, DType.kBFloat16, DType.kFloat8E4M3, DType.kFloat4E2M1) \
         == (0, 4, 6, 7, 10)  # TE's C enum values
     for d in (jnp.uint8, jnp.int32, jnp.float32, jnp.float16, jnp.bfloat16, jnp.float8_e4m3fn,
-              jnp.float8_e5m2, jnp.float8_e8m0fnu):
+              jnp.float8_e5m2, jnp.float8_e8m0fnu, jnp.float4_e2m1fn):
         assert np.dtype(te_dtype_to_jax_dtype(jax_dtype_to_te_dtype(d))) == np.dtype(d)
-    with pytest.raises(NotImplementedError, match="kFloat4E2M1"):
-        te_dtype_to_jax_dtype(DType.kFloat4E2M1)
     with pytest.raises(ValueError, match="complex64"):
         jax_dtype_to_te_dtype(jnp.complex64)
 
@@ -108,10 +106,9 @@ def test_make_swa_mask_bottom_right_segments():
 # ------------------------------------------------------------------------------ support queries
 def test_support_queries_give_string_reasons():
     for mode in (ScalingMode.DELAYED_TENSOR_SCALING, ScalingMode.CURRENT_TENSOR_SCALING,
-                 ScalingMode.MXFP8_1D_SCALING):
+                 ScalingMode.MXFP8_1D_SCALING, ScalingMode.NVFP4_1D_SCALING,
+                 ScalingMode.NVFP4_2D_SCALING):
         assert is_scaling_mode_supported(mode) == (True, "")
-    ok, reason = is_scaling_mode_supported(ScalingMode.NVFP4_1D_SCALING)
-    assert ok is False and "NVFP4_1D_SCALING" in reason
     with pytest.warns(DeprecationWarning):
         ok, reason = is_fp8_available()
     assert ok is True and isinstance(reason, str)  # pytest.skipif(reason=...) needs a str
@@ -190,8 +187,10 @@ def test_scaling_mode_predicates_and_dtypes():
                                                                   jnp.float8_e5m2}
     assert jnp.bfloat16 in m.NO_SCALING.get_compatible_q_dtypes()
     assert m.MXFP8_1D_SCALING.get_scale_dtype() == jnp.float8_e8m0fnu
-    with pytest.raises(NotImplementedError, match="NVFP4"):
-        m.NVFP4_1D_SCALING.get_scale_shape((32, 32))
+    assert m.NVFP4_2D_SCALING.is_1d_block_scaling()  # TE-JAX's: 2D scales are broadcast to 1x16
+    assert m.NVFP4_1D_SCALING.get_scale_dtype() == jnp.float8_e4m3fn
+    assert m.NVFP4_1D_SCALING.get_compatible_q_dtypes() == {jnp.float4_e2m1fn}
+    assert m.NVFP4_2D_SCALING.get_data_layout() == "NT" and m.NVFP4_1D_SCALING.is_colwise_transposed
 
 
 @pytest.mark.parametrize("shape,axis,padded,want", [

@@ -21,6 +21,6 @@ class DType(IntEnum):
     kFloat8E4M3 = 7
     kFloat8E5M2 = 8
     kFloat8E8M0 = 9
-    # NVFP4's element type. Named so that TE code comparing against it runs; no op of ours takes
-    # it (the NVFP4 recipe is not implemented): each front end's dtype conversion refuses it.
+    # NVFP4's element type: torch stores it as uint8 (two E2M1 per byte, TE's storage), JAX as
+    # jnp.float4_e2m1fn (TE-JAX's).
     kFloat4E2M1 = 10

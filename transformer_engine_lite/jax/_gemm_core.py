@@ -9,6 +9,10 @@ Layout: x [batch..., K...] contracts its trailing `nc` dims with the leading `nc
   wgrad    dk = x^T @ g      x column-wise, g column-wise
 Per-tensor FP8 has one copy (the GEMM transposes); MXFP8 copies are dequantized to the compute
 dtype (exact: E4M3/E5M2 values times a power of two fit bf16) and multiplied in high precision.
+NVFP4 copies are dequantized to float32 (E2M1 x E4M3 x the fp32 global factor is not a bf16 value)
+and multiplied with float32 accumulation, as the PyTorch front end's NVFP4 GEMM; the column-wise
+copies of x and the gradient carry the Hadamard transform along the batch dim, which cancels in
+the wgrad GEMM (TE-JAX's rule: both operands or neither).
 """
 
 from __future__ import annotations
@@ -17,6 +21,7 @@ import jax
 import jax.numpy as jnp
 
 from . import cpp_extensions as tex
+from .quantize.nvfp4 import check_rht_pair, nvfp4_gemm_operand
 from .quantize.scaling_modes import ScalingMode
 from .quantize.tensor import ScaledTensor1x, ScaledTensor2x
 
@@ -32,11 +37,20 @@ def quantize(quantizer, x, flatten_axis: int):
     return quantizer.quantize(x, flatten_axis=flatten_axis, dq_dtype=x.dtype)
 
 
+def _copy(t, colwise: bool):
+    return t.get_tensor(colwise) if isinstance(t, ScaledTensor2x) else t
+
+
+def _pair(a, a_col: bool, b, b_col: bool) -> None:
+    check_rht_pair(_copy(a, a_col), _copy(b, b_col))
+
+
 def operand(t, colwise: bool, dtype):
     """(array, scale_inv or None) for tex.gemm from a high-precision array or a ScaledTensor."""
-    if isinstance(t, ScaledTensor2x):
-        t = t.get_tensor(colwise)
+    t = _copy(t, colwise)
     if isinstance(t, ScaledTensor1x):
+        if ScalingMode(t.scaling_mode).is_nvfp4_scaling:
+            return nvfp4_gemm_operand(t), None
         if t.scaling_mode == ScalingMode.MXFP8_1D_SCALING:
             return t.dequantize(dtype), None
         return t.data, t.scale_inv
@@ -50,6 +64,7 @@ def _paired(k_ndim: int, nc: int) -> bool:
 
 
 def forward(xq, kq, x_ndim: int, nc: int, bias, out_dtype):
+    _pair(xq, False, kq, True)
     lhs, lsi = operand(xq, False, out_dtype)
     rhs, rsi = operand(kq, True, out_dtype)
     dims = (tuple(range(x_ndim - nc, x_ndim)), tuple(range(nc)))
@@ -66,6 +81,8 @@ def backward(g, xq, kq, x_ndim: int, k_ndim: int, nc: int, dgrad_quantizer, x_dt
     n_free = k_ndim - nc
     n_batch = x_ndim - nc
     gq = quantize(dgrad_quantizer, g, g.ndim - n_free)
+    _pair(gq, False, kq, False)
+    _pair(xq, True, gq, True)
     g_row, g_row_si = operand(gq, False, x_dtype)
     k_row, k_row_si = operand(kq, False, x_dtype)
     x_col, x_col_si = operand(xq, True, x_dtype)

@@ -240,8 +240,10 @@ def _normalize(dims, ndim):
 
 
 def _te_operand(x, quantizer, contracting, dtype):
-    """(array, scale_inv or None) from TE-JAX's operand forms: an array quantized by `quantizer`
-    (its copy with blocks along the contracted dims), or a ScaledTensor."""
+    """(array, scale_inv or None, the ScaledTensor1x used or None) from TE-JAX's operand forms: an
+    array quantized by `quantizer` (its copy with blocks along the contracted dims), or a
+    ScaledTensor."""
+    from ..quantize.nvfp4 import nvfp4_gemm_operand
     from ..quantize.scaling_modes import ScalingMode
     from ..quantize.tensor import NoScaleTensor, ScaledTensor1x, ScaledTensor2x
 
@@ -258,9 +260,13 @@ def _te_operand(x, quantizer, contracting, dtype):
         if x.scaling_mode == ScalingMode.MXFP8_1D_SCALING:
             # MXFP8 operands: dequantized exactly (E4M3/E5M2 times a power of two) and multiplied in
             # high precision, as dense() does (see _gemm_core).
-            return x.dequantize(dtype), None
-        return x.data, x.scale_inv
-    return x, None
+            return x.dequantize(dtype), None, x
+        if ScalingMode(x.scaling_mode).is_nvfp4_scaling:
+            # NVFP4: dequantized exactly to float32 in the source layout, any Hadamard transform
+            # kept (it cancels against the other operand's), float32 accumulation (_gemm_core).
+            return nvfp4_gemm_operand(x), None, x
+        return x.data, x.scale_inv, x
+    return x, None, None
 
 
 def gemm(lhs, rhs, contracting_dims=((-1,), (0,)), lhs_scale_inv=None, rhs_scale_inv=None,
@@ -285,10 +291,13 @@ def gemm(lhs, rhs, contracting_dims=((-1,), (0,)), lhs_scale_inv=None, rhs_scale
         out_dtype = out_dtype or hp(lhs) or hp(rhs)
         lnd = getattr(getattr(lhs, "rowwise_tensor", lhs), "ndim")
         rnd = getattr(getattr(rhs, "rowwise_tensor", rhs), "ndim")
-        lhs, lhs_scale_inv = _te_operand(lhs, lhs_quantizer,
-                                         _normalize(contracting_dims[0], lnd), out_dtype)
-        rhs, rhs_scale_inv = _te_operand(rhs, rhs_quantizer,
-                                         _normalize(contracting_dims[1], rnd), out_dtype)
+        from ..quantize.nvfp4 import check_rht_pair
+
+        lhs, lhs_scale_inv, lq = _te_operand(lhs, lhs_quantizer,
+                                             _normalize(contracting_dims[0], lnd), out_dtype)
+        rhs, rhs_scale_inv, rq = _te_operand(rhs, rhs_quantizer,
+                                             _normalize(contracting_dims[1], rnd), out_dtype)
+        check_rht_pair(lq, rq)
     lc, rc = _normalize(contracting_dims[0], lhs.ndim), _normalize(contracting_dims[1], rhs.ndim)
     if len(lc) != len(rc) or [lhs.shape[i] for i in lc] != [rhs.shape[i] for i in rc]:
         raise ValueError(f"gemm: argument 'contracting_dims': expected dims of equal sizes, got "

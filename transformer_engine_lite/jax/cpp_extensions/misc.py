@@ -88,8 +88,7 @@ def as_scalar(x):
     return x.reshape(1) if int(np.prod(x.shape)) == 1 else x
 
 
-DType = _TEDType  # TE-JAX's transformer_engine_jax.DType (common/te_dtype.py); te_dtype_to_jax_dtype
-# refuses kFloat4E2M1 (NVFP4 is not implemented)
+DType = _TEDType  # TE-JAX's transformer_engine_jax.DType (common/te_dtype.py)
 
 
 _TE_TO_JAX = {
@@ -97,6 +96,7 @@ _TE_TO_JAX = {
     DType.kInt64: jnp.int64, DType.kFloat32: jnp.float32, DType.kFloat16: jnp.float16,
     DType.kBFloat16: jnp.bfloat16, DType.kFloat8E4M3: jnp.float8_e4m3fn,
     DType.kFloat8E5M2: jnp.float8_e5m2, DType.kFloat8E8M0: jnp.float8_e8m0fnu,
+    DType.kFloat4E2M1: jnp.float4_e2m1fn,
 }
 
 
@@ -106,8 +106,8 @@ def te_dtype_to_jax_dtype(te_dtype) -> Any:
         raise TypeError(f"te_dtype_to_jax_dtype: argument 'te_dtype': expected a DType, got "
                         f"{te_dtype!r}")
     if te_dtype not in _TE_TO_JAX:
-        raise NotImplementedError(f"te_dtype_to_jax_dtype: {te_dtype.name} has no JAX op in "
-                                  "transformer_engine_lite (NVFP4 is not implemented)")
+        raise NotImplementedError(f"te_dtype_to_jax_dtype: {te_dtype.name} has no JAX dtype in "
+                                  "transformer_engine_lite")
     return _TE_TO_JAX[te_dtype]
 
 

@@ -19,6 +19,9 @@
   X(compute_amax)                             \
   X(transpose)                                \
   X(cast_transpose)                           \
+  /* nvfp4.cpp */                             \
+  X(quantize_nvfp4)                           \
+  X(dequantize_nvfp4)                         \
   /* recipe.cpp */                            \
   X(compute_scale_from_amax)                  \
   X(delayed_scaling_update)                   \

@@ -30,6 +30,7 @@ from .tensor import ScaledTensor1x, ScaledTensor2x
 __all__ = [
     "BlockScaleQuantizer",
     "CurrentScaleQuantizer",
+    "NVFP4Quantizer",
     "DelayedScaleQuantizer",
     "QuantizeMeta",
     "QuantizeMetaSet",
@@ -203,10 +204,13 @@ noop_quantizer_set = QuantizerSet()
 
 @dataclass
 class QuantizeMeta:
-    """Delayed-scaling state of one tensor (scale, amax_history); empty for the other recipes."""
+    """Per-tensor recipe state: delayed scaling's (scale, amax_history); NVFP4's use_rht and
+    stochastic-rounding state (uint32 [num_devices, 4]); empty for the other recipes."""
 
     scale: Any = None
     amax_history: Any = None
+    use_rht: bool | None = None
+    stochastic_rounding_rng_state: Any = None
 
 
 @dataclass
@@ -214,3 +218,6 @@ class QuantizeMetaSet:
     x: QuantizeMeta = field(default_factory=QuantizeMeta)
     kernel: QuantizeMeta = field(default_factory=QuantizeMeta)
     grad: QuantizeMeta = field(default_factory=QuantizeMeta)
+
+
+from .nvfp4 import NVFP4Quantizer  # noqa: E402  (it builds on Quantizer, defined above)
