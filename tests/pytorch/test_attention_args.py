@@ -164,6 +164,10 @@ def test_unused_arguments_are_ignored_as_te():
                   attention_mask=_right_padding_mask([4, 5], 6))
     assert torch.equal(out, ref)
 
+    # bshd: the tensors' sequence dims are the lengths (TE passes max_seqlen_kv=256 with 128)
+    assert torch.equal(dpa(q, k, v, attn_mask_type="causal", max_seqlen_q=9, max_seqlen_kv=3),
+                       dpa(q, k, v, attn_mask_type="causal"))
+
     # padding: cu_seqlens decide; a contradicting attention_mask is not read
     cu = cu_seqlens([3, 5])
     ref = dpa(q, k, v, attn_mask_type="padding", cu_seqlens_q=cu, cu_seqlens_kv=cu)

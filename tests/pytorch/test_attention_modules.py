@@ -373,6 +373,30 @@ def test_padding_mask_and_thd_through_the_layer():
     assert_close(packed, torch.cat([padded[0], padded[1, : lens[1]]]), torch.float32, "thd")
 
 
+def test_decoder_sequences_as_te():
+    """TransformerLayer hands the self-attention q's sequences for both sides (cu_seqlens_q) and
+    the cross-attention q's and kv's (cu_seqlens_kv: the encoder's), in bshd too; there
+    cu_seqlens are the padding, as an enc_dec_attn_mask of the same lengths gives."""
+    torch.manual_seed(0)
+    layer = te.TransformerLayer(HIDDEN, 96, HEADS, layer_type="decoder", attn_input_format="bshd",
+                                self_attn_mask_type="padding", hidden_dropout=0.0,
+                                attention_dropout=0.0)
+    x, enc = torch.randn(B, S, HIDDEN), torch.randn(B, 7, HIDDEN)
+    lq, lkv = [9, S], [4, 7]
+    cu_q = torch.tensor([0, lq[0], sum(lq)], dtype=torch.int32)
+    cu_kv = torch.tensor([0, lkv[0], sum(lkv)], dtype=torch.int32)
+    by_cu = layer(x, encoder_output=enc, enc_dec_attn_mask_type="padding", cu_seqlens_q=cu_q,
+                  cu_seqlens_kv=cu_kv, max_seqlen_q=S, max_seqlen_kv=7)
+
+    def pad(lens, s):
+        return torch.stack([torch.arange(s) >= n for n in lens]).reshape(B, 1, 1, s)
+
+    by_mask = layer(x, attention_mask=pad(lq, S), encoder_output=enc,
+                    enc_dec_attn_mask_type="padding", enc_dec_attn_mask=(pad(lq, S), pad(lkv, 7)))
+    for b, n in enumerate(lq):
+        assert_close(by_cu[b, :n], by_mask[b, :n], torch.float32, f"sequence {b}")
+
+
 def test_parameter_names_follow_te():
     names = {
         n

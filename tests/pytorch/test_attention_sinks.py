@@ -180,3 +180,21 @@ def test_bad_softmax_type_and_offset():
         torch.ops.te_lite.fused_attn_fwd(q, q, q, "bshd_bshd_bshd", None, None, None, 4, 4, 1.0,
                                          0.0, None, "no_bias", "no_mask", -1, -1, False,
                                          "off_by_one", None)
+
+
+def test_learnable_offset_in_bf16_module():
+    """module.to(bf16) rounds softmax_offset too (TE's test_dpa_softmax does it): the kernels read
+    the sink logits in fp32, the gradient comes back in the parameter's dtype, and the result is
+    that of an fp32 module holding the same (bf16-rounded) offsets."""
+    torch.manual_seed(0)
+    dpa = te.DotProductAttention(4, 16, softmax_type="learnable", qkv_format="bshd")
+    with torch.no_grad():
+        dpa.softmax_offset.copy_(torch.randn(4).bfloat16().float())
+    q, k, v = (torch.randn(2, 5, 4, 16, dtype=torch.bfloat16) for _ in range(3))
+    ref = dpa(q, k, v)
+    low = dpa.to(torch.bfloat16)
+    assert low.softmax_offset.dtype == torch.bfloat16
+    out = low(q, k, v)
+    assert torch.equal(out, ref)
+    out.float().sum().backward()
+    assert low.softmax_offset.grad.dtype == torch.bfloat16

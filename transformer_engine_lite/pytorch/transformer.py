@@ -322,6 +322,10 @@ class TransformerLayer(torch.nn.Module):
             "max_seqlen_kv": max_seqlen_kv,
             "pad_between_seqs": pad_between_seqs,
         }
+        # As TE: the self-attention reads q's sequences for both sides (cu_seqlens_q,
+        # max_seqlen_q); the cross-attention gets q's and kv's (the encoder's), in every format.
+        self_seq = dict(seq, cu_seqlens_kv=cu_seqlens_q, cu_seqlens_kv_padded=cu_seqlens_q_padded,
+                        max_seqlen_kv=max_seqlen_q)
         outs = self.self_attention(
             hidden_states,
             attention_mask,
@@ -334,7 +338,7 @@ class TransformerLayer(torch.nn.Module):
             core_attention_bias=core_attention_bias,
             alibi_slopes=alibi_slopes,
             inference_params=inference_params,
-            **seq,
+            **self_seq,
         )
         if self.parallel_attention_mlp:
             # out = x + drop(attn(norm(x)) + mlp(norm(x))): both branches read the block input.
@@ -353,9 +357,8 @@ class TransformerLayer(torch.nn.Module):
         if self.layer_type == "decoder":
             if encoder_output is None:
                 raise ValueError(f"{owner}: layer_type 'decoder' needs encoder_output")
-            # thd: the cross-attention reads the same cu_seqlens (q: decoder, kv: encoder, as
-            # TE); sbhd / bshd: its padding comes from enc_dec_attn_mask.
-            cross_seq = seq if self.attn_input_format == "thd" else {}
+            # q: the decoder's sequences, kv: the encoder's (cu_seqlens win over
+            # enc_dec_attn_mask for bshd / sbhd padding, as in DotProductAttention)
             outs = self.inter_attention(
                 x,
                 enc_dec_attn_mask,
@@ -364,7 +367,7 @@ class TransformerLayer(torch.nn.Module):
                 window_size=enc_dec_window_size,
                 is_first_microbatch=is_first_microbatch,
                 checkpoint_core_attention=checkpoint_core_attention,
-                **cross_seq,
+                **seq,
             )
             if self.apply_residual_connection_post_layernorm:
                 attn_out, attn_bias, residual = outs

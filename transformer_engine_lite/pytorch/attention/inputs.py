@@ -305,7 +305,8 @@ def resolve_sequences(
     attention_mask (TE's [b, 1, 1, s] right-padding masks, or a (q, kv) pair); the rest gets None.
     As TE's DotProductAttention, arguments a format / mask does not use are accepted and ignored:
     attention_mask with thd (cu_seqlens define its sequences), cu_seqlens with a non-padding
-    bshd/sbhd mask (every sequence is full), attention_mask when cu_seqlens are given."""
+    bshd/sbhd mask (every sequence is full), attention_mask when cu_seqlens are given, and a
+    bshd/sbhd max_seqlen_q/kv other than the tensors' sequence dims."""
     if fmt == "thd":
         if mask == "arbitrary":
             raise NotImplementedError(f"{owner}: attn_mask_type 'arbitrary' with qkv_format 'thd'")
@@ -332,17 +333,10 @@ def resolve_sequences(
         if not torch.compiler.is_compiling():
             _check_thd_lengths(owner, cu_q, cu_kv, q, k, max_seqlen_q, max_seqlen_kv)
     else:
+        # bshd / sbhd: the tensors' sequence dims are the lengths; a different max_seqlen_q/kv
+        # is ignored, as TE's DotProductAttention does (its kernels read the tensor shapes too)
         sdim = 1 if fmt == "bshd" else 0
         sq, skv = q.shape[sdim], k.shape[sdim]
-        for name, given, actual in (
-            ("max_seqlen_q", max_seqlen_q, sq),
-            ("max_seqlen_kv", max_seqlen_kv, skv),
-        ):
-            if given is not None and given != actual:
-                raise ValueError(
-                    f"{owner}: {name}={given} differs from the sequence dim {actual} of the "
-                    f"{fmt} tensors"
-                )
         max_seqlen_q, max_seqlen_kv = sq, skv
         cu_q = cu_kv = None
         if "padding" in mask:

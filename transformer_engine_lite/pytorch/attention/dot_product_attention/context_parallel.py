@@ -307,6 +307,8 @@ def forward_with_cp(
     offset = dpa.softmax_offset
     if offset is not None and offset.device != q.device:
         offset = offset.to(q.device)
+    if offset is not None and offset.dtype != torch.float32:
+        offset = offset.float()  # sink logits in fp32, as DotProductAttention's own path
 
     def run(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
         return attn_forward_func_with_cp(

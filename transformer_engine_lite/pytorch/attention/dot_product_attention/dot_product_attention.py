@@ -384,6 +384,10 @@ class DotProductAttention(TransformerEngineBaseModule):
             offset = self.softmax_offset
             if offset.device != q.device:
                 offset = offset.to(q.device)  # the off-by-one buffer follows q (a parameter moves with .to())
+            if offset.dtype != torch.float32:
+                # module.to(bf16) rounds the parameter too (as TE's); the kernels read sink logits
+                # in fp32, and the gradient flows back through the cast in the parameter's dtype
+                offset = offset.float()
             if backend == "flash" and q.device.type != "cpu":
                 raise NotImplementedError(
                     f"{owner}: softmax_type={self.softmax_type!r} on the GPU: the flash kernels "
