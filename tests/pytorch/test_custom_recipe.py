@@ -287,9 +287,8 @@ def test_builtin_recipe_exposes_quantizers():
         (lambda r: delayed_scaling_factory(r) if r is not None and r.tensor_type == "weight"
          else current_scaling_factory(r), "mixing scaling kinds"),
         (lambda r: object(), "quantizer object is not supported"),
-        (lambda r: NVFP4Quantizer(row_scaled_nvfp4=True), "row_scaled_nvfp4"),
     ],
-    ids=["mixed", "mixed_delayed_request", "foreign", "nvfp4_row_scaled"],
+    ids=["mixed", "mixed_delayed_request", "foreign"],
 )
 def test_unsupported_factories_raise(factory, match):
     m = te.Linear(64, 48, params_dtype=BF16)

@@ -224,9 +224,6 @@ def test_refusals():
         quantizer(with_rht=True, with_post_rht_amax=True)(torch.randn(24, 32))
     with pytest.raises(NotImplementedError, match="with_post_rht_amax"):
         quantizer(with_rht=True)(x)
-    with pytest.raises(NotImplementedError, match="row_scaled_activation"):
-        with te.autocast(recipe=NVFP4BlockScaling(row_scaled_activation=True)):
-            te.Linear(32, 16)(x)
 
 
 def test_availability():

@@ -182,13 +182,18 @@ def test_python_allocator_pickle_and_gemm():
 
 
 @pytest.mark.parametrize("kw", [{"row_scaled_nvfp4": True}, {"nvfp4_use_4over6": True}])
-def test_modules_refuse_the_options(kw):
-    """Modules run NVFP4 from the quantizer's block / RHT / SR fields: a CustomRecipe handing them
-    a row-scaled or 4over6 quantizer is refused, naming the option (not silently dropped)."""
+def test_modules_take_the_options(kw):
+    """A CustomRecipe handing modules a row-scaled or 4over6 quantizer: the forward GEMM reads the
+    operands that quantizer makes (its own bytes, decoded), not plain NVFP4's."""
     import transformer_engine_lite.pytorch as te
     from transformer_engine_lite.common.recipe import CustomRecipe
 
-    m = te.Linear(64, 48, params_dtype=torch.bfloat16)
-    with pytest.raises(NotImplementedError, match=next(iter(kw))):
-        with te.autocast(recipe=CustomRecipe(qfactory=lambda role: NVFP4Quantizer(**kw))):
-            m(torch.randn(16, 64, dtype=torch.bfloat16))
+    torch.manual_seed(0)
+    m = te.Linear(64, 48, bias=False, params_dtype=torch.bfloat16)
+    x = torch.randn(16, 64, dtype=torch.bfloat16)
+    with te.autocast(recipe=CustomRecipe(qfactory=lambda role: NVFP4Quantizer(**kw))):
+        y = m(x)
+    xd, wd = (NVFP4Quantizer(columnwise=False, **kw)(t.detach()).dequantize(dtype=torch.float32)
+              for t in (x, m.weight))
+    torch.testing.assert_close(y.float(), (xd.double() @ wd.double().t()).bfloat16().float(),
+                               rtol=1.6e-2, atol=1e-2)

@@ -33,8 +33,9 @@ def _nvfp4_env(name: str, default: str) -> str:
 class NVFP4BlockScaling(Recipe):
     """NVFP4 (TE 2.8+): E2M1 data, an E4M3 scale per 16 values and an FP32 per-tensor scale.
     TE's fields, env defaults (NVTE_NVFP4_*, see common/config.py) and checks. Runs on the CPU
-    (autocast, quantized_model_init); row_scaled_activation and nvfp4_4over6 other than "none"
-    raise NotImplementedError there.
+    (autocast, quantized_model_init), row_scaled_activation and the nvfp4_4over6 scopes included
+    (TE's per-role rules: pytorch.quantization._nvfp4_spec); the JAX front end refuses those two
+    with NotImplementedError, as TE-JAX has neither.
     fp4_quant_fwd_inp / _fwd_weight / _bwd_grad are derived QParams, as TE's."""
 
     disable_rht: bool = field(default_factory=lambda: _env_flag("NVTE_NVFP4_DISABLE_RHT"))

@@ -143,15 +143,6 @@ def check_recipe_support(recipe: Recipe) -> None:
 def _check_recipe(recipe: Any) -> Recipe:
     if recipe is None:
         return get_default_fp8_recipe()
-    if isinstance(recipe, NVFP4BlockScaling):
-        # TE 2.12+'s NVFP4 variants: one amax per activation row, 4over6 block scale selection
-        if recipe.row_scaled_activation:
-            raise NotImplementedError("NVFP4BlockScaling: row_scaled_activation=True is not "
-                                      "implemented by transformer_engine_lite")
-        if recipe.nvfp4_4over6 != "none":
-            raise NotImplementedError(f"NVFP4BlockScaling: nvfp4_4over6={recipe.nvfp4_4over6!r} "
-                                      "(4over6 block scale selection) is not implemented by "
-                                      "transformer_engine_lite; expected 'none'")
     if not isinstance(recipe, (DelayedScaling, Float8CurrentScaling, MXFP8BlockScaling,
                                Float8BlockScaling, NVFP4BlockScaling, CustomRecipe)):
         raise TypeError(

@@ -81,6 +81,8 @@ class QuantSpec(NamedTuple):
     block_dim: Float8BlockScaling's 1 (1x128 tiles) or 2 (128x128 blocks); NVFP4's 1 (1x16) or 2
     (16x16); 0 otherwise.
     rht, sr: NVFP4's random Hadamard transform (column-wise copy) and stochastic rounding.
+    row_scaled, four_over_six, e4m3_max, err_mode: NVFP4's per-row amaxes (row-wise copy) and
+    4over6 block scale selection (E4M3 bound 448 or 256, "MAE" / "MSE"), NVFP4Quantizer's options.
     """
 
     mode: str = "hp"
@@ -90,6 +92,10 @@ class QuantSpec(NamedTuple):
     block_dim: int = 0
     rht: bool = False
     sr: bool = False
+    row_scaled: bool = False
+    four_over_six: bool = False
+    e4m3_max: int = 448
+    err_mode: str = "MAE"
 
 
 class Operand(NamedTuple):
@@ -110,14 +116,40 @@ def spec_for(recipe: Recipe, mode: str, forward: bool, qparams: QParams | None =
     return QuantSpec(mode, dtype)
 
 
+def _in_scope(scope: str, role: str) -> bool:
+    """Whether a non-gradient role falls in an NVFP4BlockScaling tensor scope."""
+    if scope == "weights":
+        return role == "weight"
+    if scope == "activations":
+        return role != "weight"
+    return scope == "all"
+
+
+def _nvfp4_spec(recipe: Recipe, role: str) -> QuantSpec:
+    """NVFP4BlockScaling's QuantSpec of one role, by TE's rules (NVFP4BlockScalingRecipeState):
+    row-scaled amaxes for forward activations when row_scaled_activation; 4over6 for the
+    non-gradient roles nvfp4_4over6 selects, with the 256 E4M3 bound where
+    nvfp4_4over6_e4m3_use_256 selects too; gradients always plain NVFP4. 4over6 with the role's
+    RHT or stochastic rounding is TE's ValueError."""
+    qp = {"input": recipe.fp4_quant_fwd_inp, "weight": recipe.fp4_quant_fwd_weight,
+          "grad": recipe.fp4_quant_bwd_grad}[role]
+    rht, sr = bool(qp.random_hadamard_transform), bool(qp.stochastic_rounding)
+    four = role != "grad" and _in_scope(recipe.nvfp4_4over6, role)
+    if four and rht:
+        raise ValueError("NVFP4 4over6 quantization does not support RHT.")
+    if four and sr:
+        raise ValueError("NVFP4 4over6 quantization does not support stochastic rounding.")
+    e4m3_max = 256 if four and _in_scope(recipe.nvfp4_4over6_e4m3_use_256, role) else 448
+    return QuantSpec("nvfp4", torch.uint8, block_dim=2 if qp.fp4_2d_quantization else 1,
+                     rht=rht, sr=sr, row_scaled=role == "input" and recipe.row_scaled_activation,
+                     four_over_six=four, e4m3_max=e4m3_max, err_mode=recipe.nvfp4_4over6_err_mode)
+
+
 def block_spec(recipe: Recipe, role: str) -> QuantSpec:
     """Float8BlockScaling's or NVFP4BlockScaling's QuantSpec of one operand role ("input",
     "weight" or "grad")."""
     if recipe.nvfp4():
-        qp = {"input": recipe.fp4_quant_fwd_inp, "weight": recipe.fp4_quant_fwd_weight,
-              "grad": recipe.fp4_quant_bwd_grad}[role]
-        return QuantSpec("nvfp4", torch.uint8, block_dim=2 if qp.fp4_2d_quantization else 1,
-                         rht=bool(qp.random_hadamard_transform), sr=bool(qp.stochastic_rounding))
+        return _nvfp4_spec(recipe, role)
     qp, dim = {
         "input": (recipe.fp8_quant_fwd_inp, recipe.x_block_scaling_dim),
         "weight": (recipe.fp8_quant_fwd_weight, recipe.w_block_scaling_dim),
@@ -168,7 +200,8 @@ def block_rowwise_values(q: tuple[torch.Tensor, ...], spec: QuantSpec) -> torch.
     """fp32 [rows, cols] values of a row-wise block copy (block_rowwise's tuple)."""
     if spec.mode == "nvfp4":
         data, scale_inv, amax = q
-        return ops().dequantize_nvfp4(data, scale_inv, amax, torch.float32, False, 448)
+        return ops().dequantize_nvfp4(data, scale_inv, amax, torch.float32, spec.row_scaled,
+                                      spec.e4m3_max)
     return ops().dequantize_fp8_block(q[0], q[1], spec.block_dim, False, torch.float32)
 
 
@@ -178,7 +211,9 @@ def nvfp4_quantizer(spec: QuantSpec, rowwise: bool = True, columnwise: bool = Tr
 
     return NVFP4Quantizer(rowwise=rowwise, columnwise=columnwise, with_rht=spec.rht,
                           with_post_rht_amax=spec.rht, with_2d_quantization=spec.block_dim == 2,
-                          stochastic_rounding=spec.sr)
+                          stochastic_rounding=spec.sr, row_scaled_nvfp4=spec.row_scaled,
+                          nvfp4_use_4over6=spec.four_over_six, nvfp4_e4m3_max=spec.e4m3_max,
+                          nvfp4_4over6_err_mode=spec.err_mode)
 
 
 def nvfp4_dequantized(

@@ -147,15 +147,18 @@ class NVFP4SavedOperand(MXFP8SavedOperand):
     amax the block scales are relative to), no column-wise copy (no Hadamard transform)."""
 
     def __init__(self, shape: tuple[int, ...], dtype: torch.dtype, data: torch.Tensor,
-                 scale_inv: torch.Tensor, amax: torch.Tensor) -> None:
+                 scale_inv: torch.Tensor, amax: torch.Tensor, row_scaled: bool = False,
+                 e4m3_max: int = 448) -> None:
         super().__init__(shape, dtype, data, scale_inv)
-        self._amax_rowwise = amax
+        self._amax_rowwise = amax  # one fp32, or one per row when row_scaled
+        self._row_scaled_nvfp4, self._nvfp4_e4m3_max = row_scaled, e4m3_max
 
     def dequantize(self, *, dtype: torch.dtype | None = None) -> torch.Tensor:
         from .quantization import ops
 
         out = ops().dequantize_nvfp4(self._rowwise_data, self._rowwise_scale_inv,
-                                     self._amax_rowwise, torch.float32, False, 448)
+                                     self._amax_rowwise, torch.float32, self._row_scaled_nvfp4,
+                                     self._nvfp4_e4m3_max)
         return out.reshape(self.shape).to(dtype or self.dtype)
 
 
@@ -163,16 +166,18 @@ class SavedNVFP4(SavedFloat8):
     """Template of a row-wise NVFP4 operand saved as (bytes, block scales); the per-tensor amax
     (one fp32) rides on the template, so the node's saved-tensor pairs stay (bytes, scales)."""
 
-    def __init__(self, shape: tuple[int, ...], dtype: torch.dtype, amax: torch.Tensor) -> None:
+    def __init__(self, shape: tuple[int, ...], dtype: torch.dtype, amax: torch.Tensor,
+                 row_scaled: bool = False, e4m3_max: int = 448) -> None:
         super().__init__(shape, dtype, None)
-        self.amax = amax
+        self.amax, self.row_scaled, self.e4m3_max = amax, row_scaled, e4m3_max
 
     def restore_from_saved(self, saved: list[torch.Tensor | None]) -> tuple[NVFP4SavedOperand,
                                                                             list]:
         if len(saved) < 2:
             raise ValueError(f"restore_from_saved: a saved NVFP4 operand needs 2 tensors (bytes, "
                              f"scale_inv), got {len(saved)}")
-        return NVFP4SavedOperand(self.shape, self.dtype, saved[0], saved[1], self.amax), saved[2:]
+        return (NVFP4SavedOperand(self.shape, self.dtype, saved[0], saved[1], self.amax,
+                                  self.row_scaled, self.e4m3_max), saved[2:])
 
 
 def prepare_for_saving(

@@ -288,7 +288,8 @@ class _LinearFn(torch.autograd.Function):
             def template(i: int, shape: tuple) -> Any:
                 spec = cfg.inp if i == 0 else cfg.weight
                 if cfg.mode == "block" and spec.mode == "nvfp4":
-                    return SavedNVFP4(shape, out_dtype, ctx.block_amax[i][0])
+                    return SavedNVFP4(shape, out_dtype, ctx.block_amax[i][0], spec.row_scaled,
+                                      spec.e4m3_max)
                 if cfg.mode == "block":
                     return SavedFloat8Block(shape, out_dtype, spec.dtype, spec.block_dim)
                 kind = SavedMXFP8 if cfg.mode == "mxfp8" else SavedFloat8

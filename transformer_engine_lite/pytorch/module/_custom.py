@@ -142,15 +142,10 @@ def _spec(owner: str, slot: str, q: Any) -> tuple[str, QuantSpec]:
 
     if isinstance(q, NVFP4Quantizer):
         q._check_supported()
-        # The module path runs NVFP4 from a QuantSpec (blocks, RHT, SR); the per-row amaxes and
-        # 4over6 scales exist on NVFP4Quantizer / NVFP4Tensor only so far.
-        for opt in ("row_scaled_nvfp4", "nvfp4_use_4over6"):
-            if getattr(q, opt):
-                raise NotImplementedError(
-                    f"{owner}: CustomRecipe {slot}: NVFP4Quantizer({opt}=True) is not implemented "
-                    "in modules by transformer_engine_lite (NVFP4Quantizer itself supports it)")
         return "block", QuantSpec("nvfp4", torch.uint8, block_dim=2 if q.with_2d_quantization else 1,
-                                  rht=q.with_rht, sr=q.stochastic_rounding)
+                                  rht=q.with_rht, sr=q.stochastic_rounding,
+                                  row_scaled=q.row_scaled_nvfp4, four_over_six=q.nvfp4_use_4over6,
+                                  e4m3_max=q.nvfp4_e4m3_max, err_mode=q.nvfp4_4over6_err_mode)
     if isinstance(q, DelayedScalingRequest):
         fmt = q.fp8_format
         return "delayed", QuantSpec("delayed", get_fp8_torch_dtype(fmt, slot != "grad_output"))

@@ -88,7 +88,8 @@ def stored_nvfp4(
     column-wise one made from the row-wise copy for 16x16 blocks, as TE's update_usage)."""
     q = getattr(weight, "_quantizer", None)
     if (not isinstance(weight, NVFP4Tensor) or q is None or weight._rowwise_data is None
-            or q.with_2d_quantization != (spec.block_dim == 2) or q.with_rht != spec.rht):
+            or q.with_2d_quantization != (spec.block_dim == 2) or q.with_rht != spec.rht
+            or q.nvfp4_use_4over6 != spec.four_over_six or q.nvfp4_e4m3_max != spec.e4m3_max):
         return None
     if columnwise and weight._columnwise_data is None and not q.with_2d_quantization:
         return None
