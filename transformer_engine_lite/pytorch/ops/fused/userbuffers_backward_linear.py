@@ -22,6 +22,7 @@ from .forward_linear_bias_activation import ForwardLinearBiasActivation
 from .userbuffers_forward_linear import (
     UserbuffersForwardLinear,
     check_ub_config,
+    set_tp_config,
     ub_distributed,
     ub_window,
 )
@@ -42,16 +43,7 @@ class UserbuffersBackwardLinear(FusedOperation):
             "bias": None if bias is None else 1,
             "reduce_scatter": None if reduce_scatter is None else len(ops) - 1,
         }
-        if reduce_scatter is None:
-            self.tensor_parallel_mode = linear.tensor_parallel_mode
-            self.tensor_parallel_group = linear.tensor_parallel_group
-            self.tensor_parallel_size = linear.tensor_parallel_size
-            self.sequence_parallel = linear.sequence_parallel
-        else:
-            self.tensor_parallel_mode = "row"
-            self.tensor_parallel_group = reduce_scatter.process_group
-            self.tensor_parallel_size = reduce_scatter.process_group_size
-            self.sequence_parallel = True
+        set_tp_config(self, linear, reduce_scatter)
 
     def fuser_forward(self, input_: torch.Tensor, extra_inputs: tuple[torch.Tensor, ...]):
         raise RuntimeError(

@@ -39,6 +39,21 @@ def check_ub_config(owner: str, mode: str | None, size: int, sequence_parallel: 
                            f"(sequence_parallel={sequence_parallel})")
 
 
+def set_tp_config(fused: Any, linear: BasicLinear, reduce_scatter: ReduceScatter | None) -> None:
+    """The TP configuration a Userbuffers fused op's communication follows (TE's: a trailing
+    ReduceScatter makes the pair a row-parallel sequence-parallel linear; else the linear's)."""
+    if reduce_scatter is None:
+        fused.tensor_parallel_mode = linear.tensor_parallel_mode
+        fused.tensor_parallel_group = linear.tensor_parallel_group
+        fused.tensor_parallel_size = linear.tensor_parallel_size
+        fused.sequence_parallel = linear.sequence_parallel
+    else:
+        fused.tensor_parallel_mode = "row"
+        fused.tensor_parallel_group = reduce_scatter.process_group
+        fused.tensor_parallel_size = reduce_scatter.process_group_size
+        fused.sequence_parallel = True
+
+
 class UserbuffersForwardLinear(FusedOperation):
     """BasicLinear [+ Bias] [+ ReduceScatter] with the communication through Userbuffers."""
 
@@ -55,18 +70,7 @@ class UserbuffersForwardLinear(FusedOperation):
             ops.append(reduce_scatter)
         super().__init__(ops)
         self._op_idxs = self_idx
-        # the TP configuration the communication follows (TE's: a trailing ReduceScatter makes
-        # the pair a row-parallel sequence-parallel linear)
-        if reduce_scatter is None:
-            self.tensor_parallel_mode = linear.tensor_parallel_mode
-            self.tensor_parallel_group = linear.tensor_parallel_group
-            self.tensor_parallel_size = linear.tensor_parallel_size
-            self.sequence_parallel = linear.sequence_parallel
-        else:
-            self.tensor_parallel_mode = "row"
-            self.tensor_parallel_group = reduce_scatter.process_group
-            self.tensor_parallel_size = reduce_scatter.process_group_size
-            self.sequence_parallel = True
+        set_tp_config(self, linear, reduce_scatter)
 
     def _op(self, key: str) -> Any:
         i = self._op_idxs[key]
