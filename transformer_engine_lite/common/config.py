@@ -116,6 +116,9 @@ ENV_VARS: tuple[EnvVar, ...] = (
            "JAX front end: 'false' runs every primitive as its pure-JAX reference instead of the "
            "XLA FFI handler; 'Name=false,Name2=true,...' per primitive (TE-JAX class names, e.g. "
            "GemmPrimitive, NormFwdPrimitive, QuantizePrimitive, ActLuPrimitive); unset = all FFI"),
+    EnvVar("NVTE_FUSED_RING_ATTENTION_USE_SCAN", "0", "runtime",
+           "JAX front end, ring context parallelism of fused_attn (CPStrategy.RING): 1 runs the "
+           "cp ring steps in a fori_loop (one compiled step), 0 unrolls them"),
     EnvVar("NVTE_TORCH_COMPILE", "1", "runtime",
            "PyTorch front end (TE's switch, read at import): 1 compiles the pytorch.jit functions "
            "(L2 normalization of QK norm, GeLU, bias-dropout-add) with torch.compile on their first "

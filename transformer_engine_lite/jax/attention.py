@@ -16,8 +16,9 @@
   two words are the Philox seed, the offset is 0.
 - Masking follows fused_attn.h: causal / padding_causal top-left aligned, the others bottom-right;
   a query with no key kept (and every padded query) gets output 0 and gradient 0.
-Not supported (NotImplementedError): softmax types other than vanilla, context parallelism,
-score_mod, stripe_size.
+- Context parallelism (context_parallel_strategy / _causal_load_balanced / _axis, TE's CPStrategy
+  ALL_GATHER and RING; `reorder_causal_load_balancing`): cpp_extensions/attention_cp.py.
+Not supported (NotImplementedError): score_mod, stripe_size (thd context parallelism).
 """
 
 from __future__ import annotations
@@ -33,7 +34,10 @@ import numpy as np
 from ..common import attention_selection as selection
 from ..common import capi, config
 from .cpp_extensions import attention as tex_attn
+from .cpp_extensions import attention_cp
 from .cpp_extensions.attention import AttnSoftmaxType  # TE defines it at the primitive level
+from .cpp_extensions.attention_cp import (ReorderStrategy, inverse_reorder_causal_load_balancing,
+                                          reorder_causal_load_balancing)
 from .cpp_extensions.attention_reference import dropout_keep, logits, problem
 from .softmax import SoftmaxFusionType
 from .softmax import softmax as _softmax
@@ -45,12 +49,15 @@ __all__ = [
     "CPStrategy",
     "QKVFormat",
     "QKVLayout",
+    "ReorderStrategy",
     "SequenceDescriptor",
     "attention_backend",
     "canonicalize_attn_mask_type",
     "fused_attn",
+    "inverse_reorder_causal_load_balancing",
     "is_fused_attn_kernel_available",
     "make_swa_mask",
+    "reorder_causal_load_balancing",
     "unfused_attn",
 ]
 
@@ -394,16 +401,9 @@ def _sink(softmax_type, softmax_offset, h):
     return jnp.reshape(softmax_offset, (1, h, 1, 1)).astype(jnp.float32)
 
 
-def _refuse_extras(softmax_type, context_parallel_strategy, context_parallel_causal_load_balanced,
-                   context_parallel_axis, softmax_offset, stripe_size, score_mod):
+def _refuse_extras(softmax_type, softmax_offset, stripe_size, score_mod):
     _enum(AttnSoftmaxType, softmax_type, "softmax_type")  # any flavour (sinks: unfused math)
     del softmax_offset
-    cp = _enum(CPStrategy, context_parallel_strategy, "context_parallel_strategy")
-    if cp is not CPStrategy.DEFAULT or context_parallel_causal_load_balanced or \
-            context_parallel_axis:
-        raise NotImplementedError("fused_attn: context parallelism (context_parallel_strategy, "
-                                  "context_parallel_causal_load_balanced, context_parallel_axis) "
-                                  "is not supported; shard batch and heads instead")
     for name, value in (("stripe_size", stripe_size), ("score_mod", score_mod)):
         if value is not None:
             raise NotImplementedError(f"fused_attn: argument '{name}' is not supported, got "
@@ -472,11 +472,18 @@ def fused_attn(qkv, bias, sequence_descriptor, seed, attn_bias_type, attn_mask_t
     """Attention over qkv = (qkv,) / (q, kv) / (q, k, v) per `qkv_layout` -> [b, s_q, h, d_v],
     run by the backend the C selection picks (see the module docstring)."""
     del context_checkpoint_name, score_mod_bprop, score_mod_tensors, score_mod_bprop_tensors
-    _refuse_extras(softmax_type, context_parallel_strategy, context_parallel_causal_load_balanced,
-                   context_parallel_axis, softmax_offset, stripe_size, score_mod)
+    _refuse_extras(softmax_type, softmax_offset, stripe_size, score_mod)
     cfg, dims, args = _prepare(qkv, bias, sequence_descriptor, seed, attn_bias_type,
                                attn_mask_type, qkv_layout, scaling_factor, dropout_probability,
                                is_training, max_segments_per_seq, window_size)
+    cp = _cp_plan(cfg, dims, softmax_type, context_parallel_strategy,
+                  context_parallel_causal_load_balanced, context_parallel_axis)
+    if cp is not None:  # every CP step is a flash kernel call: the selection must allow flash
+        if attention_backend(args[0].dtype, cfg.layout, cfg.bias, attn_mask_type, cfg.dropout,
+                             dims.h, dims.h_kv, dims.s_q, dims.s_kv, dims.d_qk, dims.d_v,
+                             cfg.window) != "flash":
+            _no_cp("the backend selection picked the unfused math (see NVTE_DEBUG)")
+        return attention_cp.cp_fused_attn(cp, cfg.layout, cfg.scale, *args[:3])
     sink = _sink(softmax_type, softmax_offset, dims.h)
     if sink is not None:  # the flash primitives take no sink yet: the unfused math runs it
         return _unfused(cfg, *args, sink=sink)
@@ -492,14 +499,28 @@ def unfused_attn(qkv, bias, sequence_descriptor, seed, attn_bias_type, attn_mask
                  qkv_layout, softmax_type, scaling_factor, dropout_probability, is_training,
                  max_segments_per_seq=1, window_size=None, **kwargs):
     """fused_attn's unfused backend, always (framework math; the reference backend)."""
-    _refuse_extras(softmax_type, kwargs.get("context_parallel_strategy", CPStrategy.DEFAULT),
-                   kwargs.get("context_parallel_causal_load_balanced", False),
-                   kwargs.get("context_parallel_axis", ""), kwargs.get("softmax_offset"),
-                   kwargs.get("stripe_size"), kwargs.get("score_mod"))
+    _refuse_extras(softmax_type, kwargs.get("softmax_offset"), kwargs.get("stripe_size"),
+                   kwargs.get("score_mod"))
     cfg, dims, args = _prepare(qkv, bias, sequence_descriptor, seed, attn_bias_type,
                                attn_mask_type, qkv_layout, scaling_factor, dropout_probability,
                                is_training, max_segments_per_seq, window_size)
+    if _cp_plan(cfg, dims, softmax_type, kwargs.get("context_parallel_strategy", "DEFAULT"),
+                kwargs.get("context_parallel_causal_load_balanced", False),
+                kwargs.get("context_parallel_axis", "")) is not None:
+        _no_cp("unfused_attn has no context-parallel form")
     return _unfused(cfg, *args, sink=_sink(softmax_type, kwargs.get("softmax_offset"), dims.h))
+
+
+def _cp_plan(cfg, dims, softmax_type, strategy, load_balanced, axis):
+    """attention_cp's plan (None: no context parallelism active)."""
+    strategy = _enum(CPStrategy, strategy, "context_parallel_strategy")
+    return attention_cp.plan_context_parallel(
+        strategy.name, load_balanced, axis, cfg.layout, cfg.mask, cfg.bias, cfg.dropout,
+        _enum(AttnSoftmaxType, softmax_type, "softmax_type").value, cfg.window, dims)
+
+
+def _no_cp(why):
+    raise NotImplementedError(f"fused_attn: context parallelism runs on the flash kernels; {why}")
 
 
 # -- flash: the fused primitives under custom_vjp
