@@ -71,18 +71,12 @@ ERRORS = [
     ("thd-no-descriptor", ValueError, "argument 'sequence_descriptor'", {"layout": "thd_thd_thd"}),
     ("dropout-no-seed", ValueError, "argument 'seed'", {"dropout": 0.1}),
     ("softmax-unknown", ValueError, "argument 'softmax_type'", {"softmax": "soft"}),
+    # (context parallelism's own refusals need a mesh: tests/jax/test_distributed_cp_attention.py)
     (
-        "cp-strategy",
-        NotImplementedError,
+        "cp-strategy-unknown",
+        ValueError,
         "context_parallel_strategy",
-        {"context_parallel_strategy": A.CPStrategy.RING},
-    ),
-    ("cp-axis", NotImplementedError, "context_parallel_axis", {"context_parallel_axis": "cp"}),
-    (
-        "cp-load-balanced",
-        NotImplementedError,
-        "context_parallel_causal_load_balanced",
-        {"context_parallel_causal_load_balanced": True},
+        {"context_parallel_strategy": "spiral"},
     ),
     ("mask-unknown", ValueError, "attn_mask_type.*'causal_top_left'", {"mask": "causal_top_left"}),
     ("layout-unknown", ValueError, "argument 'qkv_layout'", {"layout": "sbhd"}),

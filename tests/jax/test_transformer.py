@@ -556,8 +556,6 @@ def test_dropout_streams(field):
 @pytest.mark.parametrize("kw, err, match", [
     ({"softmax_type": "off-by-one"}, ValueError, "softmax_type"),  # TE-JAX spells off_by_one
     ({"score_mod": lambda s: s}, NotImplementedError, "score_mod"),
-    ({"context_parallel_axis": "cp"}, NotImplementedError, "context_parallel_axis"),
-    ({"context_parallel_strategy": "RING"}, NotImplementedError, "context_parallel_strategy"),
     ({"context_parallel_strategy": "spiral"}, ValueError, "context_parallel_strategy"),
     ({"qkv_layout": "bhsd"}, ValueError, "qkv_layout"),
     ({"attn_bias_type": "post_scale_bias"}, ValueError, "attn_bias_type"),

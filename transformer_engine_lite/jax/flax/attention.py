@@ -22,6 +22,7 @@ from ..attention import (
     AttnBiasType,
     AttnMaskType,
     AttnSoftmaxType,
+    CPStrategy,
     QKVLayout,
     canonicalize_attn_mask_type,
     fused_attn,
@@ -86,10 +87,10 @@ class _DPABackend(nn.Module):
     softmax_type: AttnSoftmaxType = AttnSoftmaxType.VANILLA_SOFTMAX
 
     def _run(self, fn, qkv, layout, sequence_descriptor, bias, dropout_rng, deterministic,
-             softmax_offset=None):
+             softmax_offset=None, **extra):
         if self.transpose_batch_sequence:  # the backends are batch-first
             qkv = tuple(jnp.swapaxes(t, 0, 1) for t in qkv)
-        x = fn(qkv, bias, sequence_descriptor, dropout_rng, softmax_offset=softmax_offset,
+        x = fn(qkv, bias, sequence_descriptor, dropout_rng, softmax_offset=softmax_offset, **extra,
                attn_bias_type=self.attn_bias_type,
                attn_mask_type=self.attn_mask_type, qkv_layout=layout,
                softmax_type=self.softmax_type, scaling_factor=self.scale_factor,
@@ -101,6 +102,12 @@ class _DPABackend(nn.Module):
 
 
 class _FusedDotProductAttention(_DPABackend):
+    # Context parallelism (TE's fields of the fused backend): fused_attn shards the sequence
+    # over the CP axis when it has more than one device (cpp_extensions/attention_cp.py).
+    context_parallel_causal_load_balanced: bool = False
+    context_parallel_axis: str = ""
+    context_parallel_strategy: CPStrategy = CPStrategy.DEFAULT
+
     @nn.compact
     def __call__(self, query, key, value, sequence_descriptor=None, bias=None, *,
                  dropout_rng=None, deterministic=False, softmax_offset=None):
@@ -111,7 +118,11 @@ class _FusedDotProductAttention(_DPABackend):
         else:
             qkv = (query, key, value)
         return self._run(fused_attn, qkv, self.qkv_layout, sequence_descriptor, bias,
-                         dropout_rng, deterministic, softmax_offset)
+                         dropout_rng, deterministic, softmax_offset,
+                         context_parallel_strategy=self.context_parallel_strategy,
+                         context_parallel_causal_load_balanced=(
+                             self.context_parallel_causal_load_balanced),
+                         context_parallel_axis=self.context_parallel_axis)
 
 
 class _UnfusedDotProductAttention(_DPABackend):
@@ -163,27 +174,22 @@ class DotProductAttention(nn.Module):
         _tbs_default(self)
         super().__post_init__()
 
-    def _check_fields(self) -> None:
+    def _check_fields(self) -> CPStrategy:
         strategy = str(self.context_parallel_strategy).upper()
         if strategy not in _CP_STRATEGIES:
             raise ValueError(f"DotProductAttention: field 'context_parallel_strategy': expected "
                              f"one of {list(_CP_STRATEGIES)} (case insensitive), got "
                              f"{self.context_parallel_strategy!r}")
         _refuse(self, score_mod=(self.score_mod, self.score_mod is None),
-                score_mod_bprop=(self.score_mod_bprop, self.score_mod_bprop is None),
-                context_parallel_causal_load_balanced=(
-                    self.context_parallel_causal_load_balanced,
-                    not self.context_parallel_causal_load_balanced),
-                context_parallel_axis=(self.context_parallel_axis, not self.context_parallel_axis),
-                context_parallel_strategy=(self.context_parallel_strategy,
-                                           strategy == "DEFAULT"))
+                score_mod_bprop=(self.score_mod_bprop, self.score_mod_bprop is None))
+        return CPStrategy.ALL_GATHER if strategy == "ALLGATHER" else CPStrategy[strategy]
 
     @nn.compact
     def __call__(self, query, key, value, sequence_descriptor=None, bias=None, *,
                  deterministic: bool = False, mask=None,
                  score_mod_tensors: Mapping[str, Any] | None = None,
                  score_mod_bprop_tensors: Mapping[str, Any] | None = None):
-        self._check_fields()
+        cp_strategy = self._check_fields()
         if score_mod_tensors is not None or score_mod_bprop_tensors is not None:
             raise NotImplementedError("DotProductAttention: arguments 'score_mod_tensors' / "
                                       "'score_mod_bprop_tensors' (score_mod) are not supported "
@@ -262,8 +268,11 @@ class DotProductAttention(nn.Module):
                       "window_size": self.window_size,
                       "max_segments_per_seq": self.max_segments_per_seq or 1,
                       "softmax_type": softmax_type}
-        if use_fused:
-            backend = _FusedDotProductAttention(**kwargs)
+        if use_fused:  # (the unfused math is global jnp: correct on a CP-sharded sequence too)
+            backend = _FusedDotProductAttention(
+                context_parallel_strategy=cp_strategy,
+                context_parallel_causal_load_balanced=self.context_parallel_causal_load_balanced,
+                context_parallel_axis=self.context_parallel_axis, **kwargs)
         else:
             backend = _UnfusedDotProductAttention(float32_logits=self.float32_logits, **kwargs)
         # Attention sinks (TE's param: 'softmax_offset' fp32 [1, h, 1, 1], zeros, for
