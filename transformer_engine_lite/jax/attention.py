@@ -483,7 +483,7 @@ def fused_attn(qkv, bias, sequence_descriptor, seed, attn_bias_type, attn_mask_t
                              dims.h, dims.h_kv, dims.s_q, dims.s_kv, dims.d_qk, dims.d_v,
                              cfg.window) != "flash":
             _no_cp("the backend selection picked the unfused math (see NVTE_DEBUG)")
-        return attention_cp.cp_fused_attn(cp, cfg.layout, cfg.scale, *args[:3])
+        return attention_cp.cp_fused_attn(cp, cfg.layout, *args[:3])
     sink = _sink(softmax_type, softmax_offset, dims.h)
     if sink is not None:  # the flash primitives take no sink yet: the unfused math runs it
         return _unfused(cfg, *args, sink=sink)
@@ -516,7 +516,7 @@ def _cp_plan(cfg, dims, softmax_type, strategy, load_balanced, axis):
     strategy = _enum(CPStrategy, strategy, "context_parallel_strategy")
     return attention_cp.plan_context_parallel(
         strategy.name, load_balanced, axis, cfg.layout, cfg.mask, cfg.bias, cfg.dropout,
-        _enum(AttnSoftmaxType, softmax_type, "softmax_type").value, cfg.window, dims)
+        _enum(AttnSoftmaxType, softmax_type, "softmax_type").value, cfg.window, cfg.scale, dims)
 
 
 def _no_cp(why):

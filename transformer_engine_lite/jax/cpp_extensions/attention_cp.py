@@ -157,7 +157,7 @@ def _resource():
 
 
 def plan_context_parallel(strategy, load_balanced, axis, layout, mask, bias_type, dropout,
-                          softmax_type, window, dims) -> CPPlan | None:
+                          softmax_type, window, scale, dims) -> CPPlan | None:
     """The CP plan of a fused_attn call, or None when context parallelism is not active (no CP
     axis, no mesh, or a CP axis of one device). Refuses what TE refuses (ValueError) and THD
     (NotImplementedError). strategy: "DEFAULT" / "ALL_GATHER" / "RING" (CPStrategy names)."""
@@ -224,8 +224,8 @@ def plan_context_parallel(strategy, load_balanced, axis, layout, mask, bias_type
                 dims.h % mesh.shape[h_ax] == 0 and dims.h_kv % mesh.shape[h_ax] == 0:
             heads = h_ax
     scan = config.get("NVTE_FUSED_RING_ATTENTION_USE_SCAN") == "1"
-    return CPPlan(mesh, axis, size, strategy == "RING", balanced, causal, 0.0, scan, batch,
-                  heads)
+    return CPPlan(mesh, axis, size, strategy == "RING", balanced, causal, float(scale), scan,
+                  batch, heads)
 
 
 # ------------------------------------------------------------------------------------ steps
@@ -321,10 +321,13 @@ def _perm(plan):
     return [(i, (i + 1) % plan.size) for i in range(plan.size)]
 
 
-def _case(plan, t, rank):
-    """Which part of the block of rank (rank - t) the local queries see: 0 the diagonal block
-    (causal), 1 an earlier rank's block, 2 a later rank's block."""
-    return jnp.where(t == 0, 0, jnp.where(t <= rank, 1, 2)).astype(_I32)
+def _switch(t, rank, branches, kv):
+    """branches[i](kv) for the block of rank (rank - t) the local queries see: 0 the diagonal
+    block (causal), 1 an earlier rank's block, 2 a later rank's block (t: int when unrolled)."""
+    if isinstance(t, int) and t == 0:
+        return branches[0](kv)
+    return jax.lax.switch(jnp.where(t == 0, 0, jnp.where(t <= rank, 1, 2)).astype(_I32),
+                          branches, kv)
 
 
 def _ring_fwd(plan, q, k, v):
@@ -351,7 +354,7 @@ def _ring_fwd(plan, q, k, v):
     def step(t, carry):
         kv, o, lse = carry
         if plan.causal:
-            o_t, l_t = jax.lax.switch(_case(plan, t, rank), [diag, earlier, later], kv)
+            o_t, l_t = _switch(t, rank, [diag, earlier, later], kv)
         else:
             o_t, l_t = _fwd(plan, q, *kv, "no_mask")
         o, lse = _merge(o, lse, o_t, l_t)
@@ -392,7 +395,7 @@ def _ring_bwd(plan, q, k, v, out, lse, dout):
     def step(t, carry):
         kv, dkv, dq = carry
         if plan.causal:
-            g = jax.lax.switch(_case(plan, t, rank), [diag, earlier, later], kv)
+            g = _switch(t, rank, [diag, earlier, later], kv)
         else:
             g = _bwd(plan, q, *kv, out, lse, dout, "no_mask")
         dq = dq + g[0].astype(_F32)
@@ -443,10 +446,9 @@ def _cp_bwd(plan, res, dout):
 _cp.defvjp(_cp_fwd, _cp_bwd)
 
 
-def cp_fused_attn(plan: CPPlan, layout: str, scale: float, q, k, v):
+def cp_fused_attn(plan: CPPlan, layout: str, q, k, v):
     """fused_attn under `plan`: q [b, s, h, d]; k [b, s, h_kv, d] and v, or (bshd_bs2hd) k the
     packed kv [b, s, 2, h_kv, d] and v None. Returns out [b, s, h, d_v] sharded as q."""
-    plan = CPPlan(**{**plan.__dict__, "scale": float(scale)})
     if layout == "bshd_bs2hd":  # the steps take k and v apart; autodiff packs dk / dv back
         k, v = k[:, :, 0], k[:, :, 1]
     return _cp(plan, q, k, v)
