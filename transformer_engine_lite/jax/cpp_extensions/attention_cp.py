@@ -242,7 +242,8 @@ def _lens(q, kv_len):
 
 
 def _fwd(plan, q, k, v, mask, kv_len=None):
-    """(out, lse) of one kernel call; kv_len: the key prefix length (padding_causal_bottom_right)."""
+    """(out, lse) of one kernel call; kv_len: the key prefix length (with
+    padding_causal_bottom_right)."""
     lens = (None, None) if kv_len is None else _lens(q, kv_len)
     return tex_attn.fused_attn_fwd(q, k, v, None, *lens, None, None, None, is_training=True,
                                    **_kw(plan, mask))
