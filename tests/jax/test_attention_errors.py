@@ -92,6 +92,29 @@ def test_errors_name_the_argument(exc, match, kwargs, backend, monkeypatch):
         _call(**kwargs)
 
 
+@pytest.mark.parametrize("backend", ["flash", "unfused"])
+@pytest.mark.parametrize(
+    "kwargs",
+    [
+        {"context_parallel_causal_load_balanced": True},
+        {"context_parallel_strategy": A.CPStrategy.RING},
+        {"context_parallel_strategy": A.CPStrategy.ALL_GATHER,
+         "context_parallel_causal_load_balanced": True},
+    ],
+    ids=["load-balanced", "ring", "all-gather-balanced"],
+)
+def test_cp_flags_without_cp_axis_change_nothing(kwargs, backend, monkeypatch):
+    """Without a context_parallel_axis no sequence is split, so the CP strategy and the
+    load-balancing flag are no-ops, as in TE (whose test_fused_attn.py passes
+    context_parallel_causal_load_balanced=True to every non-CP case)."""
+    set_mode(monkeypatch, "auto" if backend == "flash" else "unfused")
+    q = jnp.sin(jnp.arange(B * S * H * D, dtype=jnp.float32)).reshape(B, S, H, D)
+    q = q.astype(jnp.bfloat16)
+    plain = _call(qkv=(q, q * 0.5, q), mask="causal")
+    flagged = _call(qkv=(q, q * 0.5, q), mask="causal", **kwargs)
+    assert jnp.array_equal(plain, flagged)
+
+
 def test_segment_pos_required():
     with pytest.raises(ValueError, match="argument 'segment_pos'"):
         A.SequenceDescriptor.from_segment_ids_and_pos(_x(B, S, dtype=jnp.int32))

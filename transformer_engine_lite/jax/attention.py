@@ -33,6 +33,7 @@ import numpy as np
 
 from ..common import attention_selection as selection
 from ..common import capi, config
+from .attention_score_mod import check_score_mod_args
 from .cpp_extensions import attention as tex_attn
 from .cpp_extensions import attention_cp
 from .cpp_extensions.attention import AttnSoftmaxType  # TE defines it at the primitive level
@@ -58,6 +59,7 @@ __all__ = [
     "is_fused_attn_kernel_available",
     "make_swa_mask",
     "reorder_causal_load_balancing",
+    "run_length_fill",
     "unfused_attn",
 ]
 
@@ -159,6 +161,13 @@ def _run_lengths(segment_ids):
     starts = jnp.concatenate([jnp.ones_like(ids[..., :1], bool), ids[..., 1:] != ids[..., :-1]], -1)
     run = jnp.cumsum(starts, axis=-1)
     return jnp.sum(run[..., :, None] == run[..., None, :], axis=-1)
+
+
+def run_length_fill(segment_ids) -> jnp.ndarray:
+    """TE-JAX's helper: per token, the length of its run of equal consecutive segment ids, 0 on
+    padding (id 0); the shape is kept ([[1 1 2 2 2 0 3]] -> [[2 2 3 3 3 0 1]])."""
+    ids = jnp.asarray(segment_ids)
+    return jnp.where(ids == 0, 0, _run_lengths(ids)).astype(ids.dtype)
 
 
 def make_swa_mask(segment_pos_q, segment_pos_kv, window_size=None, dtype=jnp.float32,
@@ -332,8 +341,11 @@ def is_fused_attn_kernel_available(is_training, q_dtype, kv_dtype, qkv_layout, a
     if _enum(AttnSoftmaxType, softmax_type, "softmax_type") is not AttnSoftmaxType.VANILLA_SOFTMAX:
         return False
     mask = _enum(AttnMaskType, attn_mask_type, "attn_mask_type")
-    backend = _select(q_dtype, kv_dtype, _enum(QKVLayout, qkv_layout, "qkv_layout"),
-                      _enum(AttnBiasType, attn_bias_type, "attn_bias_type"), mask,
+    layout = _enum(QKVLayout, qkv_layout, "qkv_layout")
+    bias = _enum(AttnBiasType, attn_bias_type, "attn_bias_type")
+    if layout.is_thd() and bias is not AttnBiasType.NO_BIAS:
+        return False  # the JAX primitives take no bias with thd (check_side refuses it)
+    backend = _select(q_dtype, kv_dtype, layout, bias, mask,
                       dropout_probability, q_num_heads, kv_num_heads, q_max_seqlen, kv_max_seqlen,
                       head_dim_qk, head_dim_v, _window(window_size, mask), log=False)[0]
     return backend in ("ck", "aotriton", "flash")
@@ -472,6 +484,12 @@ def fused_attn(qkv, bias, sequence_descriptor, seed, attn_bias_type, attn_mask_t
     """Attention over qkv = (qkv,) / (q, kv) / (q, k, v) per `qkv_layout` -> [b, s_q, h, d_v],
     run by the backend the C selection picks (see the module docstring)."""
     del context_checkpoint_name, score_mod_bprop, score_mod_tensors, score_mod_bprop_tensors
+    if score_mod is not None:  # what TE refuses is a ValueError before "not supported here"
+        check_score_mod_args(qkv, bias, sequence_descriptor, seed, attn_bias_type, attn_mask_type,
+                             qkv_layout, softmax_type, dropout_probability, max_segments_per_seq,
+                             window_size, context_parallel_strategy,
+                             context_parallel_causal_load_balanced, context_parallel_axis,
+                             softmax_offset, stripe_size)
     _refuse_extras(softmax_type, softmax_offset, stripe_size, score_mod)
     cfg, dims, args = _prepare(qkv, bias, sequence_descriptor, seed, attn_bias_type,
                                attn_mask_type, qkv_layout, scaling_factor, dropout_probability,

@@ -59,7 +59,10 @@ W_JOINED_AXES = "nvte_w_joined"
 
 @dataclass
 class MeshResource:
-    """Mesh axis names (or None) of each parallelism (TE-JAX's 7 fields)."""
+    """Mesh axis names (or None) of each parallelism (TE-JAX's 7 fields). As in TE, tp_resource
+    and tpsp_resource may both be set (TE's own tests build MeshResource("dp", "cp", "tp")): the
+    sharding rules then use tpsp_resource where its axis has more than one device, else
+    tp_resource (see get_sharding_map_logic_axis_to_mesh_axis)."""
 
     dp_resource: str | None = None
     tp_resource: str | None = None
@@ -68,11 +71,6 @@ class MeshResource:
     pp_resource: str | None = None
     cp_resource: str | None = None
     ep_resource: str | None = None
-
-    def __post_init__(self) -> None:
-        if self.tp_resource is not None and self.tpsp_resource is not None:
-            raise AssertionError("MeshResource: tp_resource and tpsp_resource: expected at most "
-                                 f"one, got both ({self.tp_resource!r}, {self.tpsp_resource!r})")
 
 
 _GLOBAL_MESH_RESOURCE: list = [None]
@@ -136,9 +134,14 @@ def get_sharding_map_logic_axis_to_mesh_axis() -> dict:
     r = _GLOBAL_MESH_RESOURCE[0]
     if r is None or _active_mesh() is None:
         return {}
-    tp = r.tpsp_resource or r.tp_resource
+    # A resource counts as enabled when its axis spans more than one device (TE's rule), so an
+    # fsdp / tpsp axis of size 1 leaves batch / heads to dp / tp.
+    def enabled(axis):
+        return axis is not None and axis in get_all_mesh_axes() and get_mesh_axis_size(axis) > 1
+
+    tp = r.tpsp_resource if enabled(r.tpsp_resource) else r.tp_resource
     return {
-        BATCH_AXES: r.fsdp_resource or r.dp_resource,
+        BATCH_AXES: r.fsdp_resource if enabled(r.fsdp_resource) else r.dp_resource,
         SEQLEN_AXES: None,
         SEQLEN_TP_AXES: r.tpsp_resource,
         SEQLEN_CP_AXES: r.cp_resource,

@@ -17,6 +17,11 @@ from .attention import (  # noqa: F401
     fused_attn_bwd,
     fused_attn_fwd,
 )
+from .attention_helper import (  # noqa: F401
+    FusedAttnHelper,
+    NVTE_Fused_Attn_Backend,
+    get_fused_attn_backend,
+)
 from .base import custom_calls_enabled, registrations  # noqa: F401
 from .gemm import gemm, gemm_core  # noqa: F401
 from .grouped import (  # noqa: F401

@@ -271,7 +271,7 @@ def _te_operand(x, quantizer, contracting, dtype):
 
 def gemm(lhs, rhs, contracting_dims=((-1,), (0,)), lhs_scale_inv=None, rhs_scale_inv=None,
          bias=None, fuse_gelu=False, out_dtype=None, *, lhs_quantizer=None, rhs_quantizer=None,
-         transpose_batch_sequence=False):
+         transpose_batch_sequence=False, fuse_bias=None, quantizer_set=None):
     """dot_general(lhs, rhs, contracting_dims) (+ bias)(GELU) through the core GEMM.
 
     The contracting dims of each operand must be its leading or its trailing dims (other orders
@@ -279,8 +279,27 @@ def gemm(lhs, rhs, contracting_dims=((-1,), (0,)), lhs_scale_inv=None, rhs_scale
     Returns D, or (D, pre_gelu_out) with fuse_gelu.
     TE-JAX's forms: `lhs_quantizer` / `rhs_quantizer` quantize a high-precision operand first;
     an operand may be a ScaledTensor (then its scale_inv comes with it). The output dtype is then
-    the operands' high-precision dtype (TE's)."""
+    the operands' high-precision dtype (TE's).
+    TE's keyword forms kept for callers of its earlier API: `quantizer_set` supplies the
+    quantizers not given (its x for lhs, its kernel for rhs); `fuse_bias` True (or None) adds
+    the bias inside the GEMM, False adds it after the GEMM, unfused."""
     del transpose_batch_sequence  # sharding hint of TE's; our GEMM's partitioning derives it
+    if quantizer_set is not None:
+        lhs_quantizer = quantizer_set.x if lhs_quantizer is None else lhs_quantizer
+        rhs_quantizer = quantizer_set.kernel if rhs_quantizer is None else rhs_quantizer
+    if fuse_bias is not None and not isinstance(fuse_bias, bool):
+        raise TypeError(f"gemm: argument 'fuse_bias': expected a bool or None, got {fuse_bias!r}")
+    if fuse_bias is False and bias is not None:
+        if fuse_gelu:
+            raise ValueError("gemm: arguments 'fuse_bias' and 'fuse_gelu': an unfused bias "
+                             "cannot come before the fused GELU; pass fuse_bias=True")
+        out = gemm(lhs, rhs, contracting_dims, lhs_scale_inv, rhs_scale_inv, None, False,
+                   out_dtype, lhs_quantizer=lhs_quantizer, rhs_quantizer=rhs_quantizer)
+        if tuple(bias.shape) != tuple(out.shape[out.ndim - bias.ndim:]):
+            raise ValueError(f"gemm: argument 'bias': expected shape of the output's trailing "
+                             f"(rhs free) dims {tuple(out.shape[out.ndim - bias.ndim:])}, got "
+                             f"{tuple(bias.shape)}")
+        return (out + bias).astype(out.dtype)
     from ..quantize.tensor import ScaledTensor
 
     if (lhs_quantizer is not None or rhs_quantizer is not None or isinstance(lhs, ScaledTensor)

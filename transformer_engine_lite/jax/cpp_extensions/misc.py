@@ -5,6 +5,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import Any
 
+import jax
 import jax.numpy as jnp
 import numpy as np
 
@@ -127,3 +128,30 @@ def get_cudnn_version() -> tuple[int, int, int]:
     below 9.10 as "the MXFP8 norm is not fused with its cast" — true here too: the norm's float32
     output is quantized by a separate MXFP8 kernel."""
     return (0, 0, 0)
+
+
+def get_device_compute_capability(gpu_id: int = 0) -> int:
+    """TE-JAX's compute-capability query, as TE's int (major * 10 + minor: 90 for sm_90) of local
+    device `gpu_id`. A device without one (the CPU backend this library runs on, or a ROCm GPU,
+    whose JAX devices carry no CUDA compute capability) answers 0, so TE's "sm_90 or newer" gates
+    read as "not a Hopper", which is what such a device is."""
+    devices = jax.local_devices()
+    if isinstance(gpu_id, bool) or not isinstance(gpu_id, (int, np.integer)) or not (
+            0 <= int(gpu_id) < len(devices)):
+        raise ValueError(f"get_device_compute_capability: argument 'gpu_id': expected an int in "
+                         f"[0, {len(devices)}), got {gpu_id!r}")
+    cc = getattr(devices[int(gpu_id)], "compute_capability", None)  # "9.0" on CUDA devices
+    if not isinstance(cc, str) or "." not in cc:
+        return 0
+    major, minor = cc.split(".", 1)
+    return int(major) * 10 + int(minor)
+
+
+def get_min_device_compute_capability() -> int:
+    """TE-JAX's helper: the smallest get_device_compute_capability over the local devices."""
+    return min(get_device_compute_capability(i) for i in range(len(jax.local_devices())))
+
+
+def get_all_device_compute_capability() -> tuple[int, ...]:
+    """TE-JAX's helper: get_device_compute_capability of every local device, in order."""
+    return tuple(get_device_compute_capability(i) for i in range(len(jax.local_devices())))

@@ -360,11 +360,18 @@ class LayerNormMLP(TransformerEngineBase):
                             == (inputs.ndim - 1,)),
                 activations=(self.activations, all(isinstance(a, str) for a in self.activations)))
         act = tuple(a.lower() for a in self.activations)
-        tex.activation_name(act)
+        if len(act) > 1 and act[0] in ("linear", "clamped_linear"):
+            act = tuple(reversed(act))  # TE's order: ("linear", "gelu") is GEGLU
+        fused_act = _fused_activation(act)
         act_params = self.activation_params
-        if isinstance(act_params, dict):  # TE passes e.g. {"limit": 7.0, "alpha": 1.702}
+        if fused_act and isinstance(act_params, dict):  # TE passes e.g. {"limit": 7.0}
             act_params = tex.ActivationParams.create(act, **act_params)
-        n_act = 2 if tex.is_gated(act) else 1
+        elif not fused_act and act_params is not None:
+            raise ValueError(f"LayerNormMLP: field 'activation_params': expected None for "
+                             f"activations without a fused kernel, got {act_params!r} with "
+                             f"{self.activations!r}")
+        # One wi slice per activation when composed (TE's rule); a fused kind has 2 when gated.
+        n_act = (2 if tex.is_gated(act) else 1) if fused_act else len(act)
         norm_type = canonicalize_norm_type(self.layernorm_type)
         hidden = inputs.shape[-1]
         kernel_init = self.kernel_init or _kernel_init_default(self.dtype)
@@ -392,7 +399,7 @@ class LayerNormMLP(TransformerEngineBase):
             "_1", quantization_checkpoint_name=self.quantization_checkpoint_name)
         dropout = self.intermediate_dropout_rate > 0 and not deterministic
         fused = (self.enable_layernorm and not dropout and not self.return_layernorm_output
-                 and not self.enable_low_rank_adaptation)
+                 and not self.enable_low_rank_adaptation and fused_act)
         if fused:
             out = layernorm_mlp(inputs, scale, ln_bias, [wi, wo], [wi_b, wo_b], norm_type,
                                 self.zero_centered_gamma, self.epsilon,
@@ -415,7 +422,10 @@ class LayerNormMLP(TransformerEngineBase):
             h = h + _lora(self, ln_out, 1, (n_act, self.intermediate_dim),
                           self.low_rank_adaptation_dim, self.low_rank_adaptation_alpha,
                           self.dtype, None, "wi_")
-        a = _activation(h if n_act == 2 else h[..., 0, :], act, act_params=act_params)
+        if fused_act:
+            a = _activation(h if n_act == 2 else h[..., 0, :], act, act_params=act_params)
+        else:
+            a = _composed_activation(h, act).astype(h.dtype)
         if dropout:
             a = nn.Dropout(rate=self.intermediate_dropout_rate,
                            broadcast_dims=tuple(self.intermediate_hidden_dropout_dims),
@@ -426,6 +436,30 @@ class LayerNormMLP(TransformerEngineBase):
             out = out + _lora(self, a, 1, (hidden,), self.low_rank_adaptation_dim,
                               self.low_rank_adaptation_alpha, self.dtype, None, "wo_")
         return out, (ln_out if self.return_layernorm_output else None)
+
+
+def _fused_activation(act: tuple) -> bool:
+    """Whether `act` is one of the activation kinds the core has a kernel for."""
+    try:
+        tex.activation_name(act)
+    except ValueError:
+        return False
+    return True
+
+
+def _composed_activation(h, act: tuple):
+    """TE's LayerNormMLP for activation tuples with no fused kernel (e.g. ("relu", "relu")):
+    activation i (a flax.linen function by name, "linear" the identity) on slice i of the
+    [..., n_act, mlp] product, the results multiplied."""
+    out = None
+    for i, name in enumerate(act):
+        fn = (lambda v: v) if name == "linear" else getattr(nn, name, None)
+        if not callable(fn):
+            raise ValueError(f"LayerNormMLP: field 'activations': {name!r} is neither a fused "
+                             f"activation kind nor a flax.linen function, got {act!r}")
+        y = fn(h[..., i, :])
+        out = y if out is None else out * y
+    return out
 
 
 # ------------------------------------------------------------------------ FP8 for plain Flax
