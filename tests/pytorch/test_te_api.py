@@ -106,7 +106,8 @@ def test_grouped_linear_matches_per_expert_linears(name, dtype):
             assert not grads[f"weight{i}"].any() and not grads[f"bias{i}"].any()
 
 
-def test_grouped_linear_single_params_return_bias_and_errors():
+def test_grouped_linear_single_params_return_bias_and_errors(monkeypatch):
+    monkeypatch.setenv("NVTE_GROUPED_LINEAR_SINGLE_PARAM", "1")  # TE's gate on the feature
     torch.manual_seed(2)
     g = te.GroupedLinear(2, 16, 8, single_grouped_weight=True, single_grouped_bias=True)
     assert g.weight.shape == (2, 8, 16) and g.bias.shape == (2, 8)

@@ -112,6 +112,11 @@ ENV_VARS: tuple[EnvVar, ...] = (
            "(backward GEMMs in FP8), high_precision (backward GEMMs on the unquantized inputs "
            "and weights) or dequantized (on the forward's quantized operands, dequantized; "
            "gradients unquantized); DelayedScaling accepts only unset"),
+    EnvVar("NVTE_GROUPED_LINEAR_SINGLE_PARAM", "0", "runtime",
+           "TE's gate on GroupedLinear(single_grouped_weight / single_grouped_bias) (read when the "
+           "module is built): an integer > 0 keeps one [num_gemms, out, in] weight / [num_gemms, "
+           "out] bias (warning that the feature is experimental); 0 turns both flags off with a "
+           "warning, giving per-expert weight0.. / bias0.. parameters"),
     EnvVar("NVTE_JAX_CUSTOM_CALLS", None, "runtime",
            "JAX front end: 'false' runs every primitive as its pure-JAX reference instead of the "
            "XLA FFI handler; 'Name=false,Name2=true,...' per primitive (TE-JAX class names, e.g. "

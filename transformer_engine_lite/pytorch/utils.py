@@ -10,9 +10,12 @@ from __future__ import annotations
 
 import functools
 import math
+import warnings
 from collections.abc import Callable
 
 import torch
+
+from ..common import config
 
 __all__ = [
     "make_weak_ref",
@@ -30,6 +33,7 @@ __all__ = [
     "is_bf16_available",
     "is_bf16_compatible",
     "is_non_tn_fp8_gemm_supported",
+    "resolve_grouped_linear_single_param_flags",
     "scaled_init_method_normal",
 ]
 
@@ -181,3 +185,38 @@ def torch_version() -> tuple[int, ...]:
     from packaging.version import Version
 
     return Version(str(torch.__version__)).release
+
+
+def resolve_grouped_linear_single_param_flags(
+    single_grouped_weight: bool, single_grouped_bias: bool
+) -> tuple[bool, bool]:
+    """TE's gate on GroupedLinear's single grouped weight / bias: they are experimental in TE and
+    only honoured when NVTE_GROUPED_LINEAR_SINGLE_PARAM is an integer > 0; otherwise both fall back
+    to per-expert parameters (with a warning), so a TE user's module gets the same parameter names
+    and state_dict keys here as on TE."""
+    if not (single_grouped_weight or single_grouped_bias):
+        return single_grouped_weight, single_grouped_bias
+    raw = config.get("NVTE_GROUPED_LINEAR_SINGLE_PARAM")
+    try:
+        enabled = int(raw) > 0
+    except ValueError:
+        raise ValueError(
+            f"NVTE_GROUPED_LINEAR_SINGLE_PARAM: expected an integer (0 or 1), got {raw!r}"
+        ) from None
+    if not enabled:
+        warnings.warn(
+            f"GroupedLinear was constructed with single_grouped_weight={single_grouped_weight} "
+            f"and single_grouped_bias={single_grouped_bias}, but the "
+            "NVTE_GROUPED_LINEAR_SINGLE_PARAM environment variable is not set. "
+            "Disabling single grouped weight/bias and falling back to per-expert parameters.",
+            UserWarning,
+            stacklevel=3,
+        )
+        return False, False
+    warnings.warn(
+        "GroupedLinear is using single_grouped_weight/single_grouped_bias. This feature is "
+        "experimental in TransformerEngine and may change in future releases.",
+        UserWarning,
+        stacklevel=3,
+    )
+    return single_grouped_weight, single_grouped_bias

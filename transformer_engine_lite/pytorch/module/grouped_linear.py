@@ -11,7 +11,7 @@ from ..distributed import TPConfig, set_tensor_model_parallel_attributes, split_
 from ._params import materialize_params
 from .base import TransformerEngineBaseModule, default_device, reject_unsupported
 from ..tensor import QuantizedTensor
-from ..utils import get_default_init_method
+from ..utils import get_default_init_method, resolve_grouped_linear_single_param_flags
 from ...common.recipe import Recipe
 from ._autograd import _LinearFn
 
@@ -230,8 +230,11 @@ class GroupedLinear(TransformerEngineBaseModule):
         # TE's request for the GroupedTensor path; is_module_grouped_tensor_path_supported() is
         # False here, so the module runs the split path either way (TE's fallback)
         self.use_grouped_tensor = bool(use_grouped_tensor)
-        self.single_grouped_weight = bool(single_grouped_weight)
-        self.single_grouped_bias = bool(single_grouped_bias) and bias
+        single_grouped_weight, single_grouped_bias = resolve_grouped_linear_single_param_flags(
+            bool(single_grouped_weight), bool(single_grouped_bias)
+        )
+        self.single_grouped_weight = single_grouped_weight
+        self.single_grouped_bias = single_grouped_bias and bias
         tp = max(1, self.tp.size)
         self.out_features_local = (
             split_size(owner, "out_features", out_features, tp)
