@@ -17,8 +17,10 @@
 - Masking follows fused_attn.h: causal / padding_causal top-left aligned, the others bottom-right;
   a query with no key kept (and every padded query) gets output 0 and gradient 0.
 - Context parallelism (context_parallel_strategy / _causal_load_balanced / _axis, TE's CPStrategy
-  ALL_GATHER and RING; `reorder_causal_load_balancing`): cpp_extensions/attention_cp.py.
-Not supported (NotImplementedError): score_mod, stripe_size (thd context parallelism).
+  ALL_GATHER and RING; `reorder_causal_load_balancing`): cpp_extensions/attention_cp.py; thd
+  layouts (ALL_GATHER with `stripe_size`, segment ids in the striped order):
+  cpp_extensions/attention_cp_thd.py.
+Not supported (NotImplementedError): score_mod, thd context parallelism with RING.
 """
 
 from __future__ import annotations
@@ -34,7 +36,7 @@ import numpy as np
 from ..common import attention_selection as selection
 from ..common import capi, config
 from .cpp_extensions import attention as tex_attn
-from .cpp_extensions import attention_cp
+from .cpp_extensions import attention_cp, attention_cp_thd
 from .cpp_extensions.attention import AttnSoftmaxType  # TE defines it at the primitive level
 from .cpp_extensions.attention_cp import (ReorderStrategy, inverse_reorder_causal_load_balancing,
                                           reorder_causal_load_balancing)
@@ -401,13 +403,12 @@ def _sink(softmax_type, softmax_offset, h):
     return jnp.reshape(softmax_offset, (1, h, 1, 1)).astype(jnp.float32)
 
 
-def _refuse_extras(softmax_type, softmax_offset, stripe_size, score_mod):
+def _refuse_extras(softmax_type, softmax_offset, score_mod):
     _enum(AttnSoftmaxType, softmax_type, "softmax_type")  # any flavour (sinks: unfused math)
     del softmax_offset
-    for name, value in (("stripe_size", stripe_size), ("score_mod", score_mod)):
-        if value is not None:
-            raise NotImplementedError(f"fused_attn: argument '{name}' is not supported, got "
-                                      f"{type(value).__name__}")
+    if score_mod is not None:
+        raise NotImplementedError(f"fused_attn: argument 'score_mod' is not supported, got "
+                                  f"{type(score_mod).__name__}")
 
 
 def _prepare(qkv, bias, sequence_descriptor, seed, attn_bias_type, attn_mask_type, qkv_layout,
@@ -472,17 +473,25 @@ def fused_attn(qkv, bias, sequence_descriptor, seed, attn_bias_type, attn_mask_t
     """Attention over qkv = (qkv,) / (q, kv) / (q, k, v) per `qkv_layout` -> [b, s_q, h, d_v],
     run by the backend the C selection picks (see the module docstring)."""
     del context_checkpoint_name, score_mod_bprop, score_mod_tensors, score_mod_bprop_tensors
-    _refuse_extras(softmax_type, softmax_offset, stripe_size, score_mod)
+    _refuse_extras(softmax_type, softmax_offset, score_mod)
     cfg, dims, args = _prepare(qkv, bias, sequence_descriptor, seed, attn_bias_type,
                                attn_mask_type, qkv_layout, scaling_factor, dropout_probability,
                                is_training, max_segments_per_seq, window_size)
     cp = _cp_plan(cfg, dims, softmax_type, context_parallel_strategy,
-                  context_parallel_causal_load_balanced, context_parallel_axis)
+                  context_parallel_causal_load_balanced, context_parallel_axis, stripe_size)
+    if cp is None:
+        attention_cp.check_stripe_size(stripe_size, cfg.layout)
     if cp is not None:  # every CP step is a flash kernel call: the selection must allow flash
         if attention_backend(args[0].dtype, cfg.layout, cfg.bias, attn_mask_type, cfg.dropout,
                              dims.h, dims.h_kv, dims.s_q, dims.s_kv, dims.d_qk, dims.d_v,
                              cfg.window) != "flash":
             _no_cp("the backend selection picked the unfused math (see NVTE_DEBUG)")
+        if cp.stripe is not None:
+            ids = getattr(sequence_descriptor, "segment_ids", None)
+            if ids is None:
+                _no_cp("thd layouts need SequenceDescriptor.from_segment_ids_and_pos (the "
+                       "segment ids in the striped order)")
+            return attention_cp_thd.thd_cp_fused_attn(cp, cfg.layout, *args[:3], ids)
         return attention_cp.cp_fused_attn(cp, cfg.layout, *args[:3])
     sink = _sink(softmax_type, softmax_offset, dims.h)
     if sink is not None:  # the flash primitives take no sink yet: the unfused math runs it
@@ -499,24 +508,25 @@ def unfused_attn(qkv, bias, sequence_descriptor, seed, attn_bias_type, attn_mask
                  qkv_layout, softmax_type, scaling_factor, dropout_probability, is_training,
                  max_segments_per_seq=1, window_size=None, **kwargs):
     """fused_attn's unfused backend, always (framework math; the reference backend)."""
-    _refuse_extras(softmax_type, kwargs.get("softmax_offset"), kwargs.get("stripe_size"),
-                   kwargs.get("score_mod"))
+    _refuse_extras(softmax_type, kwargs.get("softmax_offset"), kwargs.get("score_mod"))
     cfg, dims, args = _prepare(qkv, bias, sequence_descriptor, seed, attn_bias_type,
                                attn_mask_type, qkv_layout, scaling_factor, dropout_probability,
                                is_training, max_segments_per_seq, window_size)
     if _cp_plan(cfg, dims, softmax_type, kwargs.get("context_parallel_strategy", "DEFAULT"),
                 kwargs.get("context_parallel_causal_load_balanced", False),
-                kwargs.get("context_parallel_axis", "")) is not None:
+                kwargs.get("context_parallel_axis", ""), kwargs.get("stripe_size")) is not None:
         _no_cp("unfused_attn has no context-parallel form")
+    attention_cp.check_stripe_size(kwargs.get("stripe_size"), cfg.layout)
     return _unfused(cfg, *args, sink=_sink(softmax_type, kwargs.get("softmax_offset"), dims.h))
 
 
-def _cp_plan(cfg, dims, softmax_type, strategy, load_balanced, axis):
+def _cp_plan(cfg, dims, softmax_type, strategy, load_balanced, axis, stripe_size=None):
     """attention_cp's plan (None: no context parallelism active)."""
     strategy = _enum(CPStrategy, strategy, "context_parallel_strategy")
     return attention_cp.plan_context_parallel(
         strategy.name, load_balanced, axis, cfg.layout, cfg.mask, cfg.bias, cfg.dropout,
-        _enum(AttnSoftmaxType, softmax_type, "softmax_type").value, cfg.window, cfg.scale, dims)
+        _enum(AttnSoftmaxType, softmax_type, "softmax_type").value, cfg.window, cfg.scale, dims,
+        stripe_size)
 
 
 def _no_cp(why):
