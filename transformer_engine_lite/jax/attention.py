@@ -17,8 +17,10 @@
 - Masking follows fused_attn.h: causal / padding_causal top-left aligned, the others bottom-right;
   a query with no key kept (and every padded query) gets output 0 and gradient 0.
 - Context parallelism (context_parallel_strategy / _causal_load_balanced / _axis, TE's CPStrategy
-  ALL_GATHER and RING; `reorder_causal_load_balancing`): cpp_extensions/attention_cp.py.
-Not supported (NotImplementedError): score_mod, stripe_size (thd context parallelism).
+  ALL_GATHER and RING; `reorder_causal_load_balancing`): cpp_extensions/attention_cp.py; thd
+  layouts (ALL_GATHER with `stripe_size`, segment ids in the striped order):
+  cpp_extensions/attention_cp_thd.py.
+Not supported (NotImplementedError): score_mod, thd context parallelism with RING.
 """
 
 from __future__ import annotations
@@ -35,11 +37,12 @@ from ..common import attention_selection as selection
 from ..common import capi, config
 from .attention_score_mod import check_score_mod_args
 from .cpp_extensions import attention as tex_attn
-from .cpp_extensions import attention_cp
+from .cpp_extensions import attention_cp, attention_cp_thd
 from .cpp_extensions.attention import AttnSoftmaxType  # TE defines it at the primitive level
 from .cpp_extensions.attention_cp import (ReorderStrategy, inverse_reorder_causal_load_balancing,
                                           reorder_causal_load_balancing)
 from .cpp_extensions.attention_reference import dropout_keep, logits, problem
+from .attention_mask_helpers import make_swa_mask, run_length_fill  # TE-JAX exports them here
 from .softmax import SoftmaxFusionType
 from .softmax import softmax as _softmax
 
@@ -153,53 +156,6 @@ def canonicalize_attn_mask_type(attn_mask_type: str) -> AttnMaskType:
             return member
     raise ValueError(f"attn_mask_type: expected one of {[m.value for m in AttnMaskType]} or an "
                      f"alias {sorted(_MASK_ALIASES)}, got {attn_mask_type!r}")
-
-
-def _run_lengths(segment_ids):
-    """Per token, the length of the run of equal consecutive segment ids it sits in."""
-    ids = jnp.asarray(segment_ids)
-    starts = jnp.concatenate([jnp.ones_like(ids[..., :1], bool), ids[..., 1:] != ids[..., :-1]], -1)
-    run = jnp.cumsum(starts, axis=-1)
-    return jnp.sum(run[..., :, None] == run[..., None, :], axis=-1)
-
-
-def run_length_fill(segment_ids) -> jnp.ndarray:
-    """TE-JAX's helper: per token, the length of its run of equal consecutive segment ids, 0 on
-    padding (id 0); the shape is kept ([[1 1 2 2 2 0 3]] -> [[2 2 3 3 3 0 1]])."""
-    ids = jnp.asarray(segment_ids)
-    return jnp.where(ids == 0, 0, _run_lengths(ids)).astype(ids.dtype)
-
-
-def make_swa_mask(segment_pos_q, segment_pos_kv, window_size=None, dtype=jnp.float32,
-                  segment_ids_q=None, segment_ids_kv=None):
-    """Sliding-window mask [..., 1, sq, skv] (1 = attend), TE-JAX's helper.
-
-    Query at position i attends keys j with i - left <= j <= i + right (a negative or absent bound
-    is unbounded). With both segment-id arrays, positions are aligned bottom-right per segment
-    (query i of a run of length Lq against key j of a run of length Lkv sits on the diagonal
-    j = i + Lkv - Lq), the alignment of the *_bottom_right causal masks."""
-    if window_size is None:
-        left = right = -1
-    else:
-        if len(window_size) != 2:
-            raise ValueError(f"make_swa_mask: window_size: expected (left, right), got "
-                             f"{window_size!r}")
-        left, right = int(window_size[0]), int(window_size[1])
-    if (segment_ids_q is None) != (segment_ids_kv is None):
-        raise ValueError("make_swa_mask: segment_ids_q and segment_ids_kv: expected both or "
-                         "neither, got only one")
-    pos_q = jnp.asarray(segment_pos_q)[..., :, None]
-    pos_kv = jnp.asarray(segment_pos_kv)[..., None, :]
-    if segment_ids_q is not None:
-        # Shift the query onto the bottom-right diagonal of its segment pair.
-        pos_q = pos_q + (_run_lengths(segment_ids_kv)[..., None, :]
-                         - _run_lengths(segment_ids_q)[..., :, None])
-    ok = jnp.ones(jnp.broadcast_shapes(pos_q.shape, pos_kv.shape), bool)
-    if left >= 0:
-        ok = ok & (pos_kv >= pos_q - left)
-    if right >= 0:
-        ok = ok & (pos_kv <= pos_q + right)
-    return ok[..., None, :, :].astype(dtype)
 
 
 def _enum(cls, value, arg: str):
@@ -413,13 +369,12 @@ def _sink(softmax_type, softmax_offset, h):
     return jnp.reshape(softmax_offset, (1, h, 1, 1)).astype(jnp.float32)
 
 
-def _refuse_extras(softmax_type, softmax_offset, stripe_size, score_mod):
+def _refuse_extras(softmax_type, softmax_offset, score_mod):
     _enum(AttnSoftmaxType, softmax_type, "softmax_type")  # any flavour (sinks: unfused math)
     del softmax_offset
-    for name, value in (("stripe_size", stripe_size), ("score_mod", score_mod)):
-        if value is not None:
-            raise NotImplementedError(f"fused_attn: argument '{name}' is not supported, got "
-                                      f"{type(value).__name__}")
+    if score_mod is not None:
+        raise NotImplementedError(f"fused_attn: argument 'score_mod' is not supported, got "
+                                  f"{type(score_mod).__name__}")
 
 
 def _prepare(qkv, bias, sequence_descriptor, seed, attn_bias_type, attn_mask_type, qkv_layout,
@@ -490,17 +445,25 @@ def fused_attn(qkv, bias, sequence_descriptor, seed, attn_bias_type, attn_mask_t
                              window_size, context_parallel_strategy,
                              context_parallel_causal_load_balanced, context_parallel_axis,
                              softmax_offset, stripe_size)
-    _refuse_extras(softmax_type, softmax_offset, stripe_size, score_mod)
+    _refuse_extras(softmax_type, softmax_offset, score_mod)
     cfg, dims, args = _prepare(qkv, bias, sequence_descriptor, seed, attn_bias_type,
                                attn_mask_type, qkv_layout, scaling_factor, dropout_probability,
                                is_training, max_segments_per_seq, window_size)
     cp = _cp_plan(cfg, dims, softmax_type, context_parallel_strategy,
-                  context_parallel_causal_load_balanced, context_parallel_axis)
+                  context_parallel_causal_load_balanced, context_parallel_axis, stripe_size)
+    if cp is None:
+        attention_cp.check_stripe_size(stripe_size, cfg.layout)
     if cp is not None:  # every CP step is a flash kernel call: the selection must allow flash
         if attention_backend(args[0].dtype, cfg.layout, cfg.bias, attn_mask_type, cfg.dropout,
                              dims.h, dims.h_kv, dims.s_q, dims.s_kv, dims.d_qk, dims.d_v,
                              cfg.window) != "flash":
             _no_cp("the backend selection picked the unfused math (see NVTE_DEBUG)")
+        if cp.stripe is not None:
+            ids = getattr(sequence_descriptor, "segment_ids", None)
+            if ids is None:
+                _no_cp("thd layouts need SequenceDescriptor.from_segment_ids_and_pos (the "
+                       "segment ids in the striped order)")
+            return attention_cp_thd.thd_cp_fused_attn(cp, cfg.layout, *args[:3], ids)
         return attention_cp.cp_fused_attn(cp, cfg.layout, *args[:3])
     sink = _sink(softmax_type, softmax_offset, dims.h)
     if sink is not None:  # the flash primitives take no sink yet: the unfused math runs it
@@ -517,24 +480,25 @@ def unfused_attn(qkv, bias, sequence_descriptor, seed, attn_bias_type, attn_mask
                  qkv_layout, softmax_type, scaling_factor, dropout_probability, is_training,
                  max_segments_per_seq=1, window_size=None, **kwargs):
     """fused_attn's unfused backend, always (framework math; the reference backend)."""
-    _refuse_extras(softmax_type, kwargs.get("softmax_offset"), kwargs.get("stripe_size"),
-                   kwargs.get("score_mod"))
+    _refuse_extras(softmax_type, kwargs.get("softmax_offset"), kwargs.get("score_mod"))
     cfg, dims, args = _prepare(qkv, bias, sequence_descriptor, seed, attn_bias_type,
                                attn_mask_type, qkv_layout, scaling_factor, dropout_probability,
                                is_training, max_segments_per_seq, window_size)
     if _cp_plan(cfg, dims, softmax_type, kwargs.get("context_parallel_strategy", "DEFAULT"),
                 kwargs.get("context_parallel_causal_load_balanced", False),
-                kwargs.get("context_parallel_axis", "")) is not None:
+                kwargs.get("context_parallel_axis", ""), kwargs.get("stripe_size")) is not None:
         _no_cp("unfused_attn has no context-parallel form")
+    attention_cp.check_stripe_size(kwargs.get("stripe_size"), cfg.layout)
     return _unfused(cfg, *args, sink=_sink(softmax_type, kwargs.get("softmax_offset"), dims.h))
 
 
-def _cp_plan(cfg, dims, softmax_type, strategy, load_balanced, axis):
+def _cp_plan(cfg, dims, softmax_type, strategy, load_balanced, axis, stripe_size=None):
     """attention_cp's plan (None: no context parallelism active)."""
     strategy = _enum(CPStrategy, strategy, "context_parallel_strategy")
     return attention_cp.plan_context_parallel(
         strategy.name, load_balanced, axis, cfg.layout, cfg.mask, cfg.bias, cfg.dropout,
-        _enum(AttnSoftmaxType, softmax_type, "softmax_type").value, cfg.window, cfg.scale, dims)
+        _enum(AttnSoftmaxType, softmax_type, "softmax_type").value, cfg.window, cfg.scale, dims,
+        stripe_size)
 
 
 def _no_cp(why):

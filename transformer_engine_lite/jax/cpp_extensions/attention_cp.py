@@ -26,7 +26,9 @@ same causal work. Without it rank r holds chunk r.
 
 TE's limits, kept: bshd layouts with separate or kv-packed k / v (BS3HD: ValueError), masks
 no_mask and causal, no bias, no dropout, vanilla softmax, no sliding window (ValueError otherwise).
-THD (TE's striped load balancing, stripe_size) is not implemented (NotImplementedError).
+thd layouts (thd_t2hd, thd_thd_thd; padding_causal, sliding windows allowed): TE's striped
+ALL_GATHER with stripe_size, in attention_cp_thd.py; thd with RING is not implemented
+(NotImplementedError).
 """
 
 from __future__ import annotations
@@ -37,6 +39,7 @@ from functools import partial
 
 import jax
 import jax.numpy as jnp
+import numpy as np
 from jax.sharding import PartitionSpec as P
 
 from ...common import config
@@ -140,6 +143,8 @@ class CPPlan:
     scan: bool
     batch: tuple | None  # mesh axes of the batch dim
     heads: str | None  # mesh axis of the heads dim
+    stripe: int | None = None  # thd: the striped layout's stripe_size (attention_cp_thd.py)
+    window: tuple = (-1, -1)  # thd: the sliding window (bshd CP takes none)
 
     @property
     def tok(self):
@@ -157,10 +162,10 @@ def _resource():
 
 
 def plan_context_parallel(strategy, load_balanced, axis, layout, mask, bias_type, dropout,
-                          softmax_type, window, scale, dims) -> CPPlan | None:
+                          softmax_type, window, scale, dims, stripe_size=None) -> CPPlan | None:
     """The CP plan of a fused_attn call, or None when context parallelism is not active (no CP
-    axis, no mesh, or a CP axis of one device). Refuses what TE refuses (ValueError) and THD
-    (NotImplementedError). strategy: "DEFAULT" / "ALL_GATHER" / "RING" (CPStrategy names)."""
+    axis, no mesh, or a CP axis of one device). Refuses what TE refuses (ValueError) and thd with
+    RING (NotImplementedError). strategy: "DEFAULT" / "ALL_GATHER" / "RING" (CPStrategy names)."""
     from ..sharding import _active_mesh
 
     resource = _resource()
@@ -179,9 +184,11 @@ def plan_context_parallel(strategy, load_balanced, axis, layout, mask, bias_type
         return None
     head = "fused_attn (context parallel)"
     if layout.startswith("t"):
-        raise NotImplementedError(f"{head}: argument 'qkv_layout': thd layouts ({layout}; TE's "
-                                  "striped load balancing with stripe_size) are not supported; "
-                                  "use bshd_bs2hd or bshd_bshd_bshd")
+        return _plan_thd(head, strategy, load_balanced, axis, mesh, size, resource, layout, mask,
+                         bias_type, dropout, softmax_type, window, scale, dims, stripe_size)
+    if stripe_size is not None:
+        raise ValueError(f"{head}: argument 'stripe_size': the striped layout is for thd layouts, "
+                         f"got {stripe_size} with {layout}")
     if layout not in ("bshd_bs2hd", "bshd_bshd_bshd"):
         raise ValueError(f"{head}: argument 'qkv_layout': expected bshd_bs2hd or "
                          f"bshd_bshd_bshd, got {layout}")
@@ -211,6 +218,14 @@ def plan_context_parallel(strategy, load_balanced, axis, layout, mask, bias_type
         if s % chunks:
             raise ValueError(f"{head}: {name} = {s} must be a multiple of {chunks} (CP size "
                              f"{size}{', x2 for load balancing' if balanced else ''})")
+    batch, heads = _mesh_dims(resource, mesh, axis, dims)
+    scan = config.get("NVTE_FUSED_RING_ATTENTION_USE_SCAN") == "1"
+    return CPPlan(mesh, axis, size, strategy == "RING", balanced, causal, float(scale), scan,
+                  batch, heads)
+
+
+def _mesh_dims(resource, mesh, axis, dims):
+    """(mesh axes of the batch dim, mesh axis of the heads dim) the per-device work keeps."""
     batch, heads = None, None
     if resource is not None:
         found = tuple(a for a in (resource.dp_resource, resource.fsdp_resource)
@@ -223,9 +238,61 @@ def plan_context_parallel(strategy, load_balanced, axis, layout, mask, bias_type
         if h_ax and h_ax in mesh.axis_names and h_ax != axis and \
                 dims.h % mesh.shape[h_ax] == 0 and dims.h_kv % mesh.shape[h_ax] == 0:
             heads = h_ax
-    scan = config.get("NVTE_FUSED_RING_ATTENTION_USE_SCAN") == "1"
-    return CPPlan(mesh, axis, size, strategy == "RING", balanced, causal, float(scale), scan,
-                  batch, heads)
+    return batch, heads
+
+
+def _plan_thd(head, strategy, load_balanced, axis, mesh, size, resource, layout, mask,
+              bias_type, dropout, softmax_type, window, scale, dims, stripe_size):
+    """The plan of thd CP: TE's striped all-gather (attention_cp_thd.py)."""
+    if strategy == "RING":
+        raise NotImplementedError(f"{head}: CPStrategy.RING on thd layouts ({layout}) is not "
+                                  "supported; use CPStrategy.ALL_GATHER with stripe_size")
+    if layout not in ("thd_t2hd", "thd_thd_thd"):
+        raise ValueError(f"{head}: argument 'qkv_layout': expected thd_t2hd or thd_thd_thd, got "
+                         f"{layout}")
+    if not load_balanced:  # TE: thd CP is the striped (load-balanced) layout only
+        raise ValueError(f"{head}: argument 'context_parallel_causal_load_balanced': thd layouts "
+                         "need the striped load-balanced layout (True), got False")
+    if stripe_size is None or isinstance(stripe_size, bool) or int(stripe_size) <= 0:
+        raise ValueError(f"{head}: argument 'stripe_size': expected a positive integer for thd "
+                         f"layouts, got {stripe_size}")
+    if bias_type != "no_bias":
+        raise ValueError(f"{head}: argument 'attn_bias_type': expected no_bias, got {bias_type}")
+    if mask != "padding_causal":
+        raise NotImplementedError(f"{head}: argument 'attn_mask_type': thd context parallelism "
+                                  f"runs padding_causal, got {mask}")
+    if dropout != 0.0:
+        raise ValueError(f"{head}: argument 'dropout_probability': expected 0, got {dropout}")
+    if softmax_type != "vanilla":
+        raise ValueError(f"{head}: argument 'softmax_type': expected vanilla, got "
+                         f"{softmax_type}")
+    if window[1] not in (-1, 0):
+        raise ValueError(f"{head}: argument 'window_size': expected a causal window (left, 0), "
+                         f"got {window}")
+    if dims.s_q != dims.s_kv:
+        raise NotImplementedError(f"{head}: a causal mask needs s_q == s_kv, got {dims.s_q} and "
+                                  f"{dims.s_kv}")
+    stripe = int(stripe_size)
+    if dims.s_q % (size * stripe):
+        raise ValueError(f"{head}: s = {dims.s_q} must be a multiple of cp_size * stripe_size = "
+                         f"{size} * {stripe}")
+    batch, heads = _mesh_dims(resource, mesh, axis, dims)
+    return CPPlan(mesh, axis, size, False, True, True, float(scale), False, batch, heads,
+                  stripe=stripe, window=(int(window[0]), 0))
+
+
+def check_stripe_size(stripe_size, layout: str):
+    """fused_attn's stripe_size without an active CP axis: a thd call takes it (striped over one
+    rank is the contiguous order); bshd refuses it (TE's striped layout is thd only)."""
+    if stripe_size is None:
+        return
+    if not layout.startswith("t"):
+        raise NotImplementedError(f"fused_attn: argument 'stripe_size' (the striped thd context-"
+                                  f"parallel layout) needs a thd layout, got {layout}")
+    if isinstance(stripe_size, bool) or not isinstance(stripe_size, (int, np.integer)) or \
+            stripe_size <= 0:
+        raise ValueError(f"fused_attn: argument 'stripe_size': expected a positive integer, got "
+                         f"{stripe_size!r}")
 
 
 # ------------------------------------------------------------------------------------ steps
