@@ -6,6 +6,7 @@ from typing import Any
 
 import torch
 
+from ..custom_recipes.gemm import custom_gemm
 from ..quantization import ops
 from ..tensor import (
     Float8BlockwiseQTensor,
@@ -15,6 +16,7 @@ from ..tensor import (
     QuantizedTensor,
     Quantizer,
 )
+from ..tensor.utils import is_custom
 
 __all__ = ["general_gemm", "generic_gemm"]
 
@@ -115,6 +117,17 @@ def _general_gemm(
     general_gemm forces it True for block-scaled operands, so there it is never refused)."""
     if workspace is not None and not isinstance(workspace, torch.Tensor):
         raise TypeError(f"general_gemm: workspace: expected a torch.Tensor, got {type(workspace).__name__}")
+    if is_custom(A) or is_custom(B):
+        # Custom quantizers' tensors (custom_recipes references): the quantizer's qgemm, as TE's
+        # general_gemm; the epilogue options it has no equivalent for are refused.
+        if alpha != 1.0 or beta not in (None, 1, 1.0):
+            raise NotImplementedError(f"general_gemm: alpha / beta (got {alpha!r}, {beta!r}) are "
+                                      "not implemented for custom quantizers' GEMMs")
+        if ub is not None or ub_type is not None or extra_output is not None or bulk_overlap:
+            raise NotImplementedError("general_gemm: userbuffer communication overlap is not "
+                                      "supported by transformer_engine_lite")
+        return custom_gemm(A, B, workspace, out_dtype, quantization_params, gelu, gelu_in,
+                           accumulate, layout, out, bias, use_split_accumulator, grad)
     if ub is not None or ub_type is not None or extra_output is not None or bulk_overlap:
         raise NotImplementedError(
             "general_gemm: userbuffer communication overlap (ub, ub_type, extra_output, "

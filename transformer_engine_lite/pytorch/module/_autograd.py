@@ -33,14 +33,15 @@ from ..tensor import (
     MXFP8Quantizer,
     QuantizedTensor,
 )
+from ._custom_linear import custom_linear_backward, custom_linear_forward
 from ._stored_operands import stored_block, stored_input, stored_mxfp8, stored_per_tensor
 
 
 class GemmConfig(NamedTuple):
     """Static options of one FP8-aware GEMM y = x @ W^T + b.
 
-    mode: "hp", "calibrate" (hp GEMM, amaxes recorded), "delayed", "current", "mxfp8" or "block"
-    (Float8BlockScaling).
+    mode: "hp", "calibrate" (hp GEMM, amaxes recorded), "delayed", "current", "mxfp8", "block"
+    (Float8BlockScaling) or "custom" (custom quantizers' qgemm, _custom_linear.py).
     inp, weight, grad: how each operand is cast. slot_fwd: this GEMM's input slot in the forward
     meta (weight = slot_fwd + 1). slot_bwd: its grad-output slot in the backward meta. code: value
     written into the backward "ran" flag (delayed scaling). fuse_wgrad: accumulate the weight
@@ -63,6 +64,7 @@ class GemmConfig(NamedTuple):
     bwd_override: str | None = None
     delay_wgrad: bool = False
     save_original_input: bool = False
+    custom: tuple[Any, Any, Any] | None = None  # "custom": the (input, weight, grad) quantizers
 
 
 def _alpha_kw(alpha: float) -> dict[str, float]:
@@ -258,6 +260,11 @@ class _LinearFn(torch.autograd.Function):
                     ctx.block_amax = (x_blk[2:], w_blk[2:] if w_blk is not None else ())
             else:
                 saved = (x2 if cfg.save_original_input else xc, None, wc, None)
+        elif cfg.mode == "custom":
+            out = custom_linear_forward(ctx, x2, w, bias, out_dtype, cfg, need_dgrad, need_wgrad,
+                                        acc, alpha)
+            amax = _empty_amax(inp)
+            saved = (None, None, None, None)  # the quantized operands stay on ctx
         else:
             out = _gemm_fwd(w, None, x2, None, out_dtype, bias, acc, alpha)
             if cfg.mode == "calibrate":
@@ -308,6 +315,8 @@ class _LinearFn(torch.autograd.Function):
     def backward(ctx: Any, grad_out: torch.Tensor, _grad_amax: torch.Tensor):  # type: ignore[override]
         te = ops()
         cfg: GemmConfig = ctx.cfg
+        if cfg.mode == "custom":
+            return custom_linear_backward(ctx, grad_out)
         it = iter(ctx.saved_tensors)
         x_data, x_si, w_data, w_si = [next(it) if m else None for m in ctx.saved_mask]
         n = grad_out.shape[-1]
@@ -413,12 +422,14 @@ def _expose_backward_state(
     backward GEMMs run quantized), backward_override (the recipe's, None without FP8),
     grad_output_quantizer (how the backward casts the output gradient; None when it does not) and
     reduce_and_update_bwd_fp8_tensors (the backward records the gradient's scaling state)."""
-    fp8 = cfg.mode in ("delayed", "current", "mxfp8", "block")
+    fp8 = cfg.mode in ("delayed", "current", "mxfp8", "block", "custom")
     ctx.backward_override = cfg.bwd_override if fp8 else None
     ctx.fp8 = fp8 and cfg.bwd_override is None
     ctx.reduce_and_update_bwd_fp8_tensors = ctx.fp8
     q = None
-    if ctx.fp8 and cfg.mode == "mxfp8":
+    if ctx.fp8 and cfg.mode == "custom":
+        q = cfg.custom[2]
+    elif ctx.fp8 and cfg.mode == "mxfp8":
         q = MXFP8Quantizer(cfg.grad.dtype)
     elif ctx.fp8 and cfg.mode == "block" and cfg.grad.mode == "nvfp4":
         q = nvfp4_quantizer(cfg.grad)
