@@ -295,3 +295,39 @@ def test_mxfp4_pow2_scales():
     y = q.qgemm(t.data, t.data, None, torch.float64, t.scale, t.scale)
     vals = GRID[unpack_e2m1(t.data).long()] * t.scale.double().repeat_interleave(32, 1)
     torch.testing.assert_close(y, vals @ vals.t(), rtol=2 ** -20, atol=1e-9)
+
+
+# ----------------------------------------------------------------------------- stochastic rounding
+def test_stochastic_rounding_is_unbiased_and_between_neighbours():
+    # The block of the first sixteen values fixes the scales: amax 6 / 448, so x * 448 * 448 ...
+    # is quantized as the value itself (see test_all_e2m1_codes_round_trip_and_midpoints).
+    torch.manual_seed(13)
+    vals = torch.tensor([0.1, 0.3, 0.74, 1.1, 1.6, 2.2, 2.9, 3.3, 4.5, 5.5, -0.2, -1.3, -2.6,
+                         -3.9, -5.1, 6.0])
+    x = (vals / 448.0).repeat(4096, 1)
+    q = _ref(columnwise=False, stochastic_rounding=True).quantize(x)
+    got = GRID[unpack_e2m1(q.data).long()].float()  # [4096, 16], the E2M1 values themselves
+    # only the two neighbours of each value
+    lo = torch.tensor([0.0, 0.0, 0.5, 1.0, 1.5, 2.0, 2.0, 3.0, 4.0, 4.0, -0.0, -1.0, -2.0,
+                       -3.0, -4.0, 6.0])
+    hi = torch.tensor([0.5, 0.5, 1.0, 1.5, 2.0, 3.0, 3.0, 4.0, 6.0, 6.0, -0.5, -1.5, -3.0,
+                       -4.0, -6.0, 6.0])
+    assert bool(((got == lo) | (got == hi)).all())
+    # unbiased: the mean is the value within 4.5 standard errors of a two-point draw
+    p = ((vals - lo) / (hi - lo)).nan_to_num(0.0)
+    se = (hi - lo).abs() * torch.sqrt(p * (1 - p) / 4096)
+    assert bool(((got.mean(0) - vals).abs() <= 4.5 * se + 1e-6).all())
+    # the draws differ between calls; the exact values stay put
+    again = _ref(columnwise=False, stochastic_rounding=True).quantize(x)
+    assert not torch.equal(again.data, q.data)
+    exact = _ref(columnwise=False, stochastic_rounding=True).quantize(
+        (GRID.float() / 448.0).reshape(1, 16))
+    assert torch.equal(unpack_e2m1(exact.data).reshape(-1)[[0, 1, 7, 9, 15]],
+                       torch.tensor([0, 1, 7, 9, 15], dtype=torch.uint8))
+
+
+def test_stochastic_rounding_refusals():
+    with pytest.raises(ValueError, match="stochastic_rounding"):
+        _ref(stochastic_rounding=True, nvfp4_use_4over6=True)
+    with pytest.raises(ValueError, match="stochastic_rounding"):
+        _ref(stochastic_rounding=True, pow_2_scales=True, quant_tile_shape=(1, 32))

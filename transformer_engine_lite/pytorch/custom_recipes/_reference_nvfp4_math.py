@@ -29,6 +29,7 @@ __all__ = [
     "WGRAD_SIGNS",
     "decode_e2m1",
     "encode_e2m1",
+    "encode_e2m1_stochastic",
     "pack_e2m1",
     "quantize_blocks",
     "quantize_blocks_pow2",
@@ -55,6 +56,27 @@ def encode_e2m1(v: torch.Tensor) -> torch.Tensor:
             + (m > 1.25).to(torch.uint8) + (m >= 1.75).to(torch.uint8)
             + (m > 2.5).to(torch.uint8) + (m >= 3.5).to(torch.uint8)
             + (m > 5.0).to(torch.uint8))
+    return code | ((v < 0).to(torch.uint8) << 3)
+
+
+def encode_e2m1_stochastic(v: torch.Tensor, generator: torch.Generator | None = None
+                           ) -> torch.Tensor:
+    """Stochastic E2M1 codes of fp32 values in [-6, 6]: between the grid neighbours lo <= |v| <=
+    hi, round up with probability (|v| - lo) / (hi - lo), so E[value] = v. The draw is a 24-bit
+    uniform u per element from torch's generator (`generator`, else the default one of v's
+    device), rounding up iff u < p * 2^24, the native kernel's rule on another stream (its Philox
+    stream is not reproduced: the bytes agree with the native ones in distribution only). NaN and
+    zero give code 0, negative zero code 8."""
+    m = v.abs()
+    grid = torch.tensor(E2M1_VALUES, dtype=torch.float32, device=v.device)
+    k = (m.unsqueeze(-1) >= grid[1:]).sum(-1)  # index of lo; NaN compares False: 0
+    lo = grid[k]
+    hi = grid[torch.clamp(k + 1, max=7)]
+    p = torch.where(k < 7, (m - lo) / (hi - lo), torch.zeros_like(m))
+    u = torch.randint(0, 1 << 24, v.shape, generator=generator, device=v.device,
+                      dtype=torch.int64).to(torch.float32)
+    code = (k + (u < p * 16777216.0).to(torch.int64)).to(torch.uint8)
+    code = torch.where(m > 0, code, torch.zeros_like(code))  # NaN and zero: 0 (sign kept below)
     return code | ((v < 0).to(torch.uint8) << 3)
 
 
@@ -131,8 +153,9 @@ def _enc_from_scale(scale: torch.Tensor, g_dec: torch.Tensor) -> torch.Tensor:
     return torch.where(e > _FLT_MAX, torch.full_like(e, _FLT_MAX), e)
 
 
-def _codes(x: torch.Tensor, enc: torch.Tensor) -> torch.Tensor:
-    return encode_e2m1(torch.clamp(x * enc, -6.0, 6.0))
+def _codes(x: torch.Tensor, enc: torch.Tensor, sr: bool = False) -> torch.Tensor:
+    v = torch.clamp(x * enc, -6.0, 6.0)
+    return encode_e2m1_stochastic(v) if sr else encode_e2m1(v)
 
 
 def _block_errors(x: torch.Tensor, codes: torch.Tensor, scale: torch.Tensor,
@@ -173,11 +196,13 @@ def quantize_blocks(
     e4m3_max: int = 448,
     four_over_six: str | None = None,
     fast: bool = False,
+    stochastic: bool = False,
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """NVFP4 codes of fp32 t [R, C] (C even) and its E4M3 scales. amax: fp32 [1] (per tensor), or
     [R] with row_scaled (one global scale per row; 1x16 blocks only). Returns (packed data uint8 [R, C / 2], scales float8_e4m3fn [R', ceil(C /
     16)]), R' = R (1x16) or R rounded up to 16 (16x16: every row of a block carries the block's
-    scale). four_over_six: None, "MAE" or "MSE"."""
+    scale). four_over_six: None, "MAE" or "MSE". stochastic: stochastic rounding of the elements
+    (encode_e2m1_stochastic; not with 4over6)."""
     r, c = t.shape
     rp = -(-r // 16) * 16 if two_d else r
     cp = -(-c // 16) * 16
@@ -196,7 +221,7 @@ def quantize_blocks(
         d = bam * mult
         d = torch.where(d > _FLT_MAX, torch.full_like(d, _FLT_MAX), d)
         scale = _e4m3(d)
-        codes = _codes(x, _enc_from_scale(scale, g_dec).unsqueeze(-1))
+        codes = _codes(x, _enc_from_scale(scale, g_dec).unsqueeze(-1), stochastic)
     else:
         base = (bam / 6.0) * g_enc
         s6, s4 = _e4m3(base), _e4m3(base * 1.5)

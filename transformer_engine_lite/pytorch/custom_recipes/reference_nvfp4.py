@@ -11,8 +11,11 @@ quantized transpose x^T [N, M], random-Hadamard-transformed along M first with w
 global amaxes per copy (global_amax_row / global_amax_col; [rows] when row-scaled).
 
 Under a CustomRecipe the modules run these quantizers' qgemm for their GEMMs (custom_gemm; the
-quantizer and tensor say `custom`). Stochastic rounding is not an option of TE's reference (TE
-tests it statistically against the native kernel; so do we, tests/pytorch/test_nvfp4.py).
+quantizer and tensor say `custom`). stochastic_rounding (not in TE's reference, which has no SR)
+rounds the elements stochastically with torch's generator (_reference_nvfp4_math
+.encode_e2m1_stochastic): the native kernel's rule on another random stream, so it matches the
+native SR bytes in distribution only, and it is tested statistically (unbiased, neighbours only);
+the native Philox stream is tested in tests/pytorch/test_nvfp4_sr_stream.py.
 """
 
 from __future__ import annotations
@@ -172,7 +175,8 @@ class NVFP4QuantizerRef(Quantizer):
     one global amax per row (1x16, rowwise). nvfp4_use_4over6 with nvfp4_e4m3_max (448 or 256),
     nvfp4_4over6_err_mode ("MAE" / "MSE") and nvfp4_4over6_err_use_fast_math: 4over6 block
     scale selection. with_rht / with_random_sign_mask: the RHT of the column-wise copy (TE's
-    signs, or none)."""
+    signs, or none). stochastic_rounding (keyword, ours; see the module docstring): stochastic
+    rounding of the E2M1 elements, not with 4over6 or pow_2_scales."""
 
     def __init__(
         self,
@@ -189,6 +193,8 @@ class NVFP4QuantizerRef(Quantizer):
         nvfp4_4over6_err_use_fast_math: bool = False,
         with_rht: bool = False,
         with_random_sign_mask: bool = True,
+        *,
+        stochastic_rounding: bool = False,
     ) -> None:
         super().__init__(rowwise=rowwise, columnwise=columnwise)
         if dtype != reference_utils.Fp4Formats.E2M1:
@@ -218,6 +224,9 @@ class NVFP4QuantizerRef(Quantizer):
         self.nvfp4_e4m3_max = int(nvfp4_e4m3_max) if nvfp4_use_4over6 else 448
         if self.nvfp4_e4m3_max not in (448, 256):
             raise ValueError("nvfp4_e4m3_max must be 448 or 256.")
+        if stochastic_rounding and (nvfp4_use_4over6 or pow_2_scales):
+            raise ValueError("NVFP4QuantizerRef: stochastic_rounding=True expects plain NVFP4, got "
+                             f"nvfp4_use_4over6={nvfp4_use_4over6}, pow_2_scales={pow_2_scales}")
         if with_rht and pow_2_scales:
             raise NotImplementedError("NVFP4QuantizerRef: with_rht=True with pow_2_scales=True "
                                       "(MXFP4) is not implemented by transformer_engine_lite")
@@ -232,6 +241,7 @@ class NVFP4QuantizerRef(Quantizer):
         self.nvfp4_4over6_err_use_fast_math = bool(nvfp4_4over6_err_use_fast_math)
         self.with_rht = bool(with_rht)
         self.with_random_sign_mask = bool(with_random_sign_mask)
+        self.stochastic_rounding = bool(stochastic_rounding)
 
     @property
     def custom(self) -> bool:
@@ -246,7 +256,8 @@ class NVFP4QuantizerRef(Quantizer):
                 "nvfp4_use_4over6": self.nvfp4_use_4over6, "nvfp4_e4m3_max": self.nvfp4_e4m3_max,
                 "nvfp4_4over6_err_mode": self.nvfp4_4over6_err_mode,
                 "nvfp4_4over6_err_use_fast_math": self.nvfp4_4over6_err_use_fast_math,
-                "with_rht": self.with_rht, "with_random_sign_mask": self.with_random_sign_mask}
+                "with_rht": self.with_rht, "with_random_sign_mask": self.with_random_sign_mask,
+                "stochastic_rounding": self.stochastic_rounding}
 
     # ------------------------------------------------------------------ quantization
     def _apply_rht(self, x: torch.Tensor) -> torch.Tensor:
@@ -262,7 +273,7 @@ class NVFP4QuantizerRef(Quantizer):
         return m.quantize_blocks(
             t, amax, self.quant_tile_shape == (16, 16), self.row_scaled_nvfp4,
             self.nvfp4_e4m3_max, self.nvfp4_4over6_err_mode if self.nvfp4_use_4over6 else None,
-            self.nvfp4_4over6_err_use_fast_math)
+            self.nvfp4_4over6_err_use_fast_math, self.stochastic_rounding)
 
     @staticmethod
     def _amax(t: torch.Tensor, per_row: bool) -> torch.Tensor:
