@@ -226,3 +226,22 @@ def test_is_custom_and_general_gemm_dispatch():
     with pytest.raises(ValueError, match="data_t"):
         no_t = CurrentScalingQuantizerRef(torch.float8_e4m3fn, columnwise=False)
         general_gemm(no_t.quantize(torch.randn(16, 32)), b, layout="NN", grad=True)
+
+
+def test_save_original_input_same_gradients_and_delay_wgrad_refused():
+    torch.manual_seed(6)
+    x = torch.randn(32, 64, dtype=torch.bfloat16)
+    dy = torch.randn(32, 32, dtype=torch.bfloat16)
+    grads = []
+    for save in (False, True):
+        torch.manual_seed(7)
+        lin = te.Linear(64, 32, bias=False, params_dtype=torch.bfloat16, save_original_input=save)
+        calls = collections.Counter()
+        y, dx = _run(lin, x, dy, _nvfp4_factory(calls))
+        assert calls == {GEMMType.FPROP: 1, GEMMType.DGRAD: 1, GEMMType.WGRAD: 1}
+        grads.append((y, dx, lin.weight.grad))
+    for a, b in zip(*grads):
+        assert torch.equal(a, b)  # the backward re-quantizes the same input to the same bytes
+    lin = te.Linear(64, 32, bias=False, params_dtype=torch.bfloat16, delay_wgrad_compute=True)
+    with pytest.raises(NotImplementedError, match="delay_wgrad_compute"):
+        _run(lin, x, dy, _nvfp4_factory(collections.Counter()))

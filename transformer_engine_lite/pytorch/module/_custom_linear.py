@@ -20,7 +20,7 @@ import torch
 __all__ = ["custom_linear_backward", "custom_linear_forward"]
 
 
-def _check(cfg: Any, acc: torch.Tensor | None, alpha: float) -> None:
+def _check(cfg: Any, alpha: float) -> None:
     if alpha != 1.0:
         raise NotImplementedError(f"linear: alpha {alpha!r} (a scaled GEMM) is not implemented "
                                   "for custom quantizers (CustomRecipe with custom quantizers)")
@@ -35,7 +35,7 @@ def custom_linear_forward(ctx: Any, x2: torch.Tensor, w: torch.Tensor, bias: tor
     """y [tokens, N] (acc's storage when given: added into it); keeps (xq or x, Wq) on ctx."""
     from ..cpp_extensions.gemm import general_gemm
 
-    _check(cfg, acc, alpha)
+    _check(cfg, alpha)
     qi, qw, _ = cfg.custom
     keep_x = need_wgrad and cfg.save_original_input  # quantized again in the backward
     qi.set_usage(rowwise=True, columnwise=need_wgrad and not keep_x)
