@@ -33,6 +33,7 @@ from ..tensor import (
     MXFP8Quantizer,
     QuantizedTensor,
 )
+from ..cpp_extensions.nvfp4_gemm import nvfp4_tagged_gemm as _nvfp4_gemm
 from ._custom_linear import custom_linear_backward, custom_linear_forward
 from ._stored_operands import stored_block, stored_input, stored_mxfp8, stored_per_tensor
 
@@ -84,6 +85,10 @@ def _gemm_fwd(
 ) -> torch.Tensor:
     """alpha * b @ a^T (+ bias) as a new tensor, or added into acc ([..., N], out_dtype) by the
     GEMM's accumulate epilogue: one rounding of acc + product + bias, no extra pass."""
+    d = _nvfp4_gemm(a, True, b, False, out_dtype, bias,
+                    None if acc is None else acc.view(-1, acc.shape[-1]), alpha)
+    if d is not None:
+        return acc if acc is not None else d
     if acc is None:
         return ops().gemm(a, a_si, True, b, b_si, False, out_dtype, bias, **_alpha_kw(alpha))[0]
     ops().gemm_accumulate_(acc.view(-1, acc.shape[-1]), a, a_si, True, b, b_si, False, bias,
@@ -101,11 +106,27 @@ def _gemm_dgrad(
     alpha: float = 1.0,
 ) -> torch.Tensor:
     """dgrad = alpha * g @ W as a new tensor, or added into acc (in place; returned)."""
+    d = _nvfp4_gemm(w, False, g, False, out_dtype, None,
+                    None if acc is None else acc.view(-1, acc.shape[-1]), alpha)
+    if d is not None:
+        return acc if acc is not None else d
     if acc is None:
         return ops().gemm(w, w_si, False, g, g_si, False, out_dtype, **_alpha_kw(alpha))[0]
     ops().gemm_accumulate_(acc.view(-1, acc.shape[-1]), w, w_si, False, g, g_si, False,
                            **_alpha_kw(alpha))
     return acc
+
+
+def _wgrad(a: torch.Tensor, a_si: Any, b: torch.Tensor, b_si: Any, w_dtype: torch.dtype,
+           main_grad: torch.Tensor | None, alpha: float) -> torch.Tensor | None:
+    """The weight gradient b^T @ a: returned, or added into main_grad (returns None)."""
+    d = _nvfp4_gemm(a, False, b, True, w_dtype, None, main_grad, alpha)
+    if d is not None:
+        return None if main_grad is not None else d
+    if main_grad is not None:
+        ops().gemm_accumulate_(main_grad, a, a_si, False, b, b_si, True, **_alpha_kw(alpha))
+        return None
+    return ops().gemm(a, a_si, False, b, b_si, True, w_dtype, **_alpha_kw(alpha))[0]
 
 
 def _empty_amax(like: torch.Tensor) -> torch.Tensor:
@@ -395,15 +416,13 @@ class _LinearFn(torch.autograd.Function):
             )
         elif need_wgrad:
             if cfg.fuse_wgrad:
-                te.gemm_accumulate_(ctx.main_grad, wa[0], wa[1], False, wa[2], wa[3], True,
-                                    **_alpha_kw(alpha))
+                _wgrad(*wa, ctx.w_dtype, ctx.main_grad, alpha)
                 if not torch.compiler.is_compiling():
                     param = ctx.weight_param
                     if hasattr(param, "grad_added_to_main_grad"):
                         param.grad_added_to_main_grad = True
             else:
-                wgrad = te.gemm(wa[0], wa[1], False, wa[2], wa[3], True, ctx.w_dtype,
-                                **_alpha_kw(alpha))[0]
+                wgrad = _wgrad(*wa, ctx.w_dtype, None, alpha)
         dbias = None
         if ctx.has_bias and ctx.needs_input_grad[2]:
             # Bias gradient from the high-precision dy. torch's reduction already accumulates bf16/fp16
@@ -481,15 +500,11 @@ class _DelayedWgrad:
         self.main_grad, self.param, self.weight_ref = main_grad, param, weight_ref
 
     def __call__(self) -> None:
-        te = ops()
-        a, a_si, b, b_si = self.operands
+        wgrad = _wgrad(*self.operands, self.w_dtype, self.main_grad, self.alpha)
         if self.main_grad is not None:
-            te.gemm_accumulate_(self.main_grad, a, a_si, False, b, b_si, True,
-                                **_alpha_kw(self.alpha))
             if hasattr(self.param, "grad_added_to_main_grad"):
                 self.param.grad_added_to_main_grad = True
             return
-        wgrad = te.gemm(a, a_si, False, b, b_si, True, self.w_dtype, **_alpha_kw(self.alpha))[0]
         ref = self.weight_ref
         if ref is not None and ref.requires_grad:
             torch.autograd.backward([ref], [wgrad])
