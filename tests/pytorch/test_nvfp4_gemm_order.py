@@ -156,6 +156,35 @@ def test_order_matters_and_is_followed():
     assert not torch.equal(fwd, rev)
 
 
+@pytest.mark.parametrize("m, n, k", [(37, 70, 1024), (8, 64, 16), (130, 200, 48), (1, 1, 32)])
+def test_cpu_kernel_equals_torch_blocked_sum(m, n, k):
+    """te_lite::nvfp4_block_gemm (the CPU pass) and the batched-matmul path (other devices) give
+    the same bits, and both the oracle's."""
+    from transformer_engine_lite.pytorch.cpp_extensions import nvfp4_gemm
+
+    g = torch.Generator().manual_seed(m + n + k)
+    col = torch.exp(torch.randn(1, k, generator=g) * 3)
+    rows = NVFP4Quantizer(rowwise=True, columnwise=False)  # odd row counts: no column-wise copy
+    X = rows((torch.randn(m, k, generator=g) * col).to(torch.bfloat16))
+    W = rows((torch.randn(n, k, generator=g) * col).to(torch.bfloat16))
+    p = nvfp4_gemm.nvfp4_k_operand(X, False).values
+    q = nvfp4_gemm.nvfp4_k_operand(W, False).values
+    y = torch.ops.te_lite.nvfp4_block_gemm(p, q)
+    assert torch.equal(y, nvfp4_gemm._blocked_sum(p, q, m, n, k // 16))
+    d = general_gemm(W, X, out_dtype=torch.float32, layout="TN")[0]
+    assert torch.equal(d, _oracle(W, True, X, False))
+
+
+def test_cpu_kernel_refusals():
+    op = torch.ops.te_lite.nvfp4_block_gemm
+    with pytest.raises(RuntimeError, match="argument 'p': expected K a multiple of 16, got 20"):
+        op(torch.zeros(2, 20), torch.zeros(3, 20))
+    with pytest.raises(RuntimeError, match="argument 'q': expected 32 columns"):
+        op(torch.zeros(2, 32), torch.zeros(3, 16))
+    with pytest.raises(RuntimeError, match="argument 'q': expected a 2-D fp32 CPU tensor"):
+        op(torch.zeros(2, 32), torch.zeros(3, 32, dtype=torch.bfloat16))
+
+
 def test_generic_gemm_and_grouped_gemm_follow_the_order():
     from transformer_engine_lite.pytorch import tex
 

@@ -14,7 +14,8 @@ the same bits. TE's cuBLAS path multiplies by a rounded 1 / (6 * 6 * 448 * 448) 
 dividing, which can move alpha by one ulp; the reference's division is what TE's tests compare to.
 
 How: each operand's copy whose blocks run along K is decoded to its exact block-scaled values
-(e2m1 * e4m3, no per-tensor factor); a batched matmul over single blocks ([KB, M, 16] x
+(e2m1 * e4m3, no per-tensor factor); on the CPU te_lite::nvfp4_block_gemm sums the block terms in
+K order in one tiled pass; elsewhere a batched matmul over single blocks ([KB, M, 16] x
 [KB, 16, N]) gives the exact block terms (any order sums them exactly, as all share one scale
 product), and a loop of in-place adds accumulates them in K order, a bounded chunk of blocks at
 a time.
@@ -85,6 +86,15 @@ def nvfp4_sequential_gemm(b: NVFP4KOperand, a: NVFP4KOperand, alpha: float = 1.0
     m, k = p.shape
     n = q.shape[0]
     kb = k // _BLOCK
+    if p.device.type == "cpu" and hasattr(torch.ops.te_lite, "nvfp4_block_gemm"):
+        # the same order in one pass (no [blocks, M, N] terms in memory): csrc/block_scaling.cpp
+        y = torch.ops.te_lite.nvfp4_block_gemm(p, q)
+    else:
+        y = _blocked_sum(p, q, m, n, kb)
+    return _scaled(y, b, a, m, n, k, alpha)
+
+
+def _blocked_sum(p: torch.Tensor, q: torch.Tensor, m: int, n: int, kb: int) -> torch.Tensor:
     y = torch.zeros(m, n, dtype=torch.float32, device=p.device)
     if kb and m and n:
         pb = p.reshape(m, kb, _BLOCK).transpose(0, 1)  # [KB, M, 16]
@@ -94,6 +104,11 @@ def nvfp4_sequential_gemm(b: NVFP4KOperand, a: NVFP4KOperand, alpha: float = 1.0
             terms = torch.bmm(pb[c0 : c0 + chunk], qb[c0 : c0 + chunk])
             for i in range(terms.shape[0]):
                 y.add_(terms[i])
+    return y
+
+
+def _scaled(y: torch.Tensor, b: NVFP4KOperand, a: NVFP4KOperand, m: int, n: int, k: int,
+            alpha: float) -> torch.Tensor:
     ab, aa = b.amax, a.amax
     if ab.numel() not in (1, m) or aa.numel() not in (1, n):
         raise ValueError(f"NVFP4 GEMM: amax: expected 1 or one per row ({m} and {n}), got "
