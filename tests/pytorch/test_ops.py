@@ -94,6 +94,7 @@ OPCHECK_CASES: list[tuple[str, str, Callable[[], tuple]]] = [
                                                      randn(1, 70))),
     ("block_gemm_accumulate_", "col-first", lambda: (randn(33, 70), randn(33, 70), randn(1, 70),
                                                      randn(33, 1))),
+    ("nvfp4_block_gemm", "tails", lambda: (randn(19, 48), randn(70, 48))),
     ("dequantize_fp8_block", "2d-col", lambda: (*_blk((3, 130, 200), 2, True), 2, True,
                                                   torch.bfloat16)),
     (
@@ -429,7 +430,7 @@ def test_every_op_has_an_opcheck_case():
     assert set(te_ops.OPS) == covered, (
         f"no case for {sorted(set(te_ops.OPS) - covered)}; unknown {sorted(covered - set(te_ops.OPS))}"
     )
-    assert len(te_ops.OPS) == 67
+    assert len(te_ops.OPS) == 68
 
 
 # ===================================================================================== errors

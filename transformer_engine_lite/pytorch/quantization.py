@@ -224,8 +224,11 @@ def nvfp4_dequantized(
     the random Hadamard transform along the rows (tokens) when spec.rht: the wgrad GEMM contracts
     two such copies over the tokens, where the orthogonal transform cancels (TE's wgrad)."""
     t = nvfp4_quantizer(spec, rowwise, columnwise)._quantize(x2d.contiguous())
-    r = t._dequantize_copy(False, torch.float32) if rowwise else None
-    c = t._dequantize_copy(True, torch.float32) if columnwise else None
+    from .cpp_extensions.nvfp4_gemm import tag_nvfp4_source
+
+    # tagged with their source: the modules' GEMMs run them in the FP4 tensor core's order
+    r = tag_nvfp4_source(t._dequantize_copy(False, torch.float32), t, False) if rowwise else None
+    c = tag_nvfp4_source(t._dequantize_copy(True, torch.float32), t, True) if columnwise else None
     return r, c
 
 

@@ -6,6 +6,7 @@ from typing import Any
 
 import torch
 
+from ..custom_recipes.gemm import custom_gemm
 from ..quantization import ops
 from ..tensor import (
     Float8BlockwiseQTensor,
@@ -15,6 +16,7 @@ from ..tensor import (
     QuantizedTensor,
     Quantizer,
 )
+from ..tensor.utils import is_custom
 
 __all__ = ["general_gemm", "generic_gemm"]
 
@@ -115,6 +117,17 @@ def _general_gemm(
     general_gemm forces it True for block-scaled operands, so there it is never refused)."""
     if workspace is not None and not isinstance(workspace, torch.Tensor):
         raise TypeError(f"general_gemm: workspace: expected a torch.Tensor, got {type(workspace).__name__}")
+    if is_custom(A) or is_custom(B):
+        # Custom quantizers' tensors (custom_recipes references): the quantizer's qgemm, as TE's
+        # general_gemm; the epilogue options it has no equivalent for are refused.
+        if alpha != 1.0 or beta not in (None, 1, 1.0):
+            raise NotImplementedError(f"general_gemm: alpha / beta (got {alpha!r}, {beta!r}) are "
+                                      "not implemented for custom quantizers' GEMMs")
+        if ub is not None or ub_type is not None or extra_output is not None or bulk_overlap:
+            raise NotImplementedError("general_gemm: userbuffer communication overlap is not "
+                                      "supported by transformer_engine_lite")
+        return custom_gemm(A, B, workspace, out_dtype, quantization_params, gelu, gelu_in,
+                           accumulate, layout, out, bias, use_split_accumulator, grad)
     if ub is not None or ub_type is not None or extra_output is not None or bulk_overlap:
         raise NotImplementedError(
             "general_gemm: userbuffer communication overlap (ub, ub_type, extra_output, "
@@ -143,6 +156,13 @@ def _general_gemm(
                 dgelu_in = gelu_in
             d = block_scaled_gemm(A, transa, B, transb, dtype, bias, out, accumulate, dgelu_in)
             return d, None, (gelu_in if gelu else None), None
+    if isinstance(A, NVFP4Tensor) and isinstance(B, NVFP4Tensor) and not gelu \
+            and not (grad and bias is not None):
+        d = _nvfp4_gemm(A, transa, B, transb, out_dtype, alpha, beta, accumulate, out, bias)
+        if d is not None:
+            if quantization_params is not None:
+                d = quantization_params(d)
+            return d, None, None, None
     a, a_si = _operand("A", A, transa)
     b, b_si = _operand("B", B, not transb)
     fp32_kinds = (Float8BlockwiseQTensor, NVFP4Tensor)
@@ -194,6 +214,32 @@ def _general_gemm(
         d = quantization_params(d)
     gelu_input = pre_gelu if gelu and not grad else None
     return d, (bias_grad if grad and bias is not None else None), gelu_input, None
+
+
+def _nvfp4_gemm(A: Any, transa: bool, B: Any, transb: bool, out_dtype: torch.dtype | None,
+                alpha: float, beta: float | None, accumulate: bool, out: torch.Tensor | None,
+                bias: torch.Tensor | None) -> torch.Tensor | None:
+    """Two NVFP4 operands: the FP4 tensor core's order (nvfp4_gemm.py) from the copies whose
+    16-blocks run along the contracted dim (A's row-wise copy when transa, B's when not transb);
+    None when a needed copy is missing (the caller then contracts what is held, dequantized).
+    Epilogue: alpha * product + beta * out + bias in fp32, one rounding (TE's cuBLAS order)."""
+    from .nvfp4_gemm import nvfp4_epilogue, nvfp4_k_operand, nvfp4_sequential_gemm
+
+    a, b = nvfp4_k_operand(A, not transa), nvfp4_k_operand(B, transb)
+    if a is None or b is None:
+        return None
+    dtype = out_dtype if out_dtype is not None else (out.dtype if out is not None else A.dtype)
+    if accumulate and out is None:
+        raise ValueError("general_gemm: out: expected a tensor to accumulate into, got None")
+    if not accumulate and beta not in (None, 0, 0.0):
+        raise ValueError(f"general_gemm: beta: expected None or 0 without accumulate, got {beta!r}")
+    y = nvfp4_sequential_gemm(b, a, float(alpha))
+    if not transb and B.dim() > 2:  # [..., K] @ W^T keeps the leading dims
+        y = y.reshape(*B.shape[:-1], y.shape[-1])
+    if out is not None and out.numel() != y.numel():
+        raise ValueError(f"general_gemm: out: expected shape {tuple(y.shape)}, got "
+                         f"{tuple(out.shape)}")
+    return nvfp4_epilogue(y, dtype, bias, out, accumulate, beta)
 
 
 def generic_gemm(

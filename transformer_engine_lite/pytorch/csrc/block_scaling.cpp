@@ -3,6 +3,7 @@
 #include <ATen/Parallel.h>
 #include <torch/library.h>
 
+#include <algorithm>
 #include <utility>
 #include <vector>
 
@@ -134,6 +135,73 @@ void block_gemm_accumulate_(at::Tensor y, const at::Tensor &p, const at::Tensor 
   });
 }
 
+// The NVFP4 GEMM in the FP4 tensor core's order (cpp_extensions/nvfp4_gemm.py): y [m, n] fp32 =
+// sum over 16-element K blocks b, in K order from 0, of the block term p[:, b] . q[:, b]^T, with
+// p [m, k] and q [n, k] the exact block-scaled values (e2m1 * e4m3) and k a multiple of 16. Each
+// term is exact in fp32 whatever its inner order (its partial sums share one scale product and
+// stay within 24 bits), so the vectorised inner loop may use FMA; the only roundings are the
+// `acc += t` adds, one per block, in order. Tiles: 4 rows x 64 columns of y (nvfp4_tile), a q
+// column panel ([k, 64] of q transposed) reused across the row tiles from cache. Host memory only.
+// One [kR, kC] tile of y over all of K: constant trip counts, so t stays in vector registers; on
+// x86-64 GCC / clang also compile it for AVX-512 and AVX2 + FMA (picked at load time).
+constexpr int64_t kTileR = 4, kTileC = 64;
+#if defined(__x86_64__) && (defined(__GNUC__) || defined(__clang__))
+__attribute__((target_clones("avx512f", "avx2,fma", "default")))
+#endif
+void nvfp4_tile(const float *pd, const float *qd, float *yd, int64_t k, int64_t np) {
+  float acc[kTileR][kTileC] = {};
+  for (int64_t b = 0; b < k; b += 16) {
+    float t[kTileR][kTileC] = {};
+    for (int64_t j = b; j < b + 16; ++j) {
+      const float *qrow = qd + j * np;
+      for (int64_t r = 0; r < kTileR; ++r) {
+        const float pv = pd[r * k + j];
+        for (int64_t x = 0; x < kTileC; ++x) t[r][x] += pv * qrow[x];
+      }
+    }
+    for (int64_t r = 0; r < kTileR; ++r) {
+      for (int64_t x = 0; x < kTileC; ++x) acc[r][x] += t[r][x];
+    }
+  }
+  for (int64_t r = 0; r < kTileR; ++r) {
+    for (int64_t x = 0; x < kTileC; ++x) yd[r * np + x] = acc[r][x];
+  }
+}
+
+at::Tensor nvfp4_block_gemm(const at::Tensor &p_, const at::Tensor &q_) {
+  constexpr const char *kOp = "te_lite::nvfp4_block_gemm";
+  constexpr int64_t kB = 16, kR = kTileR, kC = kTileC;
+  for (const auto &[t, name] : {std::pair{&p_, "p"}, std::pair{&q_, "q"}}) {
+    TORCH_CHECK(t->device().is_cpu() && t->dim() == 2 && t->scalar_type() == at::kFloat, kOp,
+                ": argument '", name, "': expected a 2-D fp32 CPU tensor, got ", t->scalar_type(),
+                " ", t->sizes(), " on ", t->device());
+  }
+  const int64_t m = p_.size(0), k = p_.size(1), n = q_.size(0);
+  TORCH_CHECK(q_.size(1) == k, kOp, ": argument 'q': expected ", k, " columns (p's K), got ",
+              q_.size(1));
+  TORCH_CHECK(k % kB == 0, kOp, ": argument 'p': expected K a multiple of 16, got ", k);
+  if (m == 0 || n == 0 || k == 0) return p_.new_zeros({m, n});
+  // Zero-padded to whole tiles: constant trip counts the compiler vectorises (the padding's
+  // terms are zeros, outside the result).
+  const int64_t mp = (m + kR - 1) / kR * kR, np = (n + kC - 1) / kC * kC;
+  at::Tensor p = p_.new_zeros({mp, k}), qt = p_.new_zeros({k, np});  // qt: q transposed
+  p.narrow(0, 0, m).copy_(p_);
+  qt.narrow(1, 0, n).copy_(q_.t());
+  at::Tensor y = at::empty({mp, np}, p_.options());
+  const float *pd = p.data_ptr<float>(), *qd = qt.data_ptr<float>();
+  float *yd = y.data_ptr<float>();
+  at::parallel_for(0, np / kC, 1, [&](int64_t c0, int64_t c1) {
+    for (int64_t c = c0; c < c1; ++c) {
+      const int64_t n0 = c * kC;
+      for (int64_t m0 = 0; m0 < mp; m0 += kR) {
+        nvfp4_tile(pd + m0 * k, qd + n0, yd + m0 * np + n0, k, np);
+      }
+    }
+  });
+  if (mp == m && np == n) return y;
+  return y.narrow(0, 0, m).narrow(1, 0, n).contiguous();
+}
+
 void register_impls(torch::Library &m) {
   m.impl("quantize_fp8_block", &quantize_fp8_block);
   m.impl("dequantize_fp8_block", &dequantize_fp8_block);
@@ -145,6 +213,7 @@ void register_impls(torch::Library &m) {
 TORCH_LIBRARY_IMPL(te_lite, CPU, m) {
   te_lite::register_impls(m);
   m.impl("block_gemm_accumulate_", &te_lite::block_gemm_accumulate_);
+  m.impl("nvfp4_block_gemm", &te_lite::nvfp4_block_gemm);
 }
 #ifdef NVTE_TORCH_CUDA
 TORCH_LIBRARY_IMPL(te_lite, CUDA, m) { te_lite::register_impls(m); }
@@ -152,7 +221,8 @@ TORCH_LIBRARY_IMPL(te_lite, CUDA, m) { te_lite::register_impls(m); }
 
 // Not differentiable: quantization outputs never require grad (as cast.cpp's ops).
 TORCH_LIBRARY_IMPL(te_lite, Autograd, m) {
-  for (const char *op : {"quantize_fp8_block", "dequantize_fp8_block", "block_gemm_accumulate_"}) {
+  for (const char *op : {"quantize_fp8_block", "dequantize_fp8_block", "block_gemm_accumulate_",
+                         "nvfp4_block_gemm"}) {
     m.impl(op, torch::CppFunction::makeFallthrough());
   }
 }

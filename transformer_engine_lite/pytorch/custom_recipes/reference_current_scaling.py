@@ -23,6 +23,7 @@ from typing import Any
 
 import torch
 
+from ..tensor.quantized_tensor import QuantizedTensorStorage, Quantizer
 from . import gemm
 
 __all__ = [
@@ -43,9 +44,10 @@ def current_scaling_ref_factory(role: Any) -> CurrentScalingQuantizerRef:
 
 
 @dataclasses.dataclass
-class CurrentScalingTensorRef:
+class CurrentScalingTensorRef(QuantizedTensorStorage):
     """A reference-quantized tensor: data [M, N] (row-wise FP8) and its scale_inv ([1] fp32);
-    data_t [N, M] / scale_t: the column-wise (transposed) copy. Either may be None per usage."""
+    data_t [N, M] / scale_t: the column-wise (transposed) copy. Either may be None per usage.
+    _quantizer: the quantizer that made it (custom_gemm runs its qgemm)."""
 
     data: torch.Tensor | None
     scale: torch.Tensor | None
@@ -54,6 +56,12 @@ class CurrentScalingTensorRef:
     dtype: torch.dtype
     quant_dtype: torch.dtype
     original_shape: torch.Size
+    _quantizer: Any = None
+
+    @property
+    def custom(self) -> bool:
+        """Custom tensors go to custom_gemm (the quantizer's qgemm) in general_gemm."""
+        return True
 
     @property
     def _data(self) -> torch.Tensor | None:
@@ -73,7 +81,7 @@ class CurrentScalingTensorRef:
         return out.reshape(self.original_shape).to(dtype or self.dtype)
 
 
-class CurrentScalingQuantizerRef:
+class CurrentScalingQuantizerRef(Quantizer):
     """dtype: torch.float8_e4m3fn or torch.float8_e5m2. rowwise / columnwise: which copies
     quantize() makes. pow_2_scales, eps: the recipe's power_2_scale and amax_epsilon."""
 
@@ -98,6 +106,7 @@ class CurrentScalingQuantizerRef:
         if with_amax_reduction and amax_reduction_group is None:
             raise ValueError("CurrentScalingQuantizerRef: amax_reduction_group: expected a process "
                              "group with with_amax_reduction=True, got None")
+        super().__init__(rowwise=rowwise, columnwise=columnwise)
         self.dtype = dtype
         self.rowwise_usage = bool(rowwise)
         self.columnwise_usage = bool(columnwise)
@@ -105,6 +114,11 @@ class CurrentScalingQuantizerRef:
         self.eps = float(eps)
         self.with_amax_reduction = bool(with_amax_reduction)
         self.amax_reduction_group = amax_reduction_group
+
+    @property
+    def custom(self) -> bool:
+        """Custom quantizers' tensors go to custom_gemm (this qgemm) in general_gemm."""
+        return True
 
     # ------------------------------------------------------------------ scaling
     def compute_scale(self, amax: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
@@ -151,6 +165,7 @@ class CurrentScalingQuantizerRef:
             dtype=tensor.dtype,
             quant_dtype=self.dtype,
             original_shape=shape,
+            _quantizer=self,
         )
 
     __call__ = quantize

@@ -33,14 +33,16 @@ from ..tensor import (
     MXFP8Quantizer,
     QuantizedTensor,
 )
+from ..cpp_extensions.nvfp4_gemm import nvfp4_tagged_gemm as _nvfp4_gemm
+from ._custom_linear import custom_linear_backward, custom_linear_forward
 from ._stored_operands import stored_block, stored_input, stored_mxfp8, stored_per_tensor
 
 
 class GemmConfig(NamedTuple):
     """Static options of one FP8-aware GEMM y = x @ W^T + b.
 
-    mode: "hp", "calibrate" (hp GEMM, amaxes recorded), "delayed", "current", "mxfp8" or "block"
-    (Float8BlockScaling).
+    mode: "hp", "calibrate" (hp GEMM, amaxes recorded), "delayed", "current", "mxfp8", "block"
+    (Float8BlockScaling) or "custom" (custom quantizers' qgemm, _custom_linear.py).
     inp, weight, grad: how each operand is cast. slot_fwd: this GEMM's input slot in the forward
     meta (weight = slot_fwd + 1). slot_bwd: its grad-output slot in the backward meta. code: value
     written into the backward "ran" flag (delayed scaling). fuse_wgrad: accumulate the weight
@@ -63,6 +65,7 @@ class GemmConfig(NamedTuple):
     bwd_override: str | None = None
     delay_wgrad: bool = False
     save_original_input: bool = False
+    custom: tuple[Any, Any, Any] | None = None  # "custom": the (input, weight, grad) quantizers
 
 
 def _alpha_kw(alpha: float) -> dict[str, float]:
@@ -82,6 +85,10 @@ def _gemm_fwd(
 ) -> torch.Tensor:
     """alpha * b @ a^T (+ bias) as a new tensor, or added into acc ([..., N], out_dtype) by the
     GEMM's accumulate epilogue: one rounding of acc + product + bias, no extra pass."""
+    d = _nvfp4_gemm(a, True, b, False, out_dtype, bias,
+                    None if acc is None else acc.view(-1, acc.shape[-1]), alpha)
+    if d is not None:
+        return acc if acc is not None else d
     if acc is None:
         return ops().gemm(a, a_si, True, b, b_si, False, out_dtype, bias, **_alpha_kw(alpha))[0]
     ops().gemm_accumulate_(acc.view(-1, acc.shape[-1]), a, a_si, True, b, b_si, False, bias,
@@ -99,11 +106,27 @@ def _gemm_dgrad(
     alpha: float = 1.0,
 ) -> torch.Tensor:
     """dgrad = alpha * g @ W as a new tensor, or added into acc (in place; returned)."""
+    d = _nvfp4_gemm(w, False, g, False, out_dtype, None,
+                    None if acc is None else acc.view(-1, acc.shape[-1]), alpha)
+    if d is not None:
+        return acc if acc is not None else d
     if acc is None:
         return ops().gemm(w, w_si, False, g, g_si, False, out_dtype, **_alpha_kw(alpha))[0]
     ops().gemm_accumulate_(acc.view(-1, acc.shape[-1]), w, w_si, False, g, g_si, False,
                            **_alpha_kw(alpha))
     return acc
+
+
+def _wgrad(a: torch.Tensor, a_si: Any, b: torch.Tensor, b_si: Any, w_dtype: torch.dtype,
+           main_grad: torch.Tensor | None, alpha: float) -> torch.Tensor | None:
+    """The weight gradient b^T @ a: returned, or added into main_grad (returns None)."""
+    d = _nvfp4_gemm(a, False, b, True, w_dtype, None, main_grad, alpha)
+    if d is not None:
+        return None if main_grad is not None else d
+    if main_grad is not None:
+        ops().gemm_accumulate_(main_grad, a, a_si, False, b, b_si, True, **_alpha_kw(alpha))
+        return None
+    return ops().gemm(a, a_si, False, b, b_si, True, w_dtype, **_alpha_kw(alpha))[0]
 
 
 def _empty_amax(like: torch.Tensor) -> torch.Tensor:
@@ -258,6 +281,11 @@ class _LinearFn(torch.autograd.Function):
                     ctx.block_amax = (x_blk[2:], w_blk[2:] if w_blk is not None else ())
             else:
                 saved = (x2 if cfg.save_original_input else xc, None, wc, None)
+        elif cfg.mode == "custom":
+            out = custom_linear_forward(ctx, x2, w, bias, out_dtype, cfg, need_dgrad, need_wgrad,
+                                        acc, alpha)
+            amax = _empty_amax(inp)
+            saved = (None, None, None, None)  # the quantized operands stay on ctx
         else:
             out = _gemm_fwd(w, None, x2, None, out_dtype, bias, acc, alpha)
             if cfg.mode == "calibrate":
@@ -308,6 +336,8 @@ class _LinearFn(torch.autograd.Function):
     def backward(ctx: Any, grad_out: torch.Tensor, _grad_amax: torch.Tensor):  # type: ignore[override]
         te = ops()
         cfg: GemmConfig = ctx.cfg
+        if cfg.mode == "custom":
+            return custom_linear_backward(ctx, grad_out)
         it = iter(ctx.saved_tensors)
         x_data, x_si, w_data, w_si = [next(it) if m else None for m in ctx.saved_mask]
         n = grad_out.shape[-1]
@@ -386,15 +416,13 @@ class _LinearFn(torch.autograd.Function):
             )
         elif need_wgrad:
             if cfg.fuse_wgrad:
-                te.gemm_accumulate_(ctx.main_grad, wa[0], wa[1], False, wa[2], wa[3], True,
-                                    **_alpha_kw(alpha))
+                _wgrad(*wa, ctx.w_dtype, ctx.main_grad, alpha)
                 if not torch.compiler.is_compiling():
                     param = ctx.weight_param
                     if hasattr(param, "grad_added_to_main_grad"):
                         param.grad_added_to_main_grad = True
             else:
-                wgrad = te.gemm(wa[0], wa[1], False, wa[2], wa[3], True, ctx.w_dtype,
-                                **_alpha_kw(alpha))[0]
+                wgrad = _wgrad(*wa, ctx.w_dtype, None, alpha)
         dbias = None
         if ctx.has_bias and ctx.needs_input_grad[2]:
             # Bias gradient from the high-precision dy. torch's reduction already accumulates bf16/fp16
@@ -413,12 +441,14 @@ def _expose_backward_state(
     backward GEMMs run quantized), backward_override (the recipe's, None without FP8),
     grad_output_quantizer (how the backward casts the output gradient; None when it does not) and
     reduce_and_update_bwd_fp8_tensors (the backward records the gradient's scaling state)."""
-    fp8 = cfg.mode in ("delayed", "current", "mxfp8", "block")
+    fp8 = cfg.mode in ("delayed", "current", "mxfp8", "block", "custom")
     ctx.backward_override = cfg.bwd_override if fp8 else None
     ctx.fp8 = fp8 and cfg.bwd_override is None
     ctx.reduce_and_update_bwd_fp8_tensors = ctx.fp8
     q = None
-    if ctx.fp8 and cfg.mode == "mxfp8":
+    if ctx.fp8 and cfg.mode == "custom":
+        q = cfg.custom[2]
+    elif ctx.fp8 and cfg.mode == "mxfp8":
         q = MXFP8Quantizer(cfg.grad.dtype)
     elif ctx.fp8 and cfg.mode == "block" and cfg.grad.mode == "nvfp4":
         q = nvfp4_quantizer(cfg.grad)
@@ -470,15 +500,11 @@ class _DelayedWgrad:
         self.main_grad, self.param, self.weight_ref = main_grad, param, weight_ref
 
     def __call__(self) -> None:
-        te = ops()
-        a, a_si, b, b_si = self.operands
+        wgrad = _wgrad(*self.operands, self.w_dtype, self.main_grad, self.alpha)
         if self.main_grad is not None:
-            te.gemm_accumulate_(self.main_grad, a, a_si, False, b, b_si, True,
-                                **_alpha_kw(self.alpha))
             if hasattr(self.param, "grad_added_to_main_grad"):
                 self.param.grad_added_to_main_grad = True
             return
-        wgrad = te.gemm(a, a_si, False, b, b_si, True, self.w_dtype, **_alpha_kw(self.alpha))[0]
         ref = self.weight_ref
         if ref is not None and ref.requires_grad:
             torch.autograd.backward([ref], [wgrad])

@@ -11,7 +11,10 @@ again only when another recipe object becomes active or a boundary role changes;
 are kept in `module.quantizers` ({"scaling_fwd": [...], "scaling_bwd": [...]}, TE's attribute),
 which built-in current-scaling and MXFP8 recipes fill too.
 
-What a GEMM can run: every operand (input, weight, grad_output) per-tensor current scaling
+What a GEMM can run: every operand (input, weight, grad_output) a custom quantizer
+(tensor.utils.is_custom: the custom_recipes references or a user's quantizer with a qgemm), the GEMMs
+then running that quantizer's qgemm through general_gemm (_custom_linear.py; no backward_override,
+alpha or delay_wgrad_compute there); or per-tensor current scaling
 (Float8CurrentScalingQuantizer, any E4M3/E5M2 per operand), MXFP8 (MXFP8Quantizer, one FP8 dtype
 for input and weight) or high precision (IdentityQuantizer; a factory answering None is an error,
 as in TE); or, all three slots with equal DelayedScalingRequests, delayed scaling as under
@@ -30,7 +33,9 @@ from ...common.recipe import Recipe, check_backward_override
 from ..fp8 import FP8GlobalStateManager, get_fp8_torch_dtype
 from ..quantization import DelayedScalingRequest, QuantizerRole, QuantSpec, check_factory_output
 from ..tensor import Float8CurrentScalingQuantizer, MXFP8Quantizer
+from ..tensor.quantized_tensor import QuantizedTensorStorage, Quantizer
 from ..tensor.identity_tensor import IdentityQuantizer
+from ..tensor.utils import is_custom
 from ..tex import dtype_to_torch
 from ._autograd import GemmConfig
 
@@ -121,6 +126,8 @@ def builtin_quantizers(module: Any, gemm: int, recipe: Recipe) -> None:
 
 def _spec(owner: str, slot: str, q: Any) -> tuple[str, QuantSpec]:
     """(mode, QuantSpec) of one operand's quantizer."""
+    if isinstance(q, (Quantizer, QuantizedTensorStorage)) and is_custom(q):
+        return "custom", QuantSpec()
     if isinstance(q, IdentityQuantizer):
         return "hp", QuantSpec()
     if isinstance(q, Float8CurrentScalingQuantizer):
@@ -152,7 +159,8 @@ def _spec(owner: str, slot: str, q: Any) -> tuple[str, QuantSpec]:
     raise NotImplementedError(
         f"{owner}: CustomRecipe {slot}: quantizer {type(q).__name__} is not supported in modules "
         "by transformer_engine_lite (expected Float8CurrentScalingQuantizer, MXFP8Quantizer, "
-        "Float8BlockQuantizer, NVFP4Quantizer, IdentityQuantizer or a DelayedScalingRequest)")
+        "Float8BlockQuantizer, NVFP4Quantizer, IdentityQuantizer, a DelayedScalingRequest or a "
+        "custom quantizer)")
 
 
 def custom_gemm_config(module: Any, gemm: int, recipe: Recipe, code: int, fuse_wgrad: bool,
@@ -182,6 +190,14 @@ def custom_gemm_config(module: Any, gemm: int, recipe: Recipe, code: int, fuse_w
         return GemmConfig("hp", slot_fwd=3 * gemm, code=code, **opts)
     if mode == "delayed":
         return _delayed_config(module, gemm, recipe, code, (fwd[0], fwd[1], bwd[0]), kinds, opts)
+    if mode == "custom":
+        if recipe.backward_override is not None:
+            raise NotImplementedError(
+                f"{owner}: CustomRecipe: backward_override {recipe.backward_override!r} with "
+                "custom quantizers is not implemented by transformer_engine_lite (their GEMMs run "
+                "the quantizers' qgemm)")
+        return GemmConfig("custom", slot_fwd=3 * gemm, slot_bwd=2 * gemm, code=code,
+                          custom=(fwd[0], fwd[1], bwd[0]), **opts)
     inp, weight, grad = (k[1] for k in kinds)
     if mode == "mxfp8" and inp.dtype != weight.dtype:
         raise NotImplementedError(

@@ -95,7 +95,12 @@ def stored_nvfp4(
         return None
     view = weight._shallow_copy()
     view.update_usage(rowwise_usage=True, columnwise_usage=columnwise)
+    from ..cpp_extensions.nvfp4_gemm import tag_nvfp4_source
+
+    # tagged with their source (as quantization.nvfp4_dequantized's) for the GEMMs' order
     r = view._dequantize_copy(False, torch.float32).reshape(-1, weight.shape[-1])
+    r = tag_nvfp4_source(r, view, False)
     if not columnwise:
         return r, None
-    return r, view._dequantize_copy(True, torch.float32).reshape(-1, weight.shape[-1])
+    c = view._dequantize_copy(True, torch.float32).reshape(-1, weight.shape[-1])
+    return r, tag_nvfp4_source(c, view, True)

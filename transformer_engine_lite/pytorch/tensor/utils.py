@@ -10,9 +10,11 @@ from ._master_weights import (
     quantize_master_weights,
 )
 from .float8_tensor import Float8Tensor
+from .quantized_tensor import QuantizedTensorStorage, Quantizer
 
 __all__ = [
     "cast_master_weights_to_fp8",
+    "is_custom",
     "post_all_gather_processing",
     "quantize_master_weights",
     "replace_raw_data",
@@ -40,3 +42,16 @@ def replace_raw_data(tensor: Float8Tensor, new_raw_data: torch.Tensor) -> None:
         new_raw_data = new_raw_data.view(old.dtype)
     new_raw_data.detach().copy_(old)
     tensor._data = new_raw_data
+
+
+def is_custom(x: Quantizer | QuantizedTensorStorage | None = None) -> bool:
+    """Whether x is a custom quantizer or quantized tensor (its `custom` attribute is True, as the
+    custom_recipes references'): GEMMs of such tensors run the quantizer's qgemm
+    (custom_recipes.gemm.custom_gemm). None and plain tensors are not; other objects are an error
+    (TE's AssertionError)."""
+    if x is None or isinstance(x, torch.Tensor):
+        return False
+    if not isinstance(x, (Quantizer, QuantizedTensorStorage)):
+        raise AssertionError(f"is_custom: x: expected a Quantizer or QuantizedTensorStorage, got "
+                             f"{type(x).__name__}")
+    return bool(getattr(x, "custom", False))
