@@ -142,12 +142,13 @@ void block_gemm_accumulate_(at::Tensor y, const at::Tensor &p, const at::Tensor 
 // stay within 24 bits), so the vectorised inner loop may use FMA; the only roundings are the
 // `acc += t` adds, one per block, in order. Tiles: 4 rows x 64 columns of y (nvfp4_tile), a q
 // column panel ([k, 64] of q transposed) reused across the row tiles from cache. Host memory only.
-// One [kR, kC] tile of y over all of K: constant trip counts, so t stays in vector registers; on
-// x86-64 GCC / clang also compile it for AVX-512 and AVX2 + FMA (picked at load time).
+// One [kR, kC] tile of y over all of K: constant trip counts, so t stays in vector registers.
+// Compiled once, for the extension's baseline target: per-level clones must go through the core's
+// NVTE_CPU_DISPATCH (common/platform/cpu_isa.h), which NVTE_CPU_ISA caps; GCC's target_clones
+// would pick from CPUID alone, so capped CI runs would not run the code a lower-level CPU runs.
+// The bits do not depend on the clone (each block term is exact); moving this kernel into the
+// core, behind that dispatcher, is what would buy the AVX2 / AVX-512 speed back.
 constexpr int64_t kTileR = 4, kTileC = 64;
-#if defined(__x86_64__) && (defined(__GNUC__) || defined(__clang__))
-__attribute__((target_clones("avx512f", "avx2,fma", "default")))
-#endif
 void nvfp4_tile(const float *pd, const float *qd, float *yd, int64_t k, int64_t np) {
   float acc[kTileR][kTileC] = {};
   for (int64_t b = 0; b < k; b += 16) {
