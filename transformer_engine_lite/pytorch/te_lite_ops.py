@@ -31,8 +31,7 @@ apply are float32 [0].
       y = fp32(fp64(y) + fp64(fp32(p * first)) * fp64(second)) in place: one K block of the
       block-scaled GEMM's accumulation (cpp_extensions/block_gemm.py; CPU only)
   nvfp4_block_gemm(Tensor p, Tensor q) -> Tensor
-      y [m, n] fp32 = sum over 16-element K blocks, in K order, of p[:, blk] @ q[:, blk]^T (each
-      block term exact: p, q are NVFP4 block-scaled values); cpp_extensions/nvfp4_gemm.py; CPU only
+      fp32 sum, in K order, of the exact 16-block terms p[:, blk] @ q[:, blk]^T (nvfp4_gemm.py; CPU)
   quantize_nvfp4(Tensor x, bool rowwise, bool columnwise, bool two_d, bool rht, int rht_sign_mask,
       bool stochastic_rounding, int seed, int offset, bool row_scaled=False, int four_over_six=0,
       int e4m3_max=448, bool err_fast_math=False)

@@ -161,6 +161,15 @@ def _resource():
     return _GLOBAL_MESH_RESOURCE[0]
 
 
+def _check_plain_softmax(head, dropout, softmax_type):
+    """Both CP plans run the kernels' plain softmax without dropout (TE refuses the rest)."""
+    if dropout != 0.0:
+        raise ValueError(f"{head}: argument 'dropout_probability': expected 0, got {dropout}")
+    if softmax_type != "vanilla":
+        raise ValueError(f"{head}: argument 'softmax_type': expected vanilla, got "
+                         f"{softmax_type}")
+
+
 def plan_context_parallel(strategy, load_balanced, axis, layout, mask, bias_type, dropout,
                           softmax_type, window, scale, dims, stripe_size=None) -> CPPlan | None:
     """The CP plan of a fused_attn call, or None when context parallelism is not active (no CP
@@ -197,11 +206,7 @@ def plan_context_parallel(strategy, load_balanced, axis, layout, mask, bias_type
     if mask not in ("no_mask", "causal"):
         raise ValueError(f"{head}: argument 'attn_mask_type': expected no_mask or causal, got "
                          f"{mask}")
-    if dropout != 0.0:
-        raise ValueError(f"{head}: argument 'dropout_probability': expected 0, got {dropout}")
-    if softmax_type != "vanilla":
-        raise ValueError(f"{head}: argument 'softmax_type': expected vanilla, got "
-                         f"{softmax_type}")
+    _check_plain_softmax(head, dropout, softmax_type)
     if window[0] != -1 or window[1] not in (-1, 0):
         raise ValueError(f"{head}: argument 'window_size': sliding windows are not supported, "
                          f"got {window}")
@@ -261,11 +266,7 @@ def _plan_thd(head, strategy, load_balanced, axis, mesh, size, resource, layout,
     if mask != "padding_causal":
         raise NotImplementedError(f"{head}: argument 'attn_mask_type': thd context parallelism "
                                   f"runs padding_causal, got {mask}")
-    if dropout != 0.0:
-        raise ValueError(f"{head}: argument 'dropout_probability': expected 0, got {dropout}")
-    if softmax_type != "vanilla":
-        raise ValueError(f"{head}: argument 'softmax_type': expected vanilla, got "
-                         f"{softmax_type}")
+    _check_plain_softmax(head, dropout, softmax_type)
     if window[1] not in (-1, 0):
         raise ValueError(f"{head}: argument 'window_size': expected a causal window (left, 0), "
                          f"got {window}")
