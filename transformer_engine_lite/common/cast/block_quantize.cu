@@ -12,6 +12,7 @@
 #include "block_quantize.h"
 #include "block_scale.h"
 #include "quantize_gpu.h"
+#include "x86_nan.cuh"
 
 namespace nvte {
 namespace gpu {
@@ -197,7 +198,8 @@ void launch_typed(const BlockParams &p, const BlockSpec &s, cudaStream_t stream)
 
 // Dequantize: a thread per element of the stored copy ([rows, cols] row-wise, [cols, rows]
 // column-wise), dequantized as stored, with block_quantize.cpp's scale lookup: one fp32 product
-// (fp8 value x scale_inv), then the output dtype's rounding (util/half.h, as the CPU's store_row).
+// (fp8 value x scale_inv, with x86's NaN results: x86_nan.cuh), then the output dtype's rounding
+// (util/half.h, as the CPU's store_row).
 struct BlockDequantParams {
   const uint8_t *q = nullptr;  // the stored copy's FP8 bytes
   const float *sc = nullptr;   // its scale_inv grid (GEMM_READY)
@@ -220,11 +222,8 @@ __global__ void __launch_bounds__(kThreads) block_dequantize_kernel(const BlockD
       m = p.row ? p.sc[(r / kN) * p.sld + c / kN] : p.sc[(c / kN) * p.sld + r / kN];
     else
       m = p.row ? p.sc[(c / kN) * p.sld + r] : p.sc[(r / kN) * p.sld + c];
-    const float v = fp8_decode<F>(p.q[i]) * m;
-    // A NaN code decodes to the quiet NaN 0x7FC00000, which x86 passes through the product; a
-    // GPU's product gives its own NaN (0x7FFFFFFF), so it is replaced to write the CPU's bytes.
-    // (scale_inv itself is never NaN: it is 1 / scale of a finite, nonzero scale.)
-    dst[i] = from_float<OType>(v != v ? bits_float(0x7FC00000u) : v);
+    // NaN codes (0x7FC00000 decoded), NaN or zero scale_inv (x Inf): the CPU's NaN bytes.
+    dst[i] = from_float<OType>(x86_mul(fp8_decode<F>(p.q[i]), m));
   }
 }
 

@@ -12,6 +12,7 @@
 #include "nvfp4_math.h"
 #include "nvfp4_quantize.h"
 #include "quantize_gpu.h"
+#include "x86_nan.cuh"
 
 namespace nvte {
 namespace gpu {
@@ -290,7 +291,7 @@ struct Nvfp4DequantParams {
   void *out = nullptr;            // OType [rows, cols]
   size_t rows = 0, cols = 0, sld = 0;
   bool row_scaled = false;
-  int e4m3_max = 448;
+  float inv = 0.0f;               // 1 / (6 * e4m3_max), as nvfp4_dequant_factor rounds it
 };
 
 template <typename OType>
@@ -302,12 +303,12 @@ __global__ void __launch_bounds__(kThreads) nvfp4_dequantize_kernel(const Nvfp4D
     const uint8_t byte = p.q[r * (p.cols / 2) + c / 2];
     const uint8_t code = (c % 2) ? (byte >> 4) : (byte & 0xF);
     const float amax = p.amax[p.row_scaled ? r : 0];
-    const float v =
-        e2m1_value(code) * nvfp4_dequant_factor(p.sc[r * p.sld + c / kNvfp4BlockLen], amax,
-                                                p.e4m3_max);
-    // NaN (an E4M3 NaN scale, a NaN amax): the canonical quiet NaN the CPU's product carries
-    // through (kNanBits), not the GPU's own NaN pattern.
-    dst[i] = from_float<OType>(v != v ? bits_float(kNanBits) : v);
+    // nvfp4_dequant_factor's products in its order, with x86's NaN results (x86_nan.cuh): an
+    // E4M3 NaN scale or NaN amax propagates, a zero scale or code times an Inf amax is 0xFFC00000.
+    const float factor =
+        x86_mul(x86_mul(fp8_decode<FormatE4M3>(p.sc[r * p.sld + c / kNvfp4BlockLen]), amax),
+                p.inv);
+    dst[i] = from_float<OType>(x86_mul(e2m1_value(code), factor));
   }
 }
 
@@ -392,7 +393,7 @@ void launch_nvfp4_dequantize(const Tensor &in, const Nvfp4Spec &s, const SimpleT
   p.rows = s.rows;
   p.cols = s.cols;
   p.row_scaled = s.row_scaled;
-  p.e4m3_max = s.e4m3_max;
+  p.inv = 1.0f / (kNvfp4E2M1Max * static_cast<float>(s.e4m3_max));
   const unsigned grid = grid_for(s.rows * s.cols, kThreads);
   cudaStream_t cs = as_stream(stream);
   dispatch_dtype<HighPrecisionTypes>(out.dtype, "output", [&](auto otag) {
