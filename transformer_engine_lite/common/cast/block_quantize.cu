@@ -1,8 +1,8 @@
-// GPU kernels of Float8BlockScaling quantize and dequantize (NVTE_BLOCK_SCALING_1D / _2D): 1x128 tiles along
-// the rows, 128x1 tiles down the columns (the column-wise copy of 1D), and 128x128 blocks shared
-// by both copies (2D). Layouts, padding and the scale rule are block_quantize.cpp's: the tile
-// scale comes from block_scale.h and the bytes from util/fp8.h, so the output equals the CPU
-// kernel's bit for bit (tests/cpp/gpu/test_gpu_block_scaling.cpp).
+// GPU kernels of Float8BlockScaling quantize and dequantize (NVTE_BLOCK_SCALING_1D / _2D): 1x128
+// tiles along the rows, 128x1 tiles down the columns (the column-wise copy of 1D), and 128x128
+// blocks shared by both copies (2D). Layouts, padding and the scale rule are block_quantize.cpp's:
+// the tile scale comes from block_scale.h and the bytes from util/fp8.h, so the output equals the
+// CPU kernel's bit for bit (tests/cpp/gpu/test_gpu_block_scaling.cpp).
 #include <algorithm>
 
 #include "../platform/device.h"

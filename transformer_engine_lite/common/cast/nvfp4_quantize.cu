@@ -1,8 +1,8 @@
-// GPU kernels of NVFP4 quantize and dequantize (NVTE_NVFP4_1D_SCALING): 1x16 and 16x16 blocks, row-wise and
-// column-wise (transposed) copies, the per-tensor global scale from the copy's amax, row-scaled
-// amaxes, the random Hadamard transform of the column-wise copy, stochastic rounding and 4over6.
-// Layouts and arithmetic are nvfp4_quantize.cpp's (every value comes from nvfp4_math.h in the same
-// order), so bytes, scales and amaxes equal the CPU kernel's bit for bit
+// GPU kernels of NVFP4 quantize and dequantize (NVTE_NVFP4_1D_SCALING): 1x16 and 16x16 blocks,
+// row-wise and column-wise (transposed) copies, the per-tensor global scale from the copy's amax,
+// row-scaled amaxes, the random Hadamard transform of the column-wise copy, stochastic rounding and
+// 4over6. Layouts and arithmetic are nvfp4_quantize.cpp's (every value comes from nvfp4_math.h in
+// the same order), so bytes, scales and amaxes equal the CPU kernel's bit for bit
 // (tests/cpp/gpu/test_gpu_nvfp4.cpp).
 #include <algorithm>
 
