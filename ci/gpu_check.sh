@@ -80,7 +80,8 @@ fi
 # in step with tests/cpp/gpu.
 declare -A SAN_FILTER=(
   [test_gpu_activation]='*GpuActivationTest.*/swiglu_fwd_bfloat16_to_mxfp8_float8_e4m3'
-  [test_gpu_block_scaling]='*BlockQuantizeGpu.*/bfloat16_float8_e4m3_129x257_1d_both:*BlockQuantizeGpu.*/bfloat16_float8_e4m3_129x257_2d_both'
+  [test_gpu_block_gemm]='*BlockScaledGemmGpu.*/fp8block_M33_N40_K200_w2d:*BlockScaledGemmGpu.*/nvfp4_M33_N40_K200_w1d'
+  [test_gpu_block_scaling]='*BlockQuantizeGpu.*/bfloat16_float8_e4m3_129x257_1d_both:*BlockQuantizeGpu.*/bfloat16_float8_e4m3_129x257_2d_both:*BlockDequantizeGpu.*/float8_e4m3_129x257_2d_colwise_to_bfloat16'
   [test_gpu_cast]='*QuantizeGpu.*/bfloat16_float8_e4m3_129x257_both_mx:*CastTransposeGpu.*/bfloat16_float8_e4m3_129x257'
   [test_gpu_cross_entropy]='*GpuCrossEntropyTest.*/3x1000_bfloat16_w2'
   [test_gpu_fused_attn]='*GpuFusedAttn.*/bfloat16_bshd_causal_b2h4g2_s70x70_d128x128'
@@ -90,7 +91,7 @@ declare -A SAN_FILTER=(
   [test_gpu_gemm]='*GpuGemmTest.*/plain_float8_e4m3_x_float8_e4m3_to_bfloat16_*_TN_129x257x65:*GpuGemmTest.*/plain_float8_e5m2_x_float8_e5m2_to_bfloat16_*_TN_129x257x65'
   [test_gpu_permutation]='*GpuIndexPermutationTest.*/700x3x19_drop101_bfloat16'
   [test_gpu_normalization]='*GpuNormTest.*/LayerNorm_bfloat16_wx_300x96_mxfp8_float8_e4m3:*GpuNormBwdTest.*/LayerNorm_bfloat16_wx_300x96'
-  [test_gpu_nvfp4]='*Nvfp4QuantizeGpu.*/bfloat16_144x36_both_1d_4over6_rowscaled:*Nvfp4QuantizeGpu.*/bfloat16_144x36_both_2d_rht_sr'
+  [test_gpu_nvfp4]='*Nvfp4QuantizeGpu.*/bfloat16_144x36_both_1d_4over6_rowscaled:*Nvfp4QuantizeGpu.*/bfloat16_144x36_both_2d_rht_sr:*Nvfp4DequantizeGpu.*/to_bfloat16_144x36_rowwise_1d_rowscaled'
   [test_gpu_softmax]='*GpuSoftmaxTest.*/scaled_bfloat16_1x1x3x2049'
 )
 

@@ -23,8 +23,10 @@ import transformer_engine_lite.pytorch as te
 from transformer_engine_lite.common import build_info
 from transformer_engine_lite.common.recipe import (
     DelayedScaling,
+    Float8BlockScaling,
     Float8CurrentScaling,
     MXFP8BlockScaling,
+    NVFP4BlockScaling,
 )
 from transformer_engine_lite.pytorch.attention import backends
 
@@ -38,6 +40,11 @@ RECIPES = {
     "delayed": lambda: DelayedScaling(amax_history_len=4),
     "current": Float8CurrentScaling,
     "mxfp8": MXFP8BlockScaling,
+    # Block-scaled recipes: GPU quantize / dequantize kernels with the CPU's bytes, the GEMMs on
+    # exactly decoded values (any GPU: no FP8 / FP4 tensor cores involved). NVFP4's stochastic
+    # rounding draws its seed from torch's global generator, reseeded alike before each side.
+    "fp8_block": Float8BlockScaling,
+    "nvfp4": NVFP4BlockScaling,
 }
 SWITCHES = ("NVTE_FLASH_ATTN", "NVTE_FUSED_ATTN", "NVTE_FUSED_ATTN_CK", "NVTE_FUSED_ATTN_AOTRITON")
 # ci/_utils.sh configure_fused_attn_env's modes: the flash kernel on both devices, or AOTriton.
@@ -168,7 +175,9 @@ def test_module_matches_cpu(device, module, recipe, monkeypatch):
         x = torch.randn(shape, generator=g).to(BF16)
         dy = torch.randn(*shape[:-1], out_features, generator=g).to(BF16)
         make = RECIPES[recipe]
+        torch.manual_seed(100 + step)  # the same stochastic-rounding seeds on both sides
         cpu = _fwd_bwd(ref, x, dy, make() if make else None)
+        torch.manual_seed(100 + step)
         dev = _fwd_bwd(m, x.to(device), dy.to(device), make() if make else None)
         _compare(dev, cpu, kind, f"{module} {recipe} step {step}")
 

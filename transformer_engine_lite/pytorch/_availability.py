@@ -63,13 +63,28 @@ def is_mxfp8_available(return_reason: bool = False) -> bool | tuple[bool, str]:
     return _answer(_mxfp8_support(), return_reason)
 
 
-def _fp8_block_scaling_support() -> tuple[bool, str]:
-    """CPU: yes (the core's CPU kernels). A GPU: no. Quantize has GPU kernels (proven under
-    gpusim), but dequantize and the block-scaled GEMM do not, so a recipe cannot train there."""
+def _gpu_block_support(recipe: str, fmt: str) -> tuple[bool, str]:
+    """CPU: yes (the core's CPU kernels). A GPU: where the library was built with a GPU backend
+    whose block-scaled kernels (quantize and dequantize, build_info()["gpu_block_scaling"]) cover
+    `fmt`. The GEMMs contract exactly decoded values in fp32 (cpp_extensions/block_gemm.py,
+    nvfp4_gemm.py) on the GPU GEMM, so no FP8 / FP4 tensor cores are needed: any compute
+    capability (TE needs sm_90 / sm_100 for its native GEMMs)."""
     if _cuda_arch() is None:
         return True, ""
-    return False, ("Float8BlockScaling: transformer_engine_lite has GPU quantize kernels but no GPU "
-                   "dequantize / block-scaled GEMM yet (CPU only)")
+    from ..common import build_info
+
+    info = build_info()
+    backends = info.get("device_backends", [])
+    if not any(b in backends for b in ("cuda", "hip", "rocm")):
+        return False, f"{recipe}: transformer_engine_lite was built without a GPU backend"
+    if fmt not in info.get("gpu_block_scaling", []):
+        return False, (f"{recipe}: this transformer_engine_lite build has no GPU dequantize for "
+                       f"{fmt} (expected build_info()['gpu_block_scaling'] to list it; rebuild)")
+    return True, ""
+
+
+def _fp8_block_scaling_support() -> tuple[bool, str]:
+    return _gpu_block_support("Float8BlockScaling", "fp8_block")
 
 
 def is_fp8_block_scaling_available(return_reason: bool = False) -> bool | tuple[bool, str]:
@@ -78,12 +93,7 @@ def is_fp8_block_scaling_available(return_reason: bool = False) -> bool | tuple[
 
 
 def _nvfp4_support() -> tuple[bool, str]:
-    """CPU: yes (the core's CPU kernels). A GPU: no: quantize has GPU kernels (proven under
-    gpusim), dequantize and the NVFP4 GEMM do not."""
-    if _cuda_arch() is None:
-        return True, ""
-    return False, ("NVFP4BlockScaling: transformer_engine_lite has GPU quantize kernels but no GPU "
-                   "dequantize / NVFP4 GEMM yet (CPU only)")
+    return _gpu_block_support("NVFP4BlockScaling", "nvfp4")
 
 
 def is_nvfp4_available(return_reason: bool = False) -> bool | tuple[bool, str]:

@@ -171,4 +171,83 @@ TEST(BlockQuantizeGpuLarge, RowTilesPastOneGridStep) {
   expect_same(in, shape, kNVTEFloat8E4M3, false, Copies::kBoth, 0.0f, false);
 }
 
+// ---------------------------------------------------------------- dequantize
+// Quantizes `in` on the CPU into the one copy asked for, then dequantizes that copy (as stored:
+// the column-wise copy transposed) on both devices into `odt`, byte for byte.
+void expect_same_dequantize(const TestTensor &in, const Shape &shape, NVTEDType fp8, bool two_d,
+                            Copies copy, bool pow2, NVTEDType odt) {
+  TestTensor q = make_output(shape, fp8, two_d, copy);
+  Config cfg(0.0f, pow2);
+  ASSERT_NVTE_OK(nvte_quantize_v2(in, q, cfg.h, nullptr));
+  const Shape oshape = copy == Copies::kRowwise ? shape : transposed(shape);
+  TestTensor out(oshape, odt), gout(oshape, odt);
+  // Poisoned differently, so an unwritten element cannot match by accident (an empty output's
+  // one placeholder byte is never written: alike there).
+  test::poison(out, 0x5A);
+  test::poison(gout, test::numel_of(oshape) ? 0xA5 : 0x5A);
+  GpuTensor d_q(q), d_out(gout);
+  ASSERT_NVTE_OK(nvte_dequantize(q, out, nullptr));
+  ASSERT_NVTE_OK(nvte_dequantize(d_q, d_out, nullptr));
+  d_out.download_all(gout);
+  EXPECT_TRUE(test::same_buffers(gout, out))
+      << test::dtype_tag(odt) << (pow2 ? " pow2" : " fp32") << " " << test::copies_tag(copy);
+}
+
+using DqParam = std::tuple<NVTEDType, Shape, bool, Copies, NVTEDType>;
+class BlockDequantizeGpu : public ::testing::TestWithParam<DqParam> {};
+
+// Both scale layouts of both copies (GEMM_READY grids, padding read past), fp32 and power-of-2
+// scales, into each output dtype.
+TEST_P(BlockDequantizeGpu, MatchesCpuBitForBit) {
+  SKIP_WITHOUT_GPU();
+  const auto [fp8, shape, two_d, copy, odt] = GetParam();
+  const size_t cols = test::cols_of(shape);
+  std::mt19937 rng = test::test_rng();
+  TestTensor in(shape, kNVTEFloat32);
+  test::fill_spread(in, rng, -8, 2, [&](size_t i) {
+    return static_cast<int>((i / cols / 40 + 3 * (i % cols) / 100) % 12) - 6;
+  });
+  for (const bool pow2 : {false, true})
+    expect_same_dequantize(in, shape, fp8, two_d, copy, pow2, odt);
+}
+
+std::string dq_name(const ::testing::TestParamInfo<DqParam> &info) {
+  const auto &[fp8, shape, two_d, copy, odt] = info.param;
+  return test::dtype_tag(fp8) + "_" + test::shape_tag(shape) + (two_d ? "_2d_" : "_1d_") +
+         test::copies_tag(copy) + "_to_" + test::dtype_tag(odt);
+}
+
+INSTANTIATE_TEST_SUITE_P(
+    Shapes, BlockDequantizeGpu,
+    ::testing::Combine(::testing::Values(kNVTEFloat8E4M3, kNVTEFloat8E5M2),
+                       ::testing::Values(Shape{1, 1}, Shape{3, 130}, Shape{129, 257},
+                                         Shape{256, 128}, Shape{2, 3, 200}, Shape{0, 5}),
+                       ::testing::Bool(),
+                       ::testing::Values(Copies::kRowwise, Copies::kColumnwise),
+                       ::testing::ValuesIn(test::kHighPrecisionTypes)),
+    dq_name);
+
+// Edge tiles: zeros, subnormal-only tiles (scale_inv itself subnormal: 1 / FLT_MAX), Inf
+// (saturated codes) and NaN codes (the CPU's quiet NaN in every output dtype).
+TEST(BlockDequantizeGpuEdges, ZeroTinyInfNan) {
+  SKIP_WITHOUT_GPU();
+  const Shape shape{130, 512};
+  TestTensor in(shape, kNVTEFloat32);
+  std::mt19937 rng = test::test_rng();
+  test::fill_spread(in, rng, -4, 4);
+  for (size_t r = 0; r < 130; ++r) {
+    for (size_t c = 0; c < 128; ++c) in.put(r * 512 + c, 0.0);
+    for (size_t c = 128; c < 256; ++c) in.put(r * 512 + c, 1e-40 * (c % 3));
+  }
+  in.put(5 * 512 + 300, INFINITY);
+  in.put(7 * 512 + 301, -INFINITY);
+  in.put(9 * 512 + 400, NAN);
+  in.put(129 * 512 + 511, -NAN);
+  for (const NVTEDType fp8 : {kNVTEFloat8E4M3, kNVTEFloat8E5M2})
+    for (const bool two_d : {false, true})
+      for (const Copies copy : {Copies::kRowwise, Copies::kColumnwise})
+        for (const NVTEDType odt : test::kHighPrecisionTypes)
+          expect_same_dequantize(in, shape, fp8, two_d, copy, false, odt);
+}
+
 }  // namespace

@@ -233,4 +233,92 @@ TEST(Nvfp4QuantizeGpuRng, StateInDeviceMemory) {
     }
 }
 
+// ---------------------------------------------------------------- dequantize
+// Quantizes `in` on the CPU into the one copy asked for with options `o`, then dequantizes that
+// copy (as stored: the column-wise copy transposed) on both devices into `odt`, byte for byte.
+void expect_same_dequantize(const TestTensor &in, const Shape &shape, Copies copy, bool two_d,
+                            Opt o, NVTEDType odt) {
+  TestTensor q = make_output(shape, copy, o);
+  Config cfg(two_d, o);
+  ASSERT_NVTE_OK(nvte_quantize_v2(in, q, cfg.h, nullptr));
+  const Shape oshape = copy == Copies::kRowwise ? shape : transposed(shape);
+  TestTensor out(oshape, odt), gout(oshape, odt);
+  // Poisoned differently, so an unwritten element cannot match by accident (an empty output's
+  // one placeholder byte is never written: alike there).
+  test::poison(out, 0x5A);
+  test::poison(gout, test::numel_of(oshape) ? 0xA5 : 0x5A);
+  GpuTensor d_q(q), d_out(gout);
+  set_properties(d_q, o);
+  ASSERT_NVTE_OK(nvte_dequantize(q, out, nullptr));
+  ASSERT_NVTE_OK(nvte_dequantize(d_q, d_out, nullptr));
+  d_out.download_all(gout);
+  EXPECT_TRUE(test::same_buffers(gout, out));
+}
+
+using DqParam = std::tuple<NVTEDType, Shape, Copies, bool, Opt>;
+class Nvfp4DequantizeGpu : public ::testing::TestWithParam<DqParam> {};
+
+// 1x16 and 16x16 blocks, both copies (the column-wise one RHT'd where the rows allow), row-scaled
+// amaxes and 4over6's E4M3 bound of 256, into each output dtype.
+TEST_P(Nvfp4DequantizeGpu, MatchesCpuBitForBit) {
+  SKIP_WITHOUT_GPU();
+  const auto [odt, shape, copy, two_d, o] = GetParam();
+  const size_t cols = test::cols_of(shape);
+  std::mt19937 rng = test::test_rng();
+  TestTensor in(shape, kNVTEFloat32);
+  test::fill_spread(in, rng, -6, 3, [&](size_t i) {
+    return static_cast<int>((i / cols / 7 + (i % cols) / 20) % 16) - 8;
+  });
+  SCOPED_TRACE(opt_tag(o));
+  expect_same_dequantize(in, shape, copy, two_d, o, odt);
+}
+
+std::vector<DqParam> dq_params() {
+  const Shape shapes[] = {{2, 2}, {6, 34}, {32, 64}, {2, 8, 18}, {144, 36}, {0, 4}};
+  std::vector<DqParam> v;
+  for (const NVTEDType t : test::kHighPrecisionTypes)
+    for (const Shape &s : shapes)
+      for (const Copies c : {Copies::kRowwise, Copies::kColumnwise})
+        for (const bool two_d : {false, true})
+          for (const Opt o : {Opt::kPlain, Opt::kRht, Opt::kRowScaled, Opt::kFosMseFast256,
+                              Opt::kFosRowScaled}) {
+            if (is_rht(o) && (c != Copies::kColumnwise || test::rows_of(s) % 16 != 0)) continue;
+            if (is_row_scaled(o) && (c != Copies::kRowwise || two_d)) continue;
+            v.emplace_back(t, s, c, two_d, o);
+          }
+  return v;
+}
+
+std::string dq_name(const ::testing::TestParamInfo<DqParam> &info) {
+  const auto &[odt, shape, copy, two_d, o] = info.param;
+  return "to_" + test::dtype_tag(odt) + "_" + test::shape_tag(shape) + "_" +
+         test::copies_tag(copy) + (two_d ? "_2d_" : "_1d_") + opt_tag(o);
+}
+
+INSTANTIATE_TEST_SUITE_P(Shapes, Nvfp4DequantizeGpu, ::testing::ValuesIn(dq_params()), dq_name);
+
+// NaN / Inf / zero blocks: a NaN amax or E4M3 NaN scale dequantizes to the CPU's quiet NaN.
+TEST(Nvfp4DequantizeGpuEdges, NanInfZeros) {
+  SKIP_WITHOUT_GPU();
+  const Shape shape{48, 64};
+  for (const int special : {0, 1, 2}) {  // zeros only, + Inf, + NaN
+    std::mt19937 rng = test::test_rng();
+    TestTensor in(shape, kNVTEFloat32);
+    test::fill_spread(in, rng, -4, 4);
+    for (size_t c = 0; c < 16; ++c)
+      for (size_t r = 0; r < 16; ++r) in.put(r * 64 + c, 0.0);
+    if (special >= 1) {
+      in.put(20 * 64 + 3, INFINITY);
+      in.put(33 * 64 + 40, -INFINITY);
+    }
+    if (special == 2) in.put(40 * 64 + 17, NAN);
+    for (const Opt o : {Opt::kPlain, Opt::kRowScaled})
+      for (const NVTEDType odt : test::kHighPrecisionTypes) {
+        SCOPED_TRACE(std::string(opt_tag(o)) + " special " + std::to_string(special));
+        expect_same_dequantize(in, shape, Copies::kRowwise, false, o, odt);
+        if (o == Opt::kPlain) expect_same_dequantize(in, shape, Copies::kColumnwise, true, o, odt);
+      }
+  }
+}
+
 }  // namespace

@@ -1,8 +1,8 @@
-// GPU kernels of Float8BlockScaling quantize (NVTE_BLOCK_SCALING_1D / _2D): 1x128 tiles along
-// the rows, 128x1 tiles down the columns (the column-wise copy of 1D), and 128x128 blocks shared
-// by both copies (2D). Layouts, padding and the scale rule are block_quantize.cpp's: the tile
-// scale comes from block_scale.h and the bytes from util/fp8.h, so the output equals the CPU
-// kernel's bit for bit (tests/cpp/gpu/test_gpu_block_scaling.cpp).
+// GPU kernels of Float8BlockScaling quantize and dequantize (NVTE_BLOCK_SCALING_1D / _2D): 1x128
+// tiles along the rows, 128x1 tiles down the columns (the column-wise copy of 1D), and 128x128
+// blocks shared by both copies (2D). Layouts, padding and the scale rule are block_quantize.cpp's:
+// the tile scale comes from block_scale.h and the bytes from util/fp8.h, so the output equals the
+// CPU kernel's bit for bit (tests/cpp/gpu/test_gpu_block_scaling.cpp).
 #include <algorithm>
 
 #include "../platform/device.h"
@@ -12,6 +12,7 @@
 #include "block_quantize.h"
 #include "block_scale.h"
 #include "quantize_gpu.h"
+#include "x86_nan.cuh"
 
 namespace nvte {
 namespace gpu {
@@ -194,6 +195,38 @@ void launch_typed(const BlockParams &p, const BlockSpec &s, cudaStream_t stream)
   }
 }
 
+
+// Dequantize: a thread per element of the stored copy ([rows, cols] row-wise, [cols, rows]
+// column-wise), dequantized as stored, with block_quantize.cpp's scale lookup: one fp32 product
+// (fp8 value x scale_inv, with x86's NaN results: x86_nan.cuh), then the output dtype's rounding
+// (util/half.h, as the CPU's store_row).
+struct BlockDequantParams {
+  const uint8_t *q = nullptr;  // the stored copy's FP8 bytes
+  const float *sc = nullptr;   // its scale_inv grid (GEMM_READY)
+  void *out = nullptr;         // OType, the stored copy's shape
+  size_t rows = 0, cols = 0;   // the original [rows, cols] view
+  size_t sld = 0;              // inner (padded) dim of the grid
+  bool row = true, two_d = false;
+};
+
+template <typename F, typename OType>
+__global__ void __launch_bounds__(kThreads) block_dequantize_kernel(const BlockDequantParams p) {
+  OType *dst = static_cast<OType *>(p.out);
+  const size_t inner = p.row ? p.cols : p.rows, n = p.rows * p.cols;
+  const size_t stride = static_cast<size_t>(gridDim.x) * blockDim.x;
+  for (size_t i = static_cast<size_t>(blockIdx.x) * blockDim.x + threadIdx.x; i < n; i += stride) {
+    const size_t o = i / inner, j = i - o * inner;
+    const size_t r = p.row ? o : j, c = p.row ? j : o;  // (r, c) in the original view
+    float m;
+    if (p.two_d)
+      m = p.row ? p.sc[(r / kN) * p.sld + c / kN] : p.sc[(c / kN) * p.sld + r / kN];
+    else
+      m = p.row ? p.sc[(c / kN) * p.sld + r] : p.sc[(r / kN) * p.sld + c];
+    // NaN codes (0x7FC00000 decoded), NaN or zero scale_inv (x Inf): the CPU's NaN bytes.
+    dst[i] = from_float<OType>(x86_mul(fp8_decode<F>(p.q[i]), m));
+  }
+}
+
 }  // namespace
 
 void launch_block_quantize(const Tensor &in, const Tensor &out, const BlockSpec &s,
@@ -226,6 +259,30 @@ void launch_block_quantize(const Tensor &in, const Tensor &out, const BlockSpec 
       launch_typed<IType, FormatE4M3>(p, s, st);
     else  // validate_block_output admits E4M3 and E5M2 only
       launch_typed<IType, FormatE5M2>(p, s, st);
+  });
+}
+
+void launch_block_dequantize(const Tensor &in, const BlockSpec &s, const SimpleTensor &out,
+                             void *stream) {
+  if (s.rows == 0 || s.cols == 0) return;
+  BlockDequantParams p;
+  p.row = s.rowwise;
+  p.two_d = s.two_d;
+  p.q = (p.row ? in.data : in.columnwise_data).ptr<const uint8_t>();
+  p.sc = (p.row ? in.scale_inv : in.columnwise_scale_inv).ptr<const float>();
+  p.out = out.dptr;
+  p.rows = s.rows;
+  p.cols = s.cols;
+  p.sld = block_scale_shape(s.rows, s.cols, s.two_d, !p.row).d1;
+  const unsigned grid = grid_for(s.rows * s.cols, kThreads);
+  cudaStream_t st = as_stream(stream);
+  dispatch_dtype<HighPrecisionTypes>(out.dtype, "output", [&](auto otag) {
+    using OType = typename decltype(otag)::type;
+    if (s.dtype == kNVTEFloat8E4M3)
+      block_dequantize_kernel<FormatE4M3, OType><<<grid, kThreads, 0, st>>>(p);
+    else  // validate_block_input admits E4M3 and E5M2 only
+      block_dequantize_kernel<FormatE5M2, OType><<<grid, kThreads, 0, st>>>(p);
+    NVTE_CHECK_LAUNCH();
   });
 }
 

@@ -1,8 +1,8 @@
-// GPU kernels of NVFP4 quantize (NVTE_NVFP4_1D_SCALING): 1x16 and 16x16 blocks, row-wise and
-// column-wise (transposed) copies, the per-tensor global scale from the copy's amax, row-scaled
-// amaxes, the random Hadamard transform of the column-wise copy, stochastic rounding and 4over6.
-// Layouts and arithmetic are nvfp4_quantize.cpp's (every value comes from nvfp4_math.h in the same
-// order), so bytes, scales and amaxes equal the CPU kernel's bit for bit
+// GPU kernels of NVFP4 quantize and dequantize (NVTE_NVFP4_1D_SCALING): 1x16 and 16x16 blocks,
+// row-wise and column-wise (transposed) copies, the per-tensor global scale from the copy's amax,
+// row-scaled amaxes, the random Hadamard transform of the column-wise copy, stochastic rounding and
+// 4over6. Layouts and arithmetic are nvfp4_quantize.cpp's (every value comes from nvfp4_math.h in
+// the same order), so bytes, scales and amaxes equal the CPU kernel's bit for bit
 // (tests/cpp/gpu/test_gpu_nvfp4.cpp).
 #include <algorithm>
 
@@ -12,6 +12,7 @@
 #include "nvfp4_math.h"
 #include "nvfp4_quantize.h"
 #include "quantize_gpu.h"
+#include "x86_nan.cuh"
 
 namespace nvte {
 namespace gpu {
@@ -279,6 +280,38 @@ void launch_copy(const CopyParams &p, bool amax_done, cudaStream_t stream) {
   NVTE_CHECK_LAUNCH();
 }
 
+
+// Dequantize: a thread per element of the stored copy [rows, cols] (the column-wise copy as
+// stored, transposed), nvfp4_quantize.cpp's arithmetic: E2M1 value x (E4M3 block scale x amax x
+// 1 / (6 * e4m3_max)), products only (no FMA to contract), then the output dtype's rounding.
+struct Nvfp4DequantParams {
+  const uint8_t *q = nullptr;     // packed E2M1 [rows, cols / 2], low nibble first
+  const uint8_t *sc = nullptr;    // E4M3 scales [.., sld]
+  const float *amax = nullptr;    // a scalar, or [rows] when row-scaled
+  void *out = nullptr;            // OType [rows, cols]
+  size_t rows = 0, cols = 0, sld = 0;
+  bool row_scaled = false;
+  float inv = 0.0f;               // 1 / (6 * e4m3_max), as nvfp4_dequant_factor rounds it
+};
+
+template <typename OType>
+__global__ void __launch_bounds__(kThreads) nvfp4_dequantize_kernel(const Nvfp4DequantParams p) {
+  OType *dst = static_cast<OType *>(p.out);
+  const size_t n = p.rows * p.cols, stride = static_cast<size_t>(gridDim.x) * blockDim.x;
+  for (size_t i = static_cast<size_t>(blockIdx.x) * blockDim.x + threadIdx.x; i < n; i += stride) {
+    const size_t r = i / p.cols, c = i - r * p.cols;
+    const uint8_t byte = p.q[r * (p.cols / 2) + c / 2];
+    const uint8_t code = (c % 2) ? (byte >> 4) : (byte & 0xF);
+    const float amax = p.amax[p.row_scaled ? r : 0];
+    // nvfp4_dequant_factor's products in its order, with x86's NaN results (x86_nan.cuh): an
+    // E4M3 NaN scale or NaN amax propagates, a zero scale or code times an Inf amax is 0xFFC00000.
+    const float factor =
+        x86_mul(x86_mul(fp8_decode<FormatE4M3>(p.sc[r * p.sld + c / kNvfp4BlockLen]), amax),
+                p.inv);
+    dst[i] = from_float<OType>(x86_mul(e2m1_value(code), factor));
+  }
+}
+
 }  // namespace
 
 void launch_nvfp4_quantize(const Tensor &in, const Tensor &out, const Nvfp4Spec &s,
@@ -343,6 +376,30 @@ void launch_nvfp4_quantize(const Tensor &in, const Tensor &out, const Nvfp4Spec 
       }
       launch_copy<IType>(p, shared, st);
     }
+  });
+}
+
+void launch_nvfp4_dequantize(const Tensor &in, const Nvfp4Spec &s, const SimpleTensor &out,
+                             void *stream) {
+  if (s.rows == 0 || s.cols == 0) return;
+  const bool row = s.rowwise;
+  const SimpleTensor &st = row ? in.scale_inv : in.columnwise_scale_inv;
+  Nvfp4DequantParams p;
+  p.q = (row ? in.data : in.columnwise_data).ptr<const uint8_t>();
+  p.sc = st.ptr<const uint8_t>();
+  p.sld = st.shape[1];
+  p.amax = (row ? in.amax : in.columnwise_amax).ptr<const float>();
+  p.out = out.dptr;
+  p.rows = s.rows;
+  p.cols = s.cols;
+  p.row_scaled = s.row_scaled;
+  p.inv = 1.0f / (kNvfp4E2M1Max * static_cast<float>(s.e4m3_max));
+  const unsigned grid = grid_for(s.rows * s.cols, kThreads);
+  cudaStream_t cs = as_stream(stream);
+  dispatch_dtype<HighPrecisionTypes>(out.dtype, "output", [&](auto otag) {
+    using OType = typename decltype(otag)::type;
+    nvfp4_dequantize_kernel<OType><<<grid, kThreads, 0, cs>>>(p);
+    NVTE_CHECK_LAUNCH();
   });
 }
 

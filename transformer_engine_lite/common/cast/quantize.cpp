@@ -149,8 +149,12 @@ NVTEStatus nvte_dequantize(const NVTETensor input, NVTETensor output, NVTEStream
                                     &in.columnwise_scale_inv, &in.amax, &in.columnwise_amax})
         check_no_overlap(*b, "input", out.data, "output");
       const NVTEDevice dev = check_same_device({{&in, "input"}, {&out, "output"}});
-      NVTE_CHECK_SUPPORTED(dev == kNVTEDeviceCPU, "NVFP4 (NVTE_NVFP4_1D_SCALING) has no GPU "
-                           "kernel yet (expected device cpu, got gpu)");
+      if (use_gpu(dev, "nvte_dequantize (NVFP4)")) {
+#ifdef NVTE_WITH_GPU
+        gpu::launch_nvfp4_dequantize(in, spec, out.data, stream);
+#endif
+        return;
+      }
       launch_nvfp4_dequantize(in, spec, out.data);
       return;
     }
@@ -195,9 +199,12 @@ NVTEStatus nvte_dequantize(const NVTETensor input, NVTETensor output, NVTEStream
                      out.data, "output");
     const NVTEDevice dev = check_same_device({{&in, "input"}, {&out, "output"}});
     if (block) {
-      NVTE_CHECK_SUPPORTED(dev == kNVTEDeviceCPU,
-                           "block scaling (NVTE_BLOCK_SCALING_1D/2D) has no GPU kernel yet "
-                           "(expected device cpu, got gpu)");
+      if (use_gpu(dev, "nvte_dequantize (block scaling)")) {
+#ifdef NVTE_WITH_GPU
+        gpu::launch_block_dequantize(in, *block, out.data, stream);
+#endif
+        return;
+      }
       launch_block_dequantize(in, *block, out.data);
       return;
     }

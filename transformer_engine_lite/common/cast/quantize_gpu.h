@@ -27,9 +27,15 @@ void launch_quantize_f32(const float *src, const Tensor &out, const OutputSpec &
 // Float8BlockScaling quantize (cast/block_quantize.cu), the CPU kernel's bytes and scale grids.
 void launch_block_quantize(const Tensor &in, const Tensor &out, const BlockSpec &spec,
                            const QuantizationConfig &cfg, void *stream);
+// Float8BlockScaling dequantize of the copy `spec` names (validate_block_input), the CPU bytes.
+void launch_block_dequantize(const Tensor &in, const BlockSpec &spec, const SimpleTensor &out,
+                             void *stream);
 // NVFP4 quantize (cast/nvfp4_quantize.cu), the CPU kernel's bytes, scales and amaxes.
 void launch_nvfp4_quantize(const Tensor &in, const Tensor &out, const Nvfp4Spec &spec,
                            void *stream);
+// NVFP4 dequantize of the copy `spec` names (validate_nvfp4_input), the CPU bytes.
+void launch_nvfp4_dequantize(const Tensor &in, const Nvfp4Spec &spec, const SimpleTensor &out,
+                             void *stream);
 
 }  // namespace gpu
 }  // namespace nvte

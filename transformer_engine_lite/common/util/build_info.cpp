@@ -73,6 +73,10 @@ std::string make_info() {
   if (std::string(NVTE_BACKEND_NAME) != "cpu") ss << ", \"gpu_gemm\": [\"tiled\"]";
   else ss << ", \"gpu_gemm\": null";
 #endif
+  // Block-scaled formats with GPU quantize + dequantize kernels (cast/block_quantize.cu,
+  // nvfp4_quantize.cu): the recipes' availability on a GPU reads this (pytorch/_availability.py).
+  ss << ", \"gpu_block_scaling\": "
+     << (std::string(NVTE_BACKEND_NAME) != "cpu" ? "[\"fp8_block\", \"nvfp4\"]" : "[]");
   ss << ", \"cpu_fp8_formats\": [\"e4m3\", \"e5m2\", \"e4m3fnuz\", \"e5m2fnuz\"]";
   ss << ", \"cpu_features\": {";
 #if defined(__x86_64__) && defined(__GNUC__)
