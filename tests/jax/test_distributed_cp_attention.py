@@ -258,8 +258,9 @@ def _ids(s):
 
 REFUSALS = [
     ("bs3hd", ValueError, "'qkv_layout'.*bs3hd", {"layout": "bs3hd"}),
-    ("thd-ring", NotImplementedError, "RING on thd layouts", {
+    ("thd-ring-stripe", ValueError, "'stripe_size': CPStrategy.RING on thd layouts", {
         "layout": "thd_thd_thd", "mask": "padding_causal", "stripe_size": 4,
+        "context_parallel_causal_load_balanced": True,
         "desc": A.SequenceDescriptor.from_segment_ids_and_pos(_ids(S), jnp.zeros((B, S),
                                                                                   jnp.int32))}),
     ("bias", ValueError, "'attn_bias_type'", {"bias_type": "post_scale_bias",

@@ -1,10 +1,12 @@
 """Context parallelism of fused_attn on thd layouts (cpp_extensions/attention_cp_thd.py, TE's
-striped all-gather) on 8 host devices: packed rows of several sequences with padding inside and
-after them (segment ids, 0 = padding), put in the striped order with
+striped all-gather; attention_cp_thd_ring.py, TE's striped ring) on 8 host devices: packed rows
+of several sequences with padding inside and after them (segment ids, 0 = padding), put in the
+striped order with
 reorder_causal_load_balancing(..., Striped, cp, 1, stripe_size) and sequence-sharded over a "cp"
 mesh axis (cp = 2, 4, 8; with dp and tp): output and dq / dk / dv equal the one-device thd
 fused_attn (padding_causal, with and without a sliding window, GQA / MQA, thd_thd_thd and
-thd_t2hd, stripe sizes 1 to 8) within the suites' tolerance table. Also the refusals.
+thd_t2hd, stripe sizes 1 to 8 for the all-gather, 1 for the ring, unrolled and scanned) within
+the suites' tolerance table. Also the refusals.
 
 Run: XLA_FLAGS=--xla_force_host_platform_device_count=8 OMP_NUM_THREADS=1 \
          python -m pytest -q tests/jax/test_distributed_cp_thd_attention.py
@@ -73,7 +75,8 @@ def _attn(layout, window, **cp):
     return fn
 
 
-def _case(mesh_name, stripe, h_kv, dtype, s, layout="thd_thd_thd", window=None):
+def _case(mesh_name, stripe, h_kv, dtype, s, layout="thd_thd_thd", window=None,
+          strategy=CPStrategy.ALL_GATHER):
     mesh = _mesh(mesh_name)
     cp = mesh.shape["cp"]
     key = iter(jax.random.split(jax.random.PRNGKey(s + stripe), 4))
@@ -84,7 +87,7 @@ def _case(mesh_name, stripe, h_kv, dtype, s, layout="thd_thd_thd", window=None):
     fwd = lambda x: reorder_causal_load_balancing(x, ReorderStrategy.Striped, cp, 1, stripe)
     back = lambda x: inverse_reorder_causal_load_balancing(x, ReorderStrategy.Striped, cp, 1,
                                                            stripe)
-    fn = jax.jit(_attn(layout, window, context_parallel_strategy=CPStrategy.ALL_GATHER,
+    fn = jax.jit(_attn(layout, window, context_parallel_strategy=strategy,
                        context_parallel_causal_load_balanced=True, stripe_size=stripe))
     with jax.set_mesh(mesh), te.sharding.global_shard_guard(RESOURCE):
         spec = lambda x: P("dp", "cp") if x.ndim == 2 else P("dp", "cp", "tp")  # ids / tokens
@@ -92,13 +95,16 @@ def _case(mesh_name, stripe, h_kv, dtype, s, layout="thd_thd_thd", window=None):
         got = fn(*placed)
         hlo = fn.lower(*placed).compile().as_text()
     got = jax.tree.map(back, got)
-    what = f"{mesh_name} stripe={stripe} h_kv={h_kv} {dtype.__name__} {layout} {window}"
+    what = (f"{strategy.name} {mesh_name} stripe={stripe} h_kv={h_kv} {dtype.__name__} {layout} "
+            f"{window}")
     for i, (g, w) in enumerate(zip(jax.tree.leaves(got), jax.tree.leaves(ref))):
         assert g.shape == w.shape and g.dtype == w.dtype, f"{what}[{i}]: {g.dtype} {g.shape}"
         np.testing.assert_allclose(np.asarray(g, np.float64), np.asarray(w, np.float64),
                                    err_msg=f"{what}[{i}]", **tols(w.dtype))
-    # the CP form ran: k / v gathered, their gradients reduce-scattered
-    assert "all-gather" in hlo and "reduce-scatter" in hlo
+    if strategy is CPStrategy.RING:  # k / v and their gradients went around the ring
+        assert "collective-permute" in hlo and "reduce-scatter" not in hlo
+    else:  # k / v gathered, their gradients reduce-scattered
+        assert "all-gather" in hlo and "reduce-scatter" in hlo
 
 
 # (mesh, stripe, h_kv, layout, window): fp32, s = 4 stripes per rank
@@ -119,6 +125,40 @@ def test_thd_striped_allgather_bf16_cp8(window):
     _case("cp8", 4, 1, BF16, 128, window=window)
 
 
+# -- RING (TE's striped ring, stripe_size 1): (mesh, h_kv, layout, window), fp32, 16 tokens per
+# rank; windows below cp make the block window -1 on some steps (those steps are skipped)
+RING_CASES = [("cp2", 2, "thd_thd_thd", None), ("cp2", 4, "thd_t2hd", (3, 0)),
+              ("dp2_cp4", 2, "thd_thd_thd", (2, 0)), ("dp2_cp4", 1, "thd_t2hd", None),
+              ("dp2_cp2_tp2", 2, "thd_thd_thd", (9, 0)), ("cp8", 2, "thd_t2hd", (5, 0)),
+              ("cp8", 4, "thd_thd_thd", (20, 0))]
+
+
+@pytest.mark.parametrize("mesh_name,h_kv,layout,window", RING_CASES,
+                         ids=["-".join(map(str, c)) for c in RING_CASES])
+def test_thd_striped_ring_equals_one_device(mesh_name, h_kv, layout, window):
+    _case(mesh_name, 1, h_kv, F32, 16 * MESHES[mesh_name][1], layout, window, CPStrategy.RING)
+
+
+@pytest.mark.parametrize("window", [None, (20, 0)])
+def test_thd_striped_ring_bf16_cp8(window):
+    """TE's dtype (bf16), cp = 8, MQA, TE's window (20, 0)."""
+    _case("cp8", 1, 1, BF16, 128, window=window, strategy=CPStrategy.RING)
+
+
+@pytest.mark.parametrize("mesh_name", ["cp2", "dp2_cp4"])
+def test_thd_striped_ring_scan(monkeypatch, mesh_name):
+    """NVTE_FUSED_RING_ATTENTION_USE_SCAN=1: the ring steps in a fori_loop, same results."""
+    monkeypatch.setenv("NVTE_FUSED_RING_ATTENTION_USE_SCAN", "1")
+    _case(mesh_name, 1, 2, F32, 16 * MESHES[mesh_name][1], strategy=CPStrategy.RING)
+
+
+def test_thd_striped_ring_scan_refuses_window(monkeypatch):
+    """TE refuses a sliding window under the scan loop (ValueError), so do we."""
+    monkeypatch.setenv("NVTE_FUSED_RING_ATTENTION_USE_SCAN", "1")
+    with pytest.raises(ValueError, match="'window_size'.*USE_SCAN=1, got \\(4, 0\\)"):
+        _call(context_parallel_strategy="RING", stripe_size=1, window_size=(4, 0))
+
+
 # ----------------------------------------------------------------------------- refusals
 def _call(mesh_name="cp2", layout="thd_thd_thd", s=16, desc="ids", **kw):
     q = jnp.ones((B, s, H, D), BF16)
@@ -135,7 +175,11 @@ def _call(mesh_name="cp2", layout="thd_thd_thd", s=16, desc="ids", **kw):
 
 
 REFUSALS = [
-    ("ring", NotImplementedError, "RING on thd layouts", {"context_parallel_strategy": "RING"}),
+    ("ring-stripe", ValueError, "'stripe_size': CPStrategy.RING on thd layouts takes stripes "
+     "of 1", {"context_parallel_strategy": "RING"}),
+    ("ring-unbalanced", ValueError, "'context_parallel_causal_load_balanced'",
+     {"context_parallel_strategy": "RING", "context_parallel_causal_load_balanced": False,
+      "stripe_size": 1}),
     ("unbalanced", ValueError, "'context_parallel_causal_load_balanced'",
      {"context_parallel_causal_load_balanced": False}),
     ("no-stripe", ValueError, "'stripe_size': expected a positive integer", {"stripe_size": None}),

@@ -18,9 +18,9 @@
   a query with no key kept (and every padded query) gets output 0 and gradient 0.
 - Context parallelism (context_parallel_strategy / _causal_load_balanced / _axis, TE's CPStrategy
   ALL_GATHER and RING; `reorder_causal_load_balancing`): cpp_extensions/attention_cp.py; thd
-  layouts (ALL_GATHER with `stripe_size`, segment ids in the striped order):
-  cpp_extensions/attention_cp_thd.py.
-Not supported (NotImplementedError): score_mod, thd context parallelism with RING.
+  layouts (segment ids in the striped order): ALL_GATHER with `stripe_size` in
+  cpp_extensions/attention_cp_thd.py, RING (stripe_size 1) in attention_cp_thd_ring.py.
+Not supported (NotImplementedError): score_mod.
 """
 
 from __future__ import annotations
@@ -463,7 +463,8 @@ def fused_attn(qkv, bias, sequence_descriptor, seed, attn_bias_type, attn_mask_t
             if ids is None:
                 _no_cp("thd layouts need SequenceDescriptor.from_segment_ids_and_pos (the "
                        "segment ids in the striped order)")
-            return attention_cp_thd.thd_cp_fused_attn(cp, cfg.layout, *args[:3], ids)
+            return attention_cp_thd.thd_cp_fused_attn(cp, cfg.layout, *args[:3], ids,
+                                                      args[4][0].shape[1])
         return attention_cp.cp_fused_attn(cp, cfg.layout, *args[:3])
     sink = _sink(softmax_type, softmax_offset, dims.h)
     if sink is not None:  # the flash primitives take no sink yet: the unfused math runs it

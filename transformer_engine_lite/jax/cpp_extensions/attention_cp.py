@@ -27,8 +27,8 @@ same causal work. Without it rank r holds chunk r.
 TE's limits, kept: bshd layouts with separate or kv-packed k / v (BS3HD: ValueError), masks
 no_mask and causal, no bias, no dropout, vanilla softmax, no sliding window (ValueError otherwise).
 thd layouts (thd_t2hd, thd_thd_thd; padding_causal, sliding windows allowed): TE's striped
-ALL_GATHER with stripe_size, in attention_cp_thd.py; thd with RING is not implemented
-(NotImplementedError).
+ALL_GATHER with stripe_size, in attention_cp_thd.py, and TE's striped RING (stripe_size 1; a
+window not under the scan loop, as TE), in attention_cp_thd_ring.py.
 """
 
 from __future__ import annotations
@@ -173,8 +173,8 @@ def _check_plain_softmax(head, dropout, softmax_type):
 def plan_context_parallel(strategy, load_balanced, axis, layout, mask, bias_type, dropout,
                           softmax_type, window, scale, dims, stripe_size=None) -> CPPlan | None:
     """The CP plan of a fused_attn call, or None when context parallelism is not active (no CP
-    axis, no mesh, or a CP axis of one device). Refuses what TE refuses (ValueError) and thd with
-    RING (NotImplementedError). strategy: "DEFAULT" / "ALL_GATHER" / "RING" (CPStrategy names)."""
+    axis, no mesh, or a CP axis of one device). Refuses what TE refuses (ValueError).
+    strategy: "DEFAULT" / "ALL_GATHER" / "RING" (CPStrategy names)."""
     from ..sharding import _active_mesh
 
     resource = _resource()
@@ -248,10 +248,11 @@ def _mesh_dims(resource, mesh, axis, dims):
 
 def _plan_thd(head, strategy, load_balanced, axis, mesh, size, resource, layout, mask,
               bias_type, dropout, softmax_type, window, scale, dims, stripe_size):
-    """The plan of thd CP: TE's striped all-gather (attention_cp_thd.py)."""
-    if strategy == "RING":
-        raise NotImplementedError(f"{head}: CPStrategy.RING on thd layouts ({layout}) is not "
-                                  "supported; use CPStrategy.ALL_GATHER with stripe_size")
+    """The plan of thd CP: TE's striped all-gather (attention_cp_thd.py) or striped ring
+    (stripe_size 1, attention_cp_thd_ring.py)."""
+    ring = strategy == "RING"
+    if ring and stripe_size is None:  # TE's ring reads no stripe_size: its layout is stripes of 1
+        stripe_size = 1
     if layout not in ("thd_t2hd", "thd_thd_thd"):
         raise ValueError(f"{head}: argument 'qkv_layout': expected thd_t2hd or thd_thd_thd, got "
                          f"{layout}")
@@ -274,11 +275,18 @@ def _plan_thd(head, strategy, load_balanced, axis, mesh, size, resource, layout,
         raise NotImplementedError(f"{head}: a causal mask needs s_q == s_kv, got {dims.s_q} and "
                                   f"{dims.s_kv}")
     stripe = int(stripe_size)
+    if ring and stripe != 1:  # TE: "For Ring P2P, stripe_size=1 only"
+        raise ValueError(f"{head}: argument 'stripe_size': CPStrategy.RING on thd layouts takes "
+                         f"stripes of 1 token, got {stripe}")
+    scan = ring and config.get("NVTE_FUSED_RING_ATTENTION_USE_SCAN") == "1"
+    if scan and window[0] != -1:  # TE refuses it too (its window shift needs host values)
+        raise ValueError(f"{head}: argument 'window_size': thd ring attention takes no sliding "
+                         f"window under NVTE_FUSED_RING_ATTENTION_USE_SCAN=1, got {tuple(window)}")
     if dims.s_q % (size * stripe):
         raise ValueError(f"{head}: s = {dims.s_q} must be a multiple of cp_size * stripe_size = "
                          f"{size} * {stripe}")
     batch, heads = _mesh_dims(resource, mesh, axis, dims)
-    return CPPlan(mesh, axis, size, False, True, True, float(scale), False, batch, heads,
+    return CPPlan(mesh, axis, size, ring, True, True, float(scale), scan, batch, heads,
                   stripe=stripe, window=(int(window[0]), 0))
 
 

@@ -156,11 +156,17 @@ def _cp_bwd(plan, res, dout):
 _cp.defvjp(_cp_fwd, _cp_bwd)
 
 
-def thd_cp_fused_attn(plan, layout: str, q, k, v, segment_ids):
-    """fused_attn on a thd layout under `plan` (striped all-gather): q [b, s, h, d]; k / v
-    [b, s, h_kv, d] (thd_thd_thd) or k the packed kv [b, s, 2, h_kv, d] and v None (thd_t2hd);
-    segment_ids (q ids, kv ids) int [b, s], in the striped order as the tokens."""
+def thd_cp_fused_attn(plan, layout: str, q, k, v, segment_ids, max_segments: int):
+    """fused_attn on a thd layout under `plan` (striped all-gather, or the striped ring of
+    attention_cp_thd_ring.py when plan.ring): q [b, s, h, d]; k / v [b, s, h_kv, d]
+    (thd_thd_thd) or k the packed kv [b, s, 2, h_kv, d] and v None (thd_t2hd); segment_ids (q
+    ids, kv ids) int [b, s], in the striped order as the tokens; max_segments: the call's
+    max_segments_per_seq."""
+    from .attention_cp_thd_ring import thd_ring_fused_attn
+
     if layout == "thd_t2hd":
         k, v = k[:, :, 0], k[:, :, 1]
     ids_q, ids_kv = (jnp.asarray(x).astype(_I32) for x in segment_ids)
+    if plan.ring:
+        return thd_ring_fused_attn(plan, q, k, v, ids_q, ids_kv, max_segments)
     return _cp(plan, q, k, v, ids_q, ids_kv)
