@@ -2,9 +2,11 @@
 // same calls on CPU tensors and against the double-precision reference of fused_attn_reference.h:
 // bshd / sbhd / thd and packed layouts, every mask, GQA/MQA, sliding windows, post_scale_bias in
 // its four shapes (dBias), ALiBi, dropout, head dims 32 / 59 / 64 / 128 / 256 (and d_qk != d_v),
-// sequence lengths 1 to 1025. Both devices accumulate in fp32 but tile and round differently (the
-// CPU's bf16 path rounds P and dS to bf16), so values agree to the dtype's rel_tol of the largest
-// magnitude; LSE to fp32 accuracy; padding and empty rows exactly (O = 0, LSE = -inf); the
+// sequence lengths 1 to 2048. Both devices accumulate in fp32 but tile and round differently (the
+// CPU's bf16 path rounds P and dS to bf16; the GPU forward for head dims up to 128 runs on tensor
+// cores, fused_attn_fwd_mma.cu, and rounds P to the input dtype before P V: a relative 2^-9 (bf16)
+// or 2^-11 (fp16) per term of a convex combination of V rows, well inside the 2e-2 / 2e-3 below),
+// so values agree to the dtype's rel_tol of the largest magnitude; LSE to fp32 accuracy; padding and empty rows exactly (O = 0, LSE = -inf); the
 // dropout mask byte for byte; the deterministic backward bit for bit between runs, the atomic one
 // within the tolerance.
 #include <cstring>
@@ -200,6 +202,20 @@ std::vector<Case> gpu_cases() {
     c.h = hh[0];
     c.h_kv = hh[1];
     add(c);
+  }
+  // 4b. long sequences on the tensor-core forward (head dims 64 and 128): many key tiles per
+  // query tile, causal and padding-causal, GQA, thd with unequal sequence lengths.
+  {
+    Case c = make_case(bf16, NVTE_BSHD, NVTE_CAUSAL_MASK, 2048, 2048);
+    c.b = 1, c.h = 2, c.h_kv = 1, c.d_qk = c.d_v = 128;
+    add(c);
+    Case t = make_case(f16, NVTE_THD, NVTE_PADDING_CAUSAL_MASK, 1100, 1100);
+    t.b = 2, t.h = 4, t.h_kv = 2, t.d_qk = t.d_v = 64;
+    t.len_q = t.len_kv = {1100, 611};
+    add(t);
+    Case r = make_case(f16, NVTE_BSHD, NVTE_CAUSAL_BOTTOM_RIGHT_MASK, 1000, 1300);
+    r.b = 1, r.h = 2, r.h_kv = 2, r.d_qk = r.d_v = 128;
+    add(r);
   }
   // 5. sliding windows (some key tiles entirely outside a query tile's window).
   struct W {

@@ -263,6 +263,7 @@ void launch_flash_attn_fwd(const AttnParams &p, void *stream) {
                        "GPU flash attention: expected Q/K/V dtype float16 or bfloat16, got ",
                        dtype_name(p.dtype));
   if (p.b == 0 || p.h == 0 || p.s_q == 0) return;
+  if (launch_flash_attn_fwd_mma(p, stream)) return;  // tensor cores: head dims up to 128
   dispatch_dtype<TypeList<fp16, bf16>>(p.dtype, "Q", [&](auto tag) {
     using T = typename decltype(tag)::type;
     attn::dispatch_head_dim(p, [&](auto dtag) {
