@@ -17,9 +17,17 @@
 #include "fused_attn_gpu.h"
 #include "fused_attn_tile.cuh"
 
+// AMD GPUs keep the fp32 kernel: the portable mma (shuffles, gpu_mma.h) would be slower than it,
+// and MFMA's layouts differ from PTX's, so CDNA needs a path of its own. The kernel below is built
+// for CUDA and for gpusim (both flavours, so the hipified source runs it too).
+#if !defined(__HIP_PLATFORM_AMD__) || defined(NVTE_WITH_GPUSIM)
+#define NVTE_FWD_MMA 1
+#endif
+
 namespace nvte {
 namespace gpu {
 
+#if defined(NVTE_FWD_MMA)
 namespace {
 
 constexpr int kGroups = 4;                          // 32-lane mma groups per block
@@ -300,11 +308,10 @@ __global__ void NVTE_LAUNCH_BOUNDS(kMmaThreads, 2)
 }
 
 }  // namespace
+#endif  // NVTE_FWD_MMA
 
 bool launch_flash_attn_fwd_mma(const AttnParams &p, void *stream) {
-#if defined(__HIP_PLATFORM_AMD__) && !defined(NVTE_WITH_GPUSIM)
-  // AMD GPUs: the portable mma (shuffles, gpu_mma.h) would be slower than the fp32 kernel; MFMA
-  // layouts differ from PTX's, so CDNA keeps the fp32 kernel until it gets its own path.
+#if !defined(NVTE_FWD_MMA)
   (void)p;
   (void)stream;
   return false;
