@@ -88,6 +88,7 @@ declare -A SAN_FILTER=(
   [test_gpu_fused_attn_sinks]='*GpuSinks.*/11'
   [test_gpu_fused_rope]='*GpuFusedRopeTest.*/sbhd_bfloat16_s7b3h2d16r16:*GpuFusedRopePositions.*/thd_bfloat16_start_cp2r0'
   [test_gpu_fused_router]='*GpuFusedRouterTest.*/sigmoid_bias_33x64_k6_g8of3_bfloat16:*GpuFusedRouterAuxLoss.*'
+  [test_gpu_mma]='*GpuMma.Random/bf16'
   [test_gpu_gemm]='*GpuGemmTest.*/plain_float8_e4m3_x_float8_e4m3_to_bfloat16_*_TN_129x257x65:*GpuGemmTest.*/plain_float8_e5m2_x_float8_e5m2_to_bfloat16_*_TN_129x257x65'
   [test_gpu_permutation]='*GpuIndexPermutationTest.*/700x3x19_drop101_bfloat16'
   [test_gpu_normalization]='*GpuNormTest.*/LayerNorm_bfloat16_wx_300x96_mxfp8_float8_e4m3:*GpuNormBwdTest.*/LayerNorm_bfloat16_wx_300x96'

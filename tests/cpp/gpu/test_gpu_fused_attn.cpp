@@ -2,9 +2,11 @@
 // same calls on CPU tensors and against the double-precision reference of fused_attn_reference.h:
 // bshd / sbhd / thd and packed layouts, every mask, GQA/MQA, sliding windows, post_scale_bias in
 // its four shapes (dBias), ALiBi, dropout, head dims 32 / 59 / 64 / 128 / 256 (and d_qk != d_v),
-// sequence lengths 1 to 1025. Both devices accumulate in fp32 but tile and round differently (the
-// CPU's bf16 path rounds P and dS to bf16), so values agree to the dtype's rel_tol of the largest
-// magnitude; LSE to fp32 accuracy; padding and empty rows exactly (O = 0, LSE = -inf); the
+// sequence lengths 1 to 1025 (2048 on a real GPU). Both devices accumulate in fp32 but tile and round differently (the
+// CPU's bf16 path rounds P and dS to bf16; the GPU forward for head dims up to 128 runs on tensor
+// cores, fused_attn_fwd_mma.cu, and rounds P to the input dtype before P V: a relative 2^-9 (bf16)
+// or 2^-11 (fp16) per term of a convex combination of V rows, well inside the 2e-2 / 2e-3 below),
+// so values agree to the dtype's rel_tol of the largest magnitude; LSE to fp32 accuracy; padding and empty rows exactly (O = 0, LSE = -inf); the
 // dropout mask byte for byte; the deterministic backward bit for bit between runs, the atomic one
 // within the tolerance.
 #include <cstring>
@@ -199,6 +201,33 @@ std::vector<Case> gpu_cases() {
                        hh[1] == 1 ? NVTE_PADDING_CAUSAL_MASK : NVTE_CAUSAL_MASK, 70, 70);
     c.h = hh[0];
     c.h_kv = hh[1];
+    add(c);
+  }
+  // 4b. the tensor-core forward (head dims 64 and 128) over many query and key tiles: causal with
+  // GQA, thd with unequal lengths and padding-causal, bottom-right with s_q < s_kv. The long
+  // versions (s 2048, 1100, 1000 x 1300) run on a real GPU only: on gpusim each takes many
+  // minutes (the scalar backward dominates), and the medium ones exercise the same tile paths.
+  struct Long {
+    NVTEDType dt;
+    NVTE_QKV_Format f;
+    NVTE_Mask_Type m;
+    size_t s_q, s_kv, h, h_kv, d;
+  };
+#if defined(GPUSIM_WARP_SIZE)
+  const Long longs[] = {{bf16, NVTE_BSHD, NVTE_CAUSAL_MASK, 333, 333, 2, 1, 128},
+                        {f16, NVTE_THD, NVTE_PADDING_CAUSAL_MASK, 300, 300, 4, 2, 64},
+                        {f16, NVTE_BSHD, NVTE_CAUSAL_BOTTOM_RIGHT_MASK, 200, 330, 2, 2, 128}};
+#else
+  const Long longs[] = {{bf16, NVTE_BSHD, NVTE_CAUSAL_MASK, 2048, 2048, 2, 1, 128},
+                        {f16, NVTE_THD, NVTE_PADDING_CAUSAL_MASK, 1100, 1100, 4, 2, 64},
+                        {f16, NVTE_BSHD, NVTE_CAUSAL_BOTTOM_RIGHT_MASK, 1000, 1300, 2, 2, 128}};
+#endif
+  for (const Long &l : longs) {
+    Case c = make_case(l.dt, l.f, l.m, l.s_q, l.s_kv);
+    c.b = l.f == NVTE_THD ? 2 : 1;
+    c.h = l.h, c.h_kv = l.h_kv, c.d_qk = c.d_v = l.d;
+    if (l.f == NVTE_THD) c.len_q = c.len_kv = {static_cast<int32_t>(l.s_q),
+                                               static_cast<int32_t>(l.s_q * 5 / 9)};
     add(c);
   }
   // 5. sliding windows (some key tiles entirely outside a query tile's window).

@@ -1,7 +1,9 @@
 // GPU flash attention forward (FlashAttention-2 style) and the dropout keep mask; semantics of
 // attn_params.h / fused_attn_cpu.h. One block per (query tile, head, sequence): the Q tile stays in
 // shared memory while K and V tiles of the tile's key range stream through it; online softmax with
-// a running max and sum per row, all math in fp32. The backward is in fused_attn_bwd.cu.
+// a running max and sum per row, all math in fp32. The backward is in fused_attn_bwd.cu. Head dims
+// up to 128 go to the tensor-core forward (fused_attn_fwd_mma.cu) except on AMD GPUs; this kernel
+// serves the 256 bucket and AMD.
 #include <algorithm>
 #include <cmath>
 
@@ -263,6 +265,7 @@ void launch_flash_attn_fwd(const AttnParams &p, void *stream) {
                        "GPU flash attention: expected Q/K/V dtype float16 or bfloat16, got ",
                        dtype_name(p.dtype));
   if (p.b == 0 || p.h == 0 || p.s_q == 0) return;
+  if (launch_flash_attn_fwd_mma(p, stream)) return;  // tensor cores: head dims up to 128
   dispatch_dtype<TypeList<fp16, bf16>>(p.dtype, "Q", [&](auto tag) {
     using T = typename decltype(tag)::type;
     attn::dispatch_head_dim(p, [&](auto dtag) {

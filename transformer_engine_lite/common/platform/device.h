@@ -39,6 +39,16 @@ __device__ __forceinline__ T warp_shfl_xor(T v, int lane_mask, int width = kWarp
 #endif
 }
 
+// The value of lane `src` of this lane's `width`-lane segment (src in [0, width)).
+template <typename T>
+__device__ __forceinline__ T warp_shfl_idx(T v, int src, int width = kWarpSize) {
+#if defined(__HIP_PLATFORM_AMD__)
+  return __shfl(v, src, width);
+#else
+  return __shfl_sync(0xffffffffu, v, src, width);
+#endif
+}
+
 // Max over `width` consecutive lanes (a power of two <= kWarpSize); NaN propagates.
 __device__ __forceinline__ float warp_reduce_max(float v, int width = kWarpSize) {
   for (int m = width / 2; m > 0; m /= 2) {
