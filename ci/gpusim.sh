@@ -64,7 +64,12 @@ run_exe() {
     return 1
   }
   json=$dir/$exe.json
-  out=$("$dir/$exe" --gtest_brief=1 "--gtest_output=json:$json" 2>&1) || {
+  # The cuda flavour runs the flash attention forward on the (emulated) tensor-core path, the rocm
+  # flavour on the fp32 FMA kernel, the default: each kernel is executed once, at no extra cost.
+  local mma=0
+  [ "$flavour" = cuda ] && mma=1
+  out=$(NVTE_GPU_FLASH_ATTN_TENSOR_CORES=$mma "$dir/$exe" --gtest_brief=1 \
+    "--gtest_output=json:$json" 2>&1) || {
     echo "$out" | grep -E -A12 '^gpusim:|runtime error:|Failure' | head -60
     echo "$out" | tail -8
     echo "ci/gpusim.sh: $exe failed on gpusim ($flavour flavour)" >&2
