@@ -253,6 +253,25 @@ def test_pickle_classifier():
         CheckpointExtraStatePolicy.STATEFUL_FP8_DELAYED_SCALING)
 
 
+@pytest.mark.parametrize("cls", ["Float8BlockScaling", "NVFP4BlockScaling"])
+def test_block_recipe_pickles_name_common_recipe(cls):
+    # defined in common/recipe_block.py, they pickle under their public module (TE's), so a
+    # stateless checkpoint of them needs no unsafe-unpickle opt-in (it did before)
+    from transformer_engine_lite.common import recipe
+
+    rec = getattr(recipe, cls)()
+    payload = pickle.dumps({"recipe": rec, "extra_fp8_variables": {}})
+    assert b"transformer_engine_lite.common.recipe\n" in pickle.dumps(rec, protocol=2)
+    assert not should_load_extra_state_pickle(payload, "t")
+    assert type(pickle.loads(payload)["recipe"]) is type(rec)
+    # pickles written before name common.recipe_block: still classified as stateless
+    # (protocol 2 names a class in a newline-terminated GLOBAL line, so it can be edited)
+    v2 = pickle.dumps({"recipe": rec, "extra_fp8_variables": {}}, protocol=2)
+    old = v2.replace(b"common.recipe\n", b"common.recipe_block\n")
+    assert old != v2
+    assert not should_load_extra_state_pickle(old, "t")
+
+
 def test_te_pickled_extra_state_in_load_state_dict(monkeypatch):
     m = te.Linear(8, 8)
     with te.fp8_autocast(fp8_recipe=RECIPE):

@@ -1,10 +1,9 @@
 """Activation offloading (TE's cpu_offload v2 API).
 
-On the CPU backend every tensor already lives in host memory and is kept as it is; the copy-out /
-copy-back machinery serves accelerator tensors. To exercise it here, the `accelerator` fixture
-makes cpu_offload treat host tensors as accelerator tensors: they are then copied to new host
-buffers and copied back into new tensors, exactly as a CUDA tensor would be (only the device of
-the copies differs).
+On the CPU backend the CPU is the compute device, so its saved activations go through the real
+transport: copied to new host buffers at offload and copied back into new tensors at reload, as a
+CUDA tensor would be (only the device of the copies differs). CPU streams are accepted and their
+operations are no-ops (CPU copies are synchronous).
 """
 
 from __future__ import annotations
@@ -21,26 +20,72 @@ from transformer_engine_lite.pytorch import cpu_offload as co
 BIG = (512, 1024)  # 512Ki elements: above TE's 256Ki-element offload threshold
 
 
-@pytest.fixture
-def accelerator(monkeypatch):
-    monkeypatch.setattr(co, "_on_accelerator", lambda t: t.device.type == "cpu")
-
-
 def _values(t):
     return t.dequantize() if isinstance(t, te.QuantizedTensor) else t
 
 
-def test_host_tensors_are_kept_as_they_are():
+def test_cpu_tensors_are_offloaded_on_the_cpu_backend():
+    # no CUDA: the CPU is the compute device and its tensors are copied out and back (before,
+    # backward got the very tensor: TE's snapshot semantics and its errors were not kept)
+    assert not torch.cuda.is_available()
     st = co.OffloadableLayerState()
     x = torch.randn(BIG)
-    assert st.push_tensor(x) is x  # not offloaded: the tensor itself, as TE for non-CUDA tensors
+    meta = torch.empty(BIG, device="meta")
+    i = st.push_tensor(x)
+    assert i == 0 and st.push_tensor(meta) is meta  # meta tensors hold no memory: kept
     st.start_offload()
     st.release_activation_forward_gpu_memory()
+    assert st.fwd_tensors == [] and st.get_offloaded_total_size_mb() == pytest.approx(2.0)
     st.start_reload()
-    assert st.pop_tensor(x) is x and st.get_offloaded_total_size_mb() == 0
+    back = st.pop_tensor(i)
+    assert back is not x and back.device.type == "cpu" and torch.equal(back, x)
+    assert back.data_ptr() != x.data_ptr() != st.cpu_tensors[0].data_ptr()
 
 
-def test_layer_state_copies_out_and_back(accelerator):
+@pytest.mark.parametrize("make", [torch.cpu.Stream, lambda: torch.Stream(device="cpu")],
+                         ids=["cpu.Stream", "Stream(cpu)"])
+def test_cpu_streams_are_accepted_and_no_ops(make):
+    # TE's documented manual-synchronization example, with the CPU's stream: CPU copies are
+    # synchronous, so the stream orders nothing and the results are the unoffloaded ones
+    stream = make()
+    n = 3
+    torch.manual_seed(0)
+    layers = [te.Linear(1024, 1024, params_dtype=torch.float32) for _ in range(n)]
+    inp = [torch.randn(512, 1024, requires_grad=True) for _ in range(n)]
+    ref = []
+    for m, x in zip(layers, inp):
+        m(x).sum().backward()
+        ref.append((x.grad.clone(), m.weight.grad.clone()))
+        x.grad, m.weight.grad, m.bias.grad = None, None, None
+    ctx, sync, controller = co.get_cpu_offload_context(
+        enabled=True, model_layers=n, manual_synchronization=True, offload_stream=stream)
+    assert all(s.offload_stream is stream for s in controller.layer_states.values())
+    out = []
+    for i in range(n):
+        with ctx:
+            out.append(layers[i](inp[i]))
+        out[i] = sync(out[i])
+        controller.start_offload_layer(i)
+    for i in range(n):
+        controller.release_activation_forward_gpu_memory(i)
+    assert controller.get_offloaded_total_size_mb() > 0
+    for i in reversed(range(n)):
+        controller.start_reload_layer(i)
+    for i in range(n):
+        out[i].sum().backward()
+        assert torch.equal(inp[i].grad, ref[i][0]) and torch.equal(layers[i].weight.grad, ref[i][1])
+
+
+@pytest.mark.parametrize("bad", [object(), "cpu", torch.device("cpu")],
+                         ids=["object", "str", "device"])
+def test_offload_stream_must_be_a_cpu_stream(bad):
+    with pytest.raises(ValueError, match=r"offload_stream: expected a CPU stream .* got "
+                       + type(bad).__name__):
+        co.get_cpu_offload_context(enabled=True, model_layers=2, manual_synchronization=True,
+                                   offload_stream=bad)
+
+
+def test_layer_state_copies_out_and_back():
     st = co.OffloadableLayerState()
     x = torch.randn(BIG)
     small, param = torch.randn(8), torch.nn.Parameter(torch.randn(BIG))
@@ -69,7 +114,7 @@ def test_layer_state_copies_out_and_back(accelerator):
     assert st.state == "not_offloaded" and st.cpu_tensors == []
 
 
-def test_views_are_offloaded_as_their_base(accelerator):
+def test_views_are_offloaded_as_their_base():
     st = co.OffloadableLayerState()
     base = torch.randn(BIG)
     a, b = base[::2], base[1::2]
@@ -88,7 +133,7 @@ def test_views_are_offloaded_as_their_base(accelerator):
         assert st2.push_tensor(t) is t
 
 
-def test_state_machine_errors(accelerator):
+def test_state_machine_errors():
     st = co.OffloadableLayerState()
     with pytest.raises(RuntimeError, match="Invalid state: not_offloaded for start_reload"):
         st.start_reload()
@@ -102,7 +147,7 @@ def test_state_machine_errors(accelerator):
         st.start_offload()
 
 
-def test_retained_buffers_are_reused_and_checked(accelerator):
+def test_retained_buffers_are_reused_and_checked():
     st = co.OffloadableLayerState(retain_pinned_cpu_buffers=True)
     for _ in range(2):
         x = torch.randn(BIG)
@@ -119,7 +164,7 @@ def test_retained_buffers_are_reused_and_checked(accelerator):
         st.start_offload()
 
 
-def test_default_synchronizer_schedule(accelerator):
+def test_default_synchronizer_schedule():
     n = 4
     sync = co.DefaultOffloadSynchronizer(num_layers=n, num_offloaded_layers=2)
     saved = []
@@ -150,7 +195,7 @@ def _model(n):
 @pytest.mark.parametrize("rec", [None, recipe.Float8CurrentScaling(), recipe.MXFP8BlockScaling()],
                          ids=["hp", "current", "mxfp8"])
 @pytest.mark.parametrize("manual", [False, True])
-def test_training_with_offload_is_bit_exact(accelerator, rec, manual):
+def test_training_with_offload_is_bit_exact(rec, manual):
     layers, n = _model(3), 3
     x = torch.randn(512, 1024, requires_grad=True)
     autocast = (lambda: te.fp8_autocast(enabled=True, fp8_recipe=rec)) if rec else \
@@ -212,7 +257,7 @@ def test_context_errors():
     with pytest.raises(ValueError, match="must require grad"):
         sync(torch.randn(3))
     assert sync(y) is y
-    with pytest.raises(ValueError, match="offload_stream: expected a torch.cuda.Stream"):
+    with pytest.raises(ValueError, match="offload_stream: expected a CPU stream"):
         co.get_cpu_offload_context(enabled=True, num_layers=0, model_layers=2,
                                    manual_synchronization=True, offload_stream=object())
     assert co.get_cpu_offload_context(enabled=False, manual_synchronization=True)[2] is None

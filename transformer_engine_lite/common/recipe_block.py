@@ -165,3 +165,11 @@ class Float8BlockScaling(Recipe):
             f"grad_block_scaling_dim={self.grad_block_scaling_dim}, "
             f"backward_override={self.backward_override}"
         )
+
+
+# Their public home is common.recipe (TE's module, which re-exports them): pickles of a recipe, e.g.
+# in a checkpoint's extra state, name that module, so they load where TE's would and the
+# extra-state classifier (pytorch/_pickled_state.py) finds them among TE's recipe classes.
+for _cls in (NVFP4BlockScaling, Float8BlockScaling):
+    _cls.__module__ = "transformer_engine_lite.common.recipe"
+del _cls

@@ -46,10 +46,12 @@ _POLICY_BY_NAME = {
     "NVFP4BlockScaling": CheckpointExtraStatePolicy.STATELESS,
     "CustomRecipe": CheckpointExtraStatePolicy.DYNAMIC,
 }
-# Keyed by the (module, class) a pickle names: TE's module (checkpoints written by TE) and ours.
+# Keyed by the (module, class) a pickle names: TE's module (checkpoints written by TE) and ours;
+# common.recipe_block is where our block recipes' pickles pointed before they named common.recipe.
 _RECIPE_POLICIES: dict[tuple[str, str], CheckpointExtraStatePolicy] = {
     (module, name): policy
-    for module in ("transformer_engine.common.recipe", "transformer_engine_lite.common.recipe")
+    for module in ("transformer_engine.common.recipe", "transformer_engine_lite.common.recipe",
+                   "transformer_engine_lite.common.recipe_block")
     for name, policy in _POLICY_BY_NAME.items()
 }
 # Keys of delayed scaling's pickled state (TE 1.x and 2.x)

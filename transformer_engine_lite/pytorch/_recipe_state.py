@@ -20,6 +20,7 @@ __all__ = [
     "Float8CurrentScalingRecipeState",
     "Float8BlockScalingRecipeState",
     "MXFP8BlockScalingRecipeState",
+    "NVFP4BlockScalingRecipeState",
     "RecipeState",
     "build_fp8_meta",
     "meta_tensor_key",
@@ -58,7 +59,8 @@ class RecipeState:
     @staticmethod
     def create(recipe: Recipe, *, mode: str, num_quantizers: int = 1, **kwargs: Any) -> RecipeState:
         for cls in (DelayedScalingRecipeState, Float8CurrentScalingRecipeState,
-                    MXFP8BlockScalingRecipeState, Float8BlockScalingRecipeState):
+                    MXFP8BlockScalingRecipeState, Float8BlockScalingRecipeState,
+                    NVFP4BlockScalingRecipeState):
             if cls.accepts(recipe):
                 return cls(recipe, mode=mode, num_quantizers=num_quantizers, **kwargs)
         if recipe.custom():
@@ -68,7 +70,7 @@ class RecipeState:
         raise NotImplementedError(
             f"RecipeState.create: {type(recipe).__name__} has no recipe state in "
             "transformer_engine_lite (DelayedScaling, Float8CurrentScaling, MXFP8BlockScaling, "
-            "Float8BlockScaling, CustomRecipe)"
+            "Float8BlockScaling, NVFP4BlockScaling, CustomRecipe)"
         )
 
     def make_quantizers(self) -> list[Any]:
@@ -175,6 +177,77 @@ class Float8BlockScalingRecipeState(RecipeState):
                                  force_pow_2_scales=bool(qp.power_2_scale), block_scaling_dim=d)
             for qp, d in (roles[i % len(roles)] for i in range(self.num_quantizers))
         ]
+
+
+_FWD_TYPES = ("input", "weight", "output")
+_BWD_TYPES = ("grad_output", "grad_input")
+
+
+class NVFP4BlockScalingRecipeState(RecipeState):
+    """Stateless: one NVFP4Quantizer per slot, chosen by the slot's tensor type (TE's rules).
+    The type is the slot's role's tensor_type when `roles` gives a known one, else positional
+    (forward: input, weight, output, ...; backward: grad_output, grad_input, ...). Weights take
+    fp4_quant_fwd_weight, gradients fp4_quant_bwd_grad, every other forward type (output too)
+    fp4_quant_fwd_inp; 4over6 (and its 256 E4M3 bound) applies to the non-gradient types the
+    recipe's scopes select, never to gradients; forward non-weight slots are row-scaled under
+    row_scaled_activation. 4over6 with the slot's RHT or stochastic rounding is TE's ValueError."""
+
+    @staticmethod
+    def accepts(recipe: Recipe) -> bool:
+        return recipe.nvfp4()
+
+    def __init__(self, recipe: Recipe, mode: str, num_quantizers: int = 1, *,
+                 device: Any = None, roles: list[Any] | None = None) -> None:
+        from .quantization import QuantizerRole
+
+        if roles is not None and (len(roles) != num_quantizers or any(
+                r is not None and not isinstance(r, QuantizerRole) for r in roles)):
+            raise ValueError(
+                f"NVFP4BlockScalingRecipeState: roles: expected None or {num_quantizers} "
+                f"QuantizerRole / None entries (one per quantizer), got {roles!r}"
+            )
+        super().__init__(recipe, mode, num_quantizers)
+        self.roles = roles
+        self.dtype = None  # FP4 (DType.kFloat4E2M1): the quantizers carry it
+
+    def _tensor_type(self, i: int) -> str:
+        role = self.roles[i] if self.roles is not None else None
+        if role is not None and role.tensor_type in _FWD_TYPES + _BWD_TYPES:
+            return role.tensor_type
+        types = _FWD_TYPES if self.mode == "forward" else _BWD_TYPES
+        return types[i % len(types)]
+
+    def make_quantizers(self) -> list[Any]:
+        from .quantization import _in_scope
+        from .tensor import NVFP4Quantizer
+
+        r = self.recipe
+        out = []
+        for i in range(self.num_quantizers):
+            kind = self._tensor_type(i)
+            grad = kind in _BWD_TYPES
+            qp = r.fp4_quant_bwd_grad if grad else (
+                r.fp4_quant_fwd_weight if kind == "weight" else r.fp4_quant_fwd_inp)
+            # _in_scope reads "weight" against every other forward type
+            scope_role = "weight" if kind == "weight" else "input"
+            four = not grad and _in_scope(r.nvfp4_4over6, scope_role)
+            if four and qp.random_hadamard_transform:
+                raise ValueError("NVFP4 4over6 quantization does not support RHT.")
+            if four and qp.stochastic_rounding:
+                raise ValueError("NVFP4 4over6 quantization does not support stochastic rounding.")
+            e4m3_max = 256 if four and _in_scope(r.nvfp4_4over6_e4m3_use_256, scope_role) else 448
+            out.append(NVFP4Quantizer(
+                rowwise=True, columnwise=True,
+                with_rht=bool(qp.random_hadamard_transform),
+                with_post_rht_amax=bool(qp.random_hadamard_transform),
+                with_2d_quantization=bool(qp.fp4_2d_quantization),
+                stochastic_rounding=bool(qp.stochastic_rounding),
+                row_scaled_nvfp4=(self.mode == "forward" and kind != "weight"
+                                  and bool(r.row_scaled_activation)),
+                nvfp4_use_4over6=four, nvfp4_e4m3_max=e4m3_max,
+                nvfp4_4over6_err_mode=r.nvfp4_4over6_err_mode,
+            ))
+        return out
 
 
 def _default_sf_compute(amax: torch.Tensor, scale: torch.Tensor, fp8_max: float,

@@ -14,15 +14,25 @@ and ManualOffloadSynchronizer (start_offload_layer / release_activation_forward_
 start_reload_layer called by the user).
 
 What is copied: as in TE, tensors of at least 256Ki elements that are neither parameters nor
-marked with mark_not_offload and that live on an accelerator (TE: CUDA; here any device other than
-the host). Views whose base has the same number of elements (or marked with
-start_offload(offload_base_tensor=True)) are offloaded as their base and rebuilt with as_strided;
-the same tensor saved twice is copied once; a QuantizedTensor is offloaded as its buffers. The
-copies are made on `offload_stream` when one is given (a CUDA stream) and are otherwise
-synchronous on the current stream; host buffers are pinned when CUDA is available, and reused
-across iterations with retain_pinned_cpu_buffers. Tensors already in host memory (every tensor of
-the CPU backend) are not copied: they are where offloading would put them, so each one is kept
-as it is (the identity), which is also what TE does for a tensor it does not offload.
+marked with mark_not_offload and that live on the compute device. Views whose base has the same
+number of elements (or marked with start_offload(offload_base_tensor=True)) are offloaded as their
+base and rebuilt with as_strided; the same tensor saved twice is copied once; a QuantizedTensor is
+offloaded as its buffers. Host buffers are pinned when CUDA is available, and reused across
+iterations with retain_pinned_cpu_buffers.
+
+The compute device is CUDA when it is available (TE: only CUDA tensors are offloaded) and the CPU
+otherwise. On the CPU backend the saved activations therefore really go through the transport: a
+copy into a separate host buffer at start_offload, the layer's reference dropped at
+release_activation_forward_gpu_memory, a fresh tensor copied back at start_reload. Both sides are
+the same RAM, so nothing is saved (the copies cost time, and a reloaded layer briefly holds two
+copies); what a CPU run gets is TE's semantics: backward receives the snapshot taken at offload
+time, and the bookkeeping and its errors (non-contiguous tensors, retained buffers whose shapes
+changed, calls in the wrong state) are the ones a GPU run meets.
+
+Streams: on CUDA the copies run on `offload_stream` (TE's own stream when none is given) ordered
+against the current stream with wait_stream. CPU work runs in program order on the calling thread,
+so there is nothing to order: a CPU stream (torch.cpu.Stream, or torch.Stream(device="cpu")) is
+accepted as offload_stream and every stream operation on it is a no-op; the copies are synchronous.
 """
 
 from __future__ import annotations
@@ -94,8 +104,31 @@ def start_offload(*tensors: Any, offload_base_tensor: bool = False) -> None:
                 t.offload_base_tensor = True
 
 
-def _on_accelerator(t: torch.Tensor) -> bool:
-    return t.device.type not in ("cpu", "meta")
+def _on_compute_device(t: torch.Tensor) -> bool:
+    """Whether `t` lives where the layers compute: CUDA when it is available (TE offloads CUDA
+    tensors only), the CPU otherwise (module docstring: the CPU backend's transport)."""
+    if t.device.type == "meta":
+        return False
+    if torch.cuda.is_available():
+        return t.device.type != "cpu"
+    return t.device.type == "cpu"
+
+
+def _is_cuda_stream(stream: Any) -> bool:
+    return torch.cuda.is_available() and isinstance(stream, torch.cuda.Stream)
+
+
+def _is_cpu_stream(stream: Any) -> bool:
+    if isinstance(stream, torch.cpu.Stream):
+        return True
+    # torch.Stream.device_type is the enum's int; .device names the type
+    return isinstance(stream, torch.Stream) and stream.device.type == "cpu"
+
+
+def _copy_stream(stream: Any) -> Any:
+    """The stream the copies are issued on: a CUDA stream, or None (the current stream; for a CPU
+    stream, whose operations are no-ops: CPU copies are synchronous and in program order)."""
+    return stream if _is_cuda_stream(stream) else None
 
 
 def _stream_ctx(stream: Any) -> Any:
@@ -111,6 +144,7 @@ class OffloadableLayerState:
 
     def __init__(self, offload_stream: Any = None, retain_pinned_cpu_buffers: bool = False):
         self.offload_stream = offload_stream
+        self._stream = _copy_stream(offload_stream)  # None: synchronous copies
         self.retain_pinned_cpu_buffers = bool(retain_pinned_cpu_buffers)
         self.fwd_tensors: list[torch.Tensor] = []  # pushed (device) tensors
         self.cpu_tensors: list[torch.Tensor] = []  # their host copies (kept with retain_...)
@@ -132,7 +166,7 @@ class OffloadableLayerState:
             isinstance(t, torch.nn.Parameter)
             or getattr(t, "_TE_do_not_offload", False)
             or isinstance(t, torch._subclasses.FakeTensor)
-            or not _on_accelerator(t)
+            or not _on_compute_device(t)
         ):
             return False
         if not t.is_contiguous() and not getattr(t, "offload_base_tensor", False):
@@ -177,8 +211,8 @@ class OffloadableLayerState:
             return template._with_inner(inner)
         if self.state == "not_offloaded":
             return self.fwd_tensors[tensor_or_tensor_id]
-        if self.offload_stream is not None:
-            torch.cuda.current_stream().wait_stream(self.offload_stream)
+        if self._stream is not None:
+            torch.cuda.current_stream().wait_stream(self._stream)
         return self.bwd_tensors[tensor_or_tensor_id]
 
     def _bases_and_duplicates(self) -> list[torch.Tensor]:
@@ -215,8 +249,8 @@ class OffloadableLayerState:
                 f"the retained CPU buffers are {len(self.cpu_tensors)}: make sure that the saved "
                 "tensors do not change between iterations"
             )
-        if self.offload_stream is not None:
-            self.offload_stream.wait_stream(torch.cuda.current_stream())
+        if self._stream is not None:
+            self._stream.wait_stream(torch.cuda.current_stream())
         self.devices = []
         for i, t in enumerate(unique):
             if not t.is_contiguous():
@@ -237,31 +271,31 @@ class OffloadableLayerState:
                 host = torch.empty(t.shape, dtype=t.dtype, device="cpu",
                                    pin_memory=torch.cuda.is_available())
                 self.cpu_tensors.append(host)
-            with _stream_ctx(self.offload_stream):
-                host.copy_(t, non_blocking=self.offload_stream is not None)
+            with _stream_ctx(self._stream):
+                host.copy_(t, non_blocking=self._stream is not None)
             self.devices.append(t.device)
 
     def release_activation_forward_gpu_memory(self) -> None:
         """Drop the references to the device tensors once their copies are done."""
         self._validate_state("release_activation_forward_gpu_memory", ["offload_started"])
         self.state = "offload_finished"
-        if self.offload_stream is not None:
+        if self._stream is not None:
             # the copies read the device memory: it may be reused only after them
-            torch.cuda.current_stream().wait_stream(self.offload_stream)
+            torch.cuda.current_stream().wait_stream(self._stream)
         self.fwd_tensors = []
 
     def start_reload(self) -> None:
         """Copy the host copies back to their devices (views and duplicates rebuilt)."""
         self._validate_state("start_reload", ["offload_finished"])
         self.state = "reload_started"
-        if self.offload_stream is not None:
-            self.offload_stream.wait_stream(torch.cuda.current_stream())
+        if self._stream is not None:
+            self._stream.wait_stream(torch.cuda.current_stream())
         back = []
         for host, device in zip(self.cpu_tensors, self.devices):
             # allocated on the current stream (as TE: the caching allocator keeps memory per stream)
             t = torch.empty_like(host, device=device)
-            with _stream_ctx(self.offload_stream):
-                t.copy_(host, non_blocking=self.offload_stream is not None)
+            with _stream_ctx(self._stream):
+                t.copy_(host, non_blocking=self._stream is not None)
             back.append(t)
         self.bwd_tensors = []
         for view, i in zip(self.layout["views"], self.layout["index"]):
@@ -460,6 +494,30 @@ class _CpuOffloadContext(contextlib.ContextDecorator):
         return tensor
 
 
+def _check_offload_stream(stream: Any) -> None:
+    """A stream of the compute device: torch.cuda.Stream when CUDA is available, a CPU stream
+    (no-op, module docstring) otherwise."""
+    if stream is None:
+        return
+    if torch.cuda.is_available():
+        if not _is_cuda_stream(stream):
+            raise ValueError(
+                "get_cpu_offload_context: offload_stream: expected a torch.cuda.Stream (the "
+                f"offload copies run on the CUDA device) or None, got {_describe(stream)}"
+            )
+    elif not _is_cpu_stream(stream):
+        raise ValueError(
+            "get_cpu_offload_context: offload_stream: expected a CPU stream (torch.cpu.Stream or "
+            "torch.Stream(device='cpu'); CUDA is not available, the CPU is the compute device) "
+            f"or None, got {_describe(stream)}"
+        )
+
+
+def _describe(stream: Any) -> str:
+    device = stream.device.type if isinstance(stream, torch.Stream) else None
+    return type(stream).__name__ + (f" on {device}" if device is not None else "")
+
+
 def get_cpu_offload_context(
     enabled: bool = False,
     num_layers: int | None = 1,
@@ -516,9 +574,7 @@ def get_cpu_offload_context(
                 "overlapping of computation and offload/reload.",
                 stacklevel=2,
             )
-    if offload_stream is not None and not isinstance(offload_stream, torch.cuda.Stream):
-        raise ValueError("get_cpu_offload_context: offload_stream: expected a torch.cuda.Stream "
-                         f"or None, got {type(offload_stream).__name__}")
+    _check_offload_stream(offload_stream)
     if offload_stream is not None and not manual_synchronization:
         raise ValueError("offload_stream can be provided only if manual_synchronization is True")
     if manual_synchronization:

@@ -37,6 +37,7 @@ from ._recipe_state import (  # noqa: F401  TE's recipe states and unfused delay
     Float8BlockScalingRecipeState,
     Float8CurrentScalingRecipeState,
     MXFP8BlockScalingRecipeState,
+    NVFP4BlockScalingRecipeState,
     RecipeState,
     _amax_and_scale_update,
     _default_sf_compute,
