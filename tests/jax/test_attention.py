@@ -96,6 +96,14 @@ CASES = [
         bias_shape="bhss",
         h_kv=2,
     ),
+    # thd with a bias: indexed by row positions (TE's rule); the flash core gets per-sequence slices
+    Case("thd_thd_thd", "padding_causal", "fp32", sq=13, skv=9, m=2, desc="offsets",
+         bias="post_scale_bias", bias_shape="1hss"),
+    Case("thd_t2hd", "padding", "bf16", sq=17, skv=23, m=3, bias="post_scale_bias",
+         bias_shape="bhss"),
+    Case("t3hd", "padding_causal_bottom_right", "fp16", m=2, bias="post_scale_bias",
+         bias_shape="b1ss"),
+    Case("thd_thd_thd", "padding", "fp32", m=2, h_kv=2, bias="pre_scale_bias", bias_shape="1hss"),
     # pre_scale_bias: the unfused backend in every mode
     Case(mask="causal", bias="pre_scale_bias", bias_shape="bhss"),
     Case("bshd_bs2hd", "padding", "fp32", sq=7, skv=17, bias="pre_scale_bias", bias_shape="1hss"),

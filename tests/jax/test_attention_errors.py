@@ -149,9 +149,11 @@ def test_seqlens_shape_error(backend, monkeypatch):
     "backend",
     BACKENDS,
 )
-def test_thd_bias_refused_by_every_backend(backend, monkeypatch):
+def test_thd_bias_shape_error(backend, monkeypatch):
+    """A thd bias is indexed by row positions: [1 or b, 1 or h, s_q, s_kv], as with bshd."""
     set_mode(monkeypatch, "auto" if backend == "flash" else "unfused")
     ids = jnp.ones((B, S), jnp.int32)
     desc = A.SequenceDescriptor.from_segment_ids_and_pos(ids, jnp.zeros((B, S), jnp.int32))
-    with pytest.raises(NotImplementedError, match="argument 'bias'"):
-        _call(bias=_x(1, H, S, S), desc=desc, bias_type="post_scale_bias", layout="thd_thd_thd")
+    with pytest.raises(ValueError, match="argument 'bias'"):
+        _call(bias=_x(1, H, S, S + 1), desc=desc, bias_type="post_scale_bias", mask="padding",
+              layout="thd_thd_thd")

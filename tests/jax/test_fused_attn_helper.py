@@ -62,23 +62,35 @@ def test_unfused_only_is_no_backend(monkeypatch):
     {"softmax": A.AttnSoftmaxType.LEARNABLE_SOFTMAX},
     {"dtype": jnp.float8_e4m3fn},  # no FP8 attention
     {"kv_dtype": jnp.float16},  # q and kv dtypes differ
-    {"layout": A.QKVLayout.THD_THD_THD, "bias": A.AttnBiasType.POST_SCALE_BIAS,
-     "mask": A.AttnMaskType.PADDING_MASK},  # the primitives take no bias with thd
-], ids=["off_by_one", "learnable", "fp8", "mixed-dtypes", "thd-bias"])
+], ids=["off_by_one", "learnable", "fp8", "mixed-dtypes"])
 def test_no_fused_kernel(kw, monkeypatch):
     set_mode(monkeypatch, "auto")
     assert _helper(**kw).get_fused_attn_backend() is Backend.NVTE_No_Backend
     assert not _helper(**kw).is_fused_attn_kernel_available()
 
 
-def test_thd_bias_is_refused_by_fused_attn_as_the_probe_says():
-    """The probe's "no kernel" for thd + bias is what fused_attn does: it refuses the call."""
+def test_thd_bias_runs_the_fused_kernel_as_the_probe_says(monkeypatch):
+    """thd + post_scale_bias: the probe says F16_arbitrary_seqlen and fused_attn runs it (the
+    numerics: test_attention.py's thd bias cases)."""
+    set_mode(monkeypatch, "auto")
+    helper = _helper(layout=A.QKVLayout.THD_THD_THD, bias=A.AttnBiasType.POST_SCALE_BIAS,
+                     mask=A.AttnMaskType.PADDING_MASK)
+    assert helper.get_fused_attn_backend() is Backend.NVTE_F16_arbitrary_seqlen
+    used = []
+    fused = A._fused
+
+    def spy(*args, **kwargs):
+        used.append("flash")
+        return fused(*args, **kwargs)
+
+    monkeypatch.setattr(A, "_fused", spy)
     q = jnp.ones((1, 8, 2, 16), jnp.bfloat16)
     seg = jnp.ones((1, 8), jnp.int32)
     desc = A.SequenceDescriptor.from_segment_ids_and_pos((seg, seg), (jnp.arange(8)[None],) * 2)
-    with pytest.raises(NotImplementedError, match="argument 'bias'"):
-        A.fused_attn((q, q, q), jnp.ones((1, 2, 8, 8), jnp.bfloat16), desc, None,
-                     "post_scale_bias", "padding", "thd_thd_thd", "vanilla", 1.0, 0.0, True)
+    out = A.fused_attn((q, q, q), jnp.ones((1, 2, 8, 8), jnp.bfloat16), desc, None,
+                       "post_scale_bias", "padding", "thd_thd_thd", "vanilla", 1.0, 0.0, True)
+    assert used == ["flash"] and out.shape == (1, 8, 2, 16)
+    assert bool(jnp.all(out == 1))  # v is all ones: any convex combination of it is 1
 
 
 def test_te_dtypes_and_value_strings_are_accepted(monkeypatch):

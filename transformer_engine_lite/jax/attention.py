@@ -299,8 +299,6 @@ def is_fused_attn_kernel_available(is_training, q_dtype, kv_dtype, qkv_layout, a
     mask = _enum(AttnMaskType, attn_mask_type, "attn_mask_type")
     layout = _enum(QKVLayout, qkv_layout, "qkv_layout")
     bias = _enum(AttnBiasType, attn_bias_type, "attn_bias_type")
-    if layout.is_thd() and bias is not AttnBiasType.NO_BIAS:
-        return False  # the JAX primitives take no bias with thd (check_side refuses it)
     backend = _select(q_dtype, kv_dtype, layout, bias, mask,
                       dropout_probability, q_num_heads, kv_num_heads, q_max_seqlen, kv_max_seqlen,
                       head_dim_qk, head_dim_v, _window(window_size, mask), log=False)[0]
@@ -416,7 +414,7 @@ def _prepare(qkv, bias, sequence_descriptor, seed, attn_bias_type, attn_mask_typ
     empty = jnp.zeros((0,), q.dtype)
     dims = tex_attn.layout_dims("fused_attn", layout.value, q,
                                 *(empty if x is None else x for x in (k, v)))
-    # every backend refuses what the primitives refuse (bias / sequence shapes, thd with a bias)
+    # every backend refuses what the primitives refuse (bias / sequence shapes)
     none = jnp.zeros((0,), _I32)
     tex_attn.check_side("fused_attn", layout.value, dims, empty if bias is None else bias,
                         *(none if x is None else x for x in seqs),

@@ -14,7 +14,8 @@ Sequences:
   seqlens int32 [b, m] and offsets int32 [b, m] or [b, m + 1] (start of each segment in its row).
   The tokens of the b * m segments are gathered to the front of a [b * s, h, d] buffer (the core's
   thd, cu_seqlens = [0, cumsum(seqlens)]), attended, and scattered back; tokens in no segment get
-  output 0 and gradient 0. Segments must not overlap (TE's contract as well).
+  output 0 and gradient 0. Segments must not overlap (TE's contract as well). A bias is indexed
+  by row positions (as in TE); the core gets each segment's slice (attention_thd_bias.py).
 Results: out [b, s_q, h, d_v] (q's dtype) and the fp32 softmax LSE, [b, h, s_q] (bshd) or
 [b, m, h, s_q] (thd); the backward returns dq, dk, dv in the shapes of q, k, v (packed ones
 packed) and dbias in bias's shape (post_scale_bias, else [0]).
@@ -39,6 +40,7 @@ from jax.sharding import PartitionSpec as P
 
 from .attention_masks import (  # noqa: F401  (re-exported: cpp_extensions, the reference)
     DropoutMaskPrimitive, _err, dropout_keep_mask, keep_mask)
+from . import attention_thd_bias as thd_bias
 from .base import FFIOp
 from .misc import HIGH_PRECISION, check_dtype
 from .partitioning import lowering_mesh, named_shapes, spec_of
@@ -166,10 +168,6 @@ def check_side(op, layout, dims: Dims, bias, q_seqlens, kv_seqlens, q_offsets, k
         if bias.size:
             raise _err(op, "bias", "no bias with attn_bias_type no_bias", f"shape {bias.shape}")
     else:
-        if fmt == "thd":
-            raise NotImplementedError(
-                f"te_lite::{op}: argument 'bias': thd layouts take no bias (its rows would index "
-                f"the packed sequences, not the [b, s] rows); got layout {layout} with {bias_type}")
         ok = (len(bias.shape) == 4 and bias.shape[0] in (1, dims.b) and bias.shape[1] in (1, dims.h)
               and tuple(bias.shape[2:]) == (dims.s_q, dims.s_kv))
         if not ok:
@@ -312,6 +310,8 @@ def _fwd_local(q, k, v, bias, q_seqlens, kv_seqlens, q_offsets, kv_offsets, seed
     qc, kc, vc, cu_q, cu_kv, sq, _ = _core_args(qkv_layout, dims, q, k, v, q_seqlens, kv_seqlens,
                                                  q_offsets, kv_offsets, attn_mask_type)
     m = _segments_of(qkv_layout, q_seqlens)
+    if sq is not None and bias.size:  # thd: the core indexes its bias per sequence
+        bias = thd_bias.gather(bias, q_seqlens, q_offsets, kv_offsets)
     call = jax.ffi.ffi_call("te_lite_fused_attn_fwd_ffi",
                             _out_shapes(qkv_layout, dims, q.dtype, is_training, m))
     out, lse = call(qc, kc, vc, bias, cu_q, cu_kv, seed, is_training=bool(is_training),
@@ -349,9 +349,12 @@ def _bwd_local(q, k, v, bias, lse, out, d_out, q_seqlens, kv_seqlens, q_offsets,
     qc, kc, vc, cu_q, cu_kv, sq, skv = _core_args(qkv_layout, dims, q, k, v, q_seqlens,
                                                   kv_seqlens, q_offsets, kv_offsets,
                                                   attn_mask_type)
+    row_bias = bias
     if sq is not None:
         out, d_out = sq.pack(out), sq.pack(d_out)
         lse = lse.reshape(-1, dims.h, dims.s_q)
+        if bias.size:  # thd: the core indexes its bias (and dbias) per sequence
+            bias = thd_bias.gather(bias, q_seqlens, q_offsets, kv_offsets)
     # The handler returns dq, dk, dv in the views' shapes: one slice of a packed buffer each.
     view_q = qc.shape if pack != "qkv" else (*qc.shape[:-3], dims.h, dims.d_qk)
     view_k = (*kc.shape[:-3], dims.h_kv, dims.d_qk) if pack != "sep" else kc.shape
@@ -369,6 +372,9 @@ def _bwd_local(q, k, v, bias, lse, out, d_out, q_seqlens, kv_seqlens, q_offsets,
                              **_attrs(qkv_layout, dims, scaling_factor, dropout_probability,
                                       attn_bias_type, attn_mask_type, window))
     if fmt == "thd":
+        if has_dbias:
+            dbias = thd_bias.scatter(dbias, row_bias.shape, row_bias.dtype, q_seqlens, kv_seqlens,
+                                     q_offsets, kv_offsets)
         dq = sq.unpack(dq)
         dk, dv = (sq.unpack(dk), sq.unpack(dv)) if pack == "qkv" else (skv.unpack(dk),
                                                                         skv.unpack(dv))

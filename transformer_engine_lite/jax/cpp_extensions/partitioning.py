@@ -105,7 +105,11 @@ class RowRule:
     arg_roles: per argument "x" (token tensor: leading dims = those of argument 0, trailing dims
         gathered), "row" (the leading dims only: mu, rsigma), "lead0" (dim 0 follows argument 0's
         dim 0 when the sizes agree: a softmax mask [b or 1, 1, sq, sk]) or "rep" (replicated).
-    result_roles: per result "x", "row", "rep", "amax" (max over the row axes) or "sum".
+    result_roles: per result "x", "row", "rep", "amax" (max over the row axes), "sum" or "gather0"
+        (computed per shard, then all-gathered along dim 0 over the row axes: MXFP8's column-wise
+        scales [rows / 32, cols], a 32nd of the rows in uint8, rather than gathering the rows).
+    row_block: the rows (dim 0 of a 2-D argument 0) stay sharded only when every shard holds a
+        multiple of it (MXFP8's 32-row column-wise blocks must not straddle shards).
     trailing: how many trailing dims of argument 0 are gathered.
     gather: with trailing=0 (element-wise ops), dims of argument 0 (negative) gathered anyway; an
         "x" tensor one dim shorter or longer than argument 0 lacks / has an extra dim -2 (gated
@@ -116,8 +120,9 @@ class RowRule:
     """
 
     def __init__(self, arg_roles: Sequence[str], result_roles: Sequence[str], trailing: int = 1,
-                 f32_args: Sequence[int] = (), gather: Sequence[int] = ()):
+                 f32_args: Sequence[int] = (), gather: Sequence[int] = (), row_block: int = 1):
         self.gather = tuple(gather)
+        self.row_block = row_block
         self.arg_roles = tuple(arg_roles)
         self.result_roles = tuple(result_roles)
         self.trailing = trailing
@@ -142,6 +147,8 @@ class RowRule:
 
     def _spec_for(self, role: str, shape, lead: list, lead0_size: int | None) -> P:
         nd = len(shape)
+        if 0 in shape:  # an empty placeholder (a copy not requested): nothing to shard
+            role = "rep"
         if role == "x" and self.trailing == 0 and nd != len(lead):
             adj = self._adjust(list(lead), nd, lambda: None)
             if adj is not None:
@@ -154,6 +161,10 @@ class RowRule:
 
     def shardings(self, mesh, arg_shapes, result_shapes):
         lead = self._lead(arg_shapes[0])
+        if self.row_block > 1 and lead:
+            n = math.prod(mesh.shape[a] for a in mesh_axes_of(lead[:1]))
+            if arg_shapes[0].shape[0] % (n * self.row_block):
+                lead = [None] + lead[1:]
         size0 = arg_shapes[0].shape[0] if arg_shapes[0].shape else None
         args = [
             NamedSharding(mesh, self._spec_for(r, a.shape, lead, size0))
@@ -176,6 +187,8 @@ class RowRule:
         def factors(role: str, shape) -> str:
             nd = len(shape)
             adj = None
+            if 0 in shape:  # empty placeholder: its own factors (replicated), as in _spec_for
+                role = "rep"
             if role == "x" and self.trailing == 0 and nd != n_lead:
                 adj = self._adjust(list(lead), nd, lambda: names.fresh(1)[0])
             if adj is not None:
@@ -218,6 +231,8 @@ class RowRule:
                         outs[i] = jax.lax.pmax(outs[i], axes)
                     elif axes and role == "sum":
                         outs[i] = jax.lax.psum(outs[i], axes)
+                    elif axes and role == "gather0" and outs[i].size:
+                        outs[i] = jax.lax.all_gather(outs[i], axes, axis=0, tiled=True)
                     outs[i] = outs[i].astype(result_shape[i].dtype)
                 return tuple(outs)
 

@@ -286,6 +286,9 @@ def _jax_mx(x, q_dtype, rowwise, columnwise):
 QuantizeMXFP8Primitive = FFIOp(
     "QuantizeMXFP8Primitive", "te_lite_quantize_mxfp8_ffi", _mx_abstract, _jax_mx,
     attrs=_no_dtypes,
+    # on 2-D x (quantize_mxfp8 flattens): rows stay sharded, 32 per shard at least; the small
+    # column-wise scales are gathered instead of x (TE gathers nothing: its scales stay sharded)
+    partition=RowRule(("x",), ("x", "x", "x", "gather0"), row_block=MX_BLOCK),
 )
 
 
@@ -297,8 +300,12 @@ def quantize_mxfp8(x, q_dtype=jnp.float8_e4m3fn, rowwise=True, columnwise=True):
     if q_dtype not in (jnp.float8_e4m3fn, jnp.float8_e5m2):
         raise TypeError("te_lite::quantize_mxfp8: argument 'q_dtype': expected float8_e4m3fn or "
                         f"float8_e5m2 (OCP formats), got {dtype_name(q_dtype)}")
-    return QuantizeMXFP8Primitive(x, q_dtype=q_dtype, rowwise=bool(rowwise),
-                                  columnwise=bool(columnwise))
+    # 2-D for the sharding rule: the scales are [rows, .] / [rows / 32, .] over the flattened rows
+    rd, rs, cd, cs = QuantizeMXFP8Primitive(x.reshape(-1, x.shape[-1]) if x.ndim > 2 else x,
+                                            q_dtype=q_dtype, rowwise=bool(rowwise),
+                                            columnwise=bool(columnwise))
+    return (rd.reshape(x.shape) if rd.size else rd, rs,
+            cd.reshape(x.shape) if cd.size else cd, cs)
 
 
 def _mx_deq_abstract(data, scale_inv, *, columnwise, out_dtype):
@@ -323,13 +330,21 @@ def _jax_mx_deq(data, scale_inv, columnwise, out_dtype):
 DequantizeMXFP8Primitive = FFIOp(
     "DequantizeMXFP8Primitive", "te_lite_dequantize_mxfp8_ffi", _mx_deq_abstract, _jax_mx_deq,
     attrs=_no_dtypes,
+    # row-wise copies on 2-D data: the rows and their scales [rows, cols / 32] stay sharded
+    partition=RowRule(("x", "x"), ("x",)),
+)
+# column-wise copies: their scales [rows / 32, cols] index blocks of rows; gathered (no rule)
+DequantizeMXFP8ColPrimitive = FFIOp(
+    "DequantizeMXFP8Primitive", "te_lite_dequantize_mxfp8_ffi", _mx_deq_abstract, _jax_mx_deq,
+    attrs=_no_dtypes,
 )
 
 
 def dequantize_mxfp8(data, scale_inv, columnwise=False, out_dtype=jnp.float32):
-    (out,) = DequantizeMXFP8Primitive(data, scale_inv, columnwise=bool(columnwise),
-                                      out_dtype=np.dtype(out_dtype))
-    return out
+    prim = DequantizeMXFP8ColPrimitive if columnwise else DequantizeMXFP8Primitive
+    (out,) = prim(data.reshape(-1, data.shape[-1]) if data.ndim > 2 else data, scale_inv,
+                  columnwise=bool(columnwise), out_dtype=np.dtype(out_dtype))
+    return out.reshape(data.shape)
 
 
 def _transpose_abstract(x):
