@@ -12,8 +12,10 @@ import torch
 import transformer_engine_lite.pytorch as te
 from transformer_engine_lite.common.recipe import (
     DelayedScaling,
+    Float8BlockScaling,
     Float8CurrentScaling,
     MXFP8BlockScaling,
+    NVFP4BlockScaling,
 )
 
 RECIPES = {
@@ -21,6 +23,9 @@ RECIPES = {
     "delayed": lambda: DelayedScaling(amax_history_len=4),
     "current": lambda: Float8CurrentScaling(),
     "mxfp8": lambda: MXFP8BlockScaling(),
+    "block": lambda: Float8BlockScaling(),
+    # the native NVFP4 GEMM decodes [0, K] operands (cpp_extensions/nvfp4_gemm.py)
+    "nvfp4": lambda: NVFP4BlockScaling(),
 }
 MODULES = {
     "Linear": lambda: te.Linear(64, 32),
@@ -100,6 +105,20 @@ def test_empty_gemm_gives_zero_weight_gradient():
     dy, x = torch.randn(0, 16), torch.randn(0, 8)
     D, *_ = ops.gemm(x, None, False, dy, None, True, torch.float32)
     assert D.shape == (16, 8) and torch.equal(D, torch.zeros(16, 8))
+
+
+@pytest.mark.parametrize("shape", [(32, 0), (0, 128), (2, 3, 0)], ids=str)
+@pytest.mark.parametrize("block_dim", [1, 2])
+def test_block_scaled_column_wise_copy_of_an_empty_tensor(shape, block_dim):
+    """Dequantized from the column-wise copy alone (the wgrad operand), an empty tensor keeps its
+    shape, K = 0 included (its rows cannot be inferred from zero elements)."""
+    from transformer_engine_lite.pytorch import Float8BlockQuantizer
+    from transformer_engine_lite.pytorch import tex
+
+    q = Float8BlockQuantizer(fp8_dtype=tex.DType.kFloat8E4M3, rowwise=False, columnwise=True,
+                             block_scaling_dim=block_dim)
+    d = q(torch.randn(shape)).dequantize()
+    assert d.shape == shape and d.dtype == torch.float32
 
 
 @pytest.mark.parametrize("b,s", [(0, 16), (2, 0)])

@@ -59,10 +59,13 @@ def nvfp4_k_operand(t: Any, columnwise: bool) -> NVFP4KOperand | None:
         return None
     shape = t._logical_shape()
     cols = shape[-1] if len(shape) else 1
-    rows = shape.numel() // max(cols, 1)
+    rows = shape[:-1].numel()  # not numel // cols: with cols = 0 that would lose the rows
     if columnwise:
         rows, cols = cols, rows
-    codes = unpack_codes(data.reshape(rows, -1))[:, :cols]
+    # Packed bytes per row: from the data when it has rows, else from cols (reshape(0, -1) is
+    # ambiguous; an empty group of a GroupedLinear split, or K = 0, gives such a tensor).
+    width = data.numel() // rows if rows else -(-cols // 2)
+    codes = unpack_codes(data.reshape(rows, width))[:, :cols]
     nb = -(-cols // _BLOCK)
     grid = t._scale_grid(columnwise)[:rows, :nb].contiguous()
     scales = grid.view(torch.float8_e4m3fn).to(torch.float32)

@@ -120,7 +120,8 @@ class Float8BlockwiseQTensorStorage(QuantizedTensorStorage):
         data = data.reshape(1) if data.dim() == 0 else data  # a scalar is one 1x1 tile
         out_t = ops().dequantize_fp8_block(data, self._columnwise_scale_inv, dim, True, dtype)
         cols = shape[-1] if len(shape) else 1
-        return out_t.reshape(cols, -1).t().reshape(shape).contiguous()
+        rows = shape[:-1].numel()  # explicit: reshape(0, -1) is ambiguous when cols = 0
+        return out_t.reshape(cols, rows).t().reshape(shape).contiguous()
 
     def dequantize(self, *, dtype: torch.dtype | None = None) -> torch.Tensor:
         return self._dequantize_nd(dtype or self._fake_dtype)
