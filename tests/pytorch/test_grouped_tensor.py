@@ -302,9 +302,11 @@ def test_tex_helpers_and_rejections():
     swz = tex.grouped_mlp_experimental.swizzle_scales_and_pack_ptrs_for_discrete_weights
     with pytest.raises(ValueError, match="swizzle_type"):
         swz([], [], "bogus", "cpu")
-    with pytest.raises(NotImplementedError, match="GEMM-swizzled block scales"):
-        swz([torch.zeros(4, 32, dtype=torch.uint8)], [torch.zeros(4, 1, dtype=torch.uint8)],
-            "mxfp8_rowwise", "cpu")
+    with pytest.raises(ValueError, match="expected as many scale tensors as data tensors"):
+        swz([torch.zeros(4, 32, dtype=torch.uint8)], [], "mxfp8_rowwise", "cpu")
+    with pytest.raises(ValueError, match=r"expert 1: expected data \(4, 32\)"):
+        swz([torch.zeros(4, 32, dtype=torch.uint8), torch.zeros(8, 32, dtype=torch.uint8)],
+            [torch.zeros(4, 1, dtype=torch.uint8)] * 2, "mxfp8_rowwise", "cpu")
     with pytest.raises(NotImplementedError, match="last_dims"):
         tex.group_quantize(torch.randn(4, 4), MXFP8Quantizer(E4M3), 2, None,
                            last_dims=torch.tensor([2, 2]))

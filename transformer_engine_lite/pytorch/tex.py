@@ -4,6 +4,7 @@ chunk_size, noop_flag, tensor_lists, *scalars)."""
 
 from __future__ import annotations
 
+import math
 from enum import IntEnum
 from typing import Any
 
@@ -315,9 +316,15 @@ class _GroupedMLPExperimental:
     def swizzle_scales_and_pack_ptrs_for_discrete_weights(
         data_tensors: list, scale_tensors: list, swizzle_type: str, device: Any
     ) -> Any:
-        """TE's: per-expert data pointers, and the experts' block scales swizzled into one buffer
-        in the GEMM layout. That layout (TE's optimize_for_gemm / with_gemm_swizzled_scales) is
-        not implemented here: the MXFP8 kernels take compact scales (NotImplementedError)."""
+        """TE's: (the experts' data pointers [N] int64, the pointers of their scales in the
+        buffer [N] int64, one uint8 buffer holding each expert's compact scale grid swizzled into
+        the GEMM layout (tensor/_gemm_swizzle.py), at a 16-byte-aligned stride). All experts
+        share the first one's data and scale shapes, as in TE (a grouped weight's experts).
+        The stride is TE's (the compact grid's bytes) where the compact grid is padded to whole
+        128x4 tiles, as TE's always are and NVFP4's are here; MXFP8's compact grids here are
+        unpadded ([rows, ceil(cols / 32)]), so the stride grows to the swizzled grid's bytes."""
+        from .tensor._gemm_swizzle import swizzle_grid, swizzle_mxfp8_columnwise
+
         owner = "tex.grouped_mlp_experimental.swizzle_scales_and_pack_ptrs_for_discrete_weights"
         if swizzle_type not in ("mxfp8_rowwise", "mxfp8_columnwise", "nvfp4"):
             raise ValueError(f"{owner}: swizzle_type: expected 'mxfp8_rowwise', "
@@ -325,9 +332,35 @@ class _GroupedMLPExperimental:
         if len(data_tensors) != len(scale_tensors):
             raise ValueError(f"{owner}: expected as many scale tensors as data tensors, got "
                              f"{len(scale_tensors)} and {len(data_tensors)}")
-        raise NotImplementedError(
-            f"{owner}: GEMM-swizzled block scales are not implemented in transformer_engine_lite "
-            "(its MXFP8 kernels take compact scales; there is no cuDNN grouped-GEMM MLP)")
+        n = len(data_tensors)
+        if n == 0:
+            ptrs = torch.empty(0, dtype=torch.int64, device=device)
+            return ptrs, ptrs.clone(), torch.empty(0, dtype=torch.uint8, device=device)
+        shape, sshape = tuple(data_tensors[0].shape), tuple(scale_tensors[0].shape)
+        for i, (d, sc) in enumerate(zip(data_tensors, scale_tensors)):
+            if tuple(d.shape) != shape or tuple(sc.shape) != sshape:
+                raise ValueError(f"{owner}: expert {i}: expected data {shape} and scales "
+                                 f"{sshape} (expert 0's), got {tuple(d.shape)} and "
+                                 f"{tuple(sc.shape)}")
+        if len(shape) < 1 or len(sshape) != 2:
+            raise ValueError(f"{owner}: expected N-D data and 2-D scales, got {shape} and "
+                             f"{sshape}")
+        cols = shape[-1] * (2 if swizzle_type == "nvfp4" else 1)  # NVFP4: two values a byte
+        rows = math.prod(shape[:-1])
+        blocks = -(-cols // (16 if swizzle_type == "nvfp4" else 32))
+        if swizzle_type == "mxfp8_columnwise":  # [row blocks, cols], swizzled transposed
+            swizzled = [swizzle_mxfp8_columnwise(sc, rows, cols) for sc in scale_tensors]
+        else:
+            swizzled = [swizzle_grid(sc, rows, blocks) for sc in scale_tensors]
+        sw_bytes = swizzled[0].numel()
+        stride = -(-max(sshape[0] * sshape[1], sw_bytes) // 16) * 16
+        buf = torch.zeros(stride * n, dtype=torch.uint8, device=device)
+        for i, sw in enumerate(swizzled):
+            buf[i * stride:i * stride + sw_bytes] = sw.reshape(-1).view(torch.uint8)
+        ptrs = [d.data_ptr() for d in data_tensors]
+        ptrs += [buf.data_ptr() + i * stride for i in range(n)]
+        packed = torch.tensor(ptrs, dtype=torch.int64, device=device)
+        return packed[:n], packed[n:], buf
 
 
 grouped_mlp_experimental = _GroupedMLPExperimental()
