@@ -398,6 +398,31 @@ def _perm(plan):
     return [(i, (i + 1) % plan.size) for i in range(plan.size)]
 
 
+def _ring_loop(plan, step, carry):
+    """step(t, carry) for t in 0..cp-1: unrolled, or a fori_loop under
+    NVTE_FUSED_RING_ATTENTION_USE_SCAN (t is then traced)."""
+    if plan.scan:
+        return jax.lax.fori_loop(0, plan.size, step, carry)
+    for t in range(plan.size):
+        carry = step(t, carry)
+    return carry
+
+
+def _ring_pass(plan, t, kv):
+    """The K/V block on to the next rank, except after the last unrolled step (nothing reads it)."""
+    last = isinstance(t, int) and t == plan.size - 1
+    return kv if last else jax.lax.ppermute(kv, plan.axis, _perm(plan))
+
+
+def _ring_add_grads(plan, t, g, kv, dkv, dq):
+    """One block's (dq, dk, dv) added in fp32, then the ring moved on. The key gradients travel
+    with their block, every step (in the loop the block moves every step too): after cp moves
+    both are back home."""
+    dq = dq + g[0].astype(_F32)
+    dkv = (dkv[0] + g[1].astype(_F32), dkv[1] + g[2].astype(_F32))
+    return _ring_pass(plan, t, kv), jax.lax.ppermute(dkv, plan.axis, _perm(plan)), dq
+
+
 def _switch(t, rank, branches, kv):
     """branches[i](kv) for the block of rank (rank - t) the local queries see: 0 the diagonal
     block (causal), 1 an earlier rank's block, 2 a later rank's block (t: int when unrolled)."""
@@ -435,15 +460,9 @@ def _ring_fwd(plan, q, k, v):
         else:
             o_t, l_t = _fwd(plan, q, *kv, "no_mask")
         o, lse = _merge(o, lse, o_t, l_t)
-        last = isinstance(t, int) and t == plan.size - 1
-        return (kv if last else jax.lax.ppermute(kv, plan.axis, _perm(plan))), o, lse
+        return _ring_pass(plan, t, kv), o, lse
 
-    carry = ((k, v), jnp.zeros((b, s, h, v.shape[-1]), _F32), neg)
-    if plan.scan:
-        carry = jax.lax.fori_loop(0, plan.size, step, carry)
-    else:
-        for t in range(plan.size):
-            carry = step(t, carry)
+    carry = _ring_loop(plan, step, ((k, v), jnp.zeros((b, s, h, v.shape[-1]), _F32), neg))
     return carry[1].astype(q.dtype), carry[2]
 
 
@@ -475,24 +494,10 @@ def _ring_bwd(plan, q, k, v, out, lse, dout):
             g = _switch(t, rank, [diag, earlier, later], kv)
         else:
             g = _bwd(plan, q, *kv, out, lse, dout, "no_mask")
-        dq = dq + g[0].astype(_F32)
-        dkv = (dkv[0] + g[1].astype(_F32), dkv[1] + g[2].astype(_F32))
-        # The key gradients travel with their block: after cp moves both are back home.
-        last = isinstance(t, int) and t == plan.size - 1
-        if not last:
-            kv = jax.lax.ppermute(kv, plan.axis, _perm(plan))
-        dkv = jax.lax.ppermute(dkv, plan.axis, _perm(plan))
-        return kv, dkv, dq
+        return _ring_add_grads(plan, t, g, kv, dkv, dq)
 
     zeros = lambda x: jnp.zeros(x.shape, _F32)
-    carry = ((k, v), (zeros(k), zeros(v)), zeros(q))
-    if plan.scan:
-        # In the loop every step moves the block too; after cp steps it is home again.
-        carry = jax.lax.fori_loop(0, plan.size, step, carry)
-    else:
-        for t in range(plan.size):
-            carry = step(t, carry)
-    _, (dk, dv), dq = carry
+    _, (dk, dv), dq = _ring_loop(plan, step, ((k, v), (zeros(k), zeros(v)), zeros(q)))
     return dq.astype(q.dtype), dk.astype(k.dtype), dv.astype(v.dtype)
 
 

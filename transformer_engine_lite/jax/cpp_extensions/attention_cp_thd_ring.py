@@ -37,6 +37,7 @@ import jax.numpy as jnp
 from jax.sharding import PartitionSpec as P
 
 from . import attention as tex_attn
+from .attention_cp import _merge, _ring_add_grads, _ring_loop, _ring_pass
 
 __all__ = ["thd_ring_fused_attn"]
 
@@ -127,22 +128,9 @@ def _lse_segments(lse_tok, q_off, m):
     return jnp.where(jnp.isfinite(got), got, 0.0)
 
 
-# -- the ring
-def _perm(plan):
-    return [(i, (i + 1) % plan.size) for i in range(plan.size)]
-
-
-def _loop(plan, step, carry):
-    if plan.scan:
-        return jax.lax.fori_loop(0, plan.size, step, carry)
-    for t in range(plan.size):
-        carry = step(t, carry)
-    return carry
-
+# -- the ring (its loop and moves are the bshd ring's: attention_cp.py)
 
 def _ring_fwd(plan, m, q, k, v, ids_q, ids_kv):
-    from .attention_cp import _merge
-
     b, n, h, _ = q.shape
     rank = jax.lax.axis_index(plan.axis)
     runs = _runs(plan, ids_q, ids_kv, m)
@@ -162,10 +150,9 @@ def _ring_fwd(plan, m, q, k, v, ids_q, ids_kv):
         o_t, l_t = _branches(plan, src, call, lambda: (jnp.zeros((b, n, h, v.shape[-1]), q.dtype),
                                                          neg))
         o, lse = _merge(o, lse, o_t, l_t)
-        last = isinstance(t, int) and t == plan.size - 1
-        return (kv if last else jax.lax.ppermute(kv, plan.axis, _perm(plan))), o, lse
+        return _ring_pass(plan, t, kv), o, lse
 
-    carry = _loop(plan, step, ((k, v), jnp.zeros((b, n, h, v.shape[-1]), _F32), neg))
+    carry = _ring_loop(plan, step, ((k, v), jnp.zeros((b, n, h, v.shape[-1]), _F32), neg))
     return carry[1].astype(q.dtype), carry[2]
 
 
@@ -185,17 +172,10 @@ def _ring_bwd(plan, m, q, k, v, ids_q, ids_kv, out, lse, dout):
 
         g = _branches(plan, src, call,
                       lambda: (jnp.zeros_like(q), jnp.zeros_like(kv[0]), jnp.zeros_like(kv[1])))
-        dq = dq + g[0].astype(_F32)
-        dkv = (dkv[0] + g[1].astype(_F32), dkv[1] + g[2].astype(_F32))
-        last = isinstance(t, int) and t == plan.size - 1
-        if not last:
-            kv = jax.lax.ppermute(kv, plan.axis, _perm(plan))
-        # the key gradients travel with their block: home again after cp moves
-        dkv = jax.lax.ppermute(dkv, plan.axis, _perm(plan))
-        return kv, dkv, dq
+        return _ring_add_grads(plan, t, g, kv, dkv, dq)
 
     zeros = lambda x: jnp.zeros(x.shape, _F32)
-    _, (dk, dv), dq = _loop(plan, step, ((k, v), (zeros(k), zeros(v)), zeros(q)))
+    _, (dk, dv), dq = _ring_loop(plan, step, ((k, v), (zeros(k), zeros(v)), zeros(q)))
     return dq.astype(q.dtype), dk.astype(k.dtype), dv.astype(v.dtype)
 
 
