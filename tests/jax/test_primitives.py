@@ -263,9 +263,52 @@ def test_softmax_variants(dtype):
     want3 = _jax_fwd("scaled_upper_triang_masked", x.reshape(6, 8, 8).astype(jnp.float32), None,
                      0.5)
     assert_close(y3, want3, dtype)
+    # TE-JAX passes [b, h, sq, sq]: the same values as the [b*h, sq, sq] C API form, bit for bit.
+    y4 = tex.scaled_upper_triang_masked_softmax_fwd(x, 0.5)
+    assert y4.shape == x.shape
+    np.testing.assert_array_equal(np.asarray(y4.reshape(6, 8, 8), np.float32),
+                                  np.asarray(y3, np.float32))
     dy = randn(21, x.shape, dtype)
     y = tex.scaled_softmax_fwd(x, 0.5)
-    assert_close(tex.scaled_softmax_bwd(dy, y, 0.5), _jax_bwd(dy, y, 0.5), dtype, 2.0)
+    # TE-JAX's backward arguments: (dz, softmax_out, logits[, mask], scale_factor)
+    assert_close(tex.scaled_softmax_bwd(dy, y, x, 0.5), _jax_bwd(dy, y, 0.5), dtype, 2.0)
+    ym = tex.scaled_masked_softmax_fwd(x, mask, 0.5)
+    assert_close(tex.scaled_masked_softmax_bwd(dy, ym, x, mask, 0.5), _jax_bwd(dy, ym, 0.5),
+                 dtype, 2.0)
+    d4 = tex.scaled_upper_triang_masked_softmax_bwd(dy, y4, x, 0.5)
+    d3 = tex.scaled_upper_triang_masked_softmax_bwd(dy.reshape(6, 8, 8), y3, None, 0.5)
+    np.testing.assert_array_equal(np.asarray(d4.reshape(6, 8, 8), np.float32),
+                                  np.asarray(d3, np.float32))
+    assert_close(d4, _jax_bwd(dy, y4, 0.5), dtype, 2.0)
+    with pytest.raises(ValueError, match="argument 'logits'"):
+        tex.scaled_softmax_bwd(dy, y, x[:1], 0.5)
+    with pytest.raises(ValueError, match="sq == sk"):
+        tex.scaled_upper_triang_masked_softmax_fwd(x[..., :4], 0.5)
+
+
+@pytest.mark.parametrize("variant", ["scaled", "scaled_masked", "scaled_upper_triang_masked"])
+def test_softmax_reference_offset(variant):
+    """TE-JAX's jax_scaled_* references take softmax_offset (attention sinks): the offset joins the
+    row max and adds exp(offset - max) to the denominator. Checked against fp64."""
+    x = randn(30, (2, 3, 5, 5), jnp.float32, 2.0)
+    mask = jax.random.bernoulli(jax.random.PRNGKey(31), 0.3, (2, 1, 5, 5)).astype(jnp.uint8)
+    off = randn(32, (1, 3, 1, 1), jnp.float32)
+    fn = getattr(tex, f"jax_{variant}_softmax")
+    args = (x, mask) if variant == "scaled_masked" else (x,)
+    got = np.asarray(fn(*args, 0.5, softmax_offset=off), np.float64)
+    xs = np.asarray(x, np.float64) * 0.5
+    keep = np.ones(xs.shape, bool)
+    if variant == "scaled_masked":
+        keep = np.broadcast_to(np.asarray(mask) == 0, xs.shape)
+    elif variant == "scaled_upper_triang_masked":
+        keep = np.broadcast_to(np.tril(np.ones((5, 5), bool)), xs.shape)
+    o = np.broadcast_to(np.asarray(off, np.float64), xs.shape[:-1] + (1,))
+    m = np.maximum(np.where(keep, xs, -np.inf).max(-1, keepdims=True), o)
+    e = np.where(keep, np.exp(xs - m), 0.0)
+    want = e / (e.sum(-1, keepdims=True) + np.exp(o - m))
+    np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-7)
+    plain = np.asarray(fn(*args, 0.5), np.float64)
+    assert not np.allclose(plain, got)  # the offset changes the result
 
 
 @pytest.mark.parametrize("fmt", ["sbhd", "bshd", "thd"])

@@ -55,9 +55,7 @@ def _softmax_fwd(logits, mask, scale, kind):
     elif kind is SoftmaxFusionType.SCALED_MASKED:
         y = tex.scaled_masked_softmax_fwd(logits, mask, scale)
     else:
-        b, h, sq, sk = logits.shape
-        y = tex.scaled_upper_triang_masked_softmax_fwd(logits.reshape(b * h, sq, sk), scale)
-        y = y.reshape(logits.shape)
+        y = tex.scaled_upper_triang_masked_softmax_fwd(logits, scale)
     return y, (y, mask)
 
 
@@ -65,13 +63,11 @@ def _softmax_bwd(scale, kind, res, g):
     y, _mask = res
     g = g.astype(y.dtype)
     if kind is SoftmaxFusionType.SCALED:
-        dx = tex.scaled_softmax_bwd(g, y, scale)
+        dx = tex.scaled_softmax_bwd(g, y, None, scale)
     elif kind is SoftmaxFusionType.SCALED_MASKED:
-        dx = tex.scaled_masked_softmax_bwd(g, y, scale)
+        dx = tex.scaled_masked_softmax_bwd(g, y, None, None, scale)
     else:
-        b, h, sq, sk = y.shape
-        dx = tex.scaled_upper_triang_masked_softmax_bwd(
-            g.reshape(b * h, sq, sk), y.reshape(b * h, sq, sk), scale).reshape(y.shape)
+        dx = tex.scaled_upper_triang_masked_softmax_bwd(g, y, None, scale)
     return dx, None
 
 

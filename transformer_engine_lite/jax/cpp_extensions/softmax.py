@@ -1,7 +1,7 @@
 """Fused softmax primitives (TE's scaled / scaled_masked / scaled_upper_triang_masked /
 scaled_aligned_causal_masked), forward and backward, and their pure-JAX references.
 
-x is [b, h, sq, sk] ([b*h, sq, sq] for upper_triang); the mask (bool/uint8, nonzero = masked) is
+x is [b, h, sq, sk] (upper_triang: that, or TE's C API [b*h, sq, sq]); the mask (bool/uint8, nonzero = masked) is
 [b or 1, 1, sq, sk]. Sharding: batch and heads keep theirs, (sq, sk) are gathered.
 """
 
@@ -41,15 +41,21 @@ def _causal_keep(sq, sk, aligned):
     return j <= i + (sk - sq) if aligned else j <= i
 
 
-def _softmax32(logits, keep):
+def _softmax32(logits, keep, offset=None):
+    """Softmax over the kept positions; `offset` (a sink: TE's softmax_offset, broadcast to
+    [..., 1]) joins the row max and adds exp(offset - max) to the denominator only."""
     m = jnp.max(jnp.where(keep, logits, -jnp.inf), axis=-1, keepdims=True)
+    if offset is not None:
+        m = jnp.maximum(m, offset)
     m = jnp.where(jnp.isfinite(m), m, 0.0)
     e = jnp.where(keep, jnp.exp(logits - m), 0.0)
     s = jnp.sum(e, axis=-1, keepdims=True)
+    if offset is not None:
+        s = s + jnp.exp(offset - m)
     return jnp.where(s > 0, e / jnp.where(s > 0, s, 1.0), 0.0)
 
 
-def _jax_fwd(variant, x, mask, scale):
+def _jax_fwd(variant, x, mask, scale, offset=None):
     logits = x.astype(_F32) * jnp.float32(scale)
     sq, sk = x.shape[-2], x.shape[-1]
     if variant == "scaled":
@@ -59,7 +65,9 @@ def _jax_fwd(variant, x, mask, scale):
     else:
         keep = jnp.broadcast_to(
             _causal_keep(sq, sk, variant == "scaled_aligned_causal_masked"), logits.shape)
-    return _softmax32(logits, keep).astype(x.dtype)
+    if offset is not None:
+        offset = jnp.asarray(offset, _F32)
+    return _softmax32(logits, keep, offset).astype(x.dtype)
 
 
 def _jax_bwd(dy, y, scale):
@@ -68,16 +76,18 @@ def _jax_bwd(dy, y, scale):
     return dx.astype(y.dtype)
 
 
-def jax_scaled_softmax(logits, scale_factor):
-    return _jax_fwd("scaled", logits, None, scale_factor)
+# TE-JAX's pure-JAX references (its tests compare the kernels with them). softmax_offset: the
+# attention-sink term (a scalar or an array broadcastable to [..., 1], e.g. [1, h, 1, 1]).
+def jax_scaled_softmax(logits, scale_factor, softmax_offset=None):
+    return _jax_fwd("scaled", logits, None, scale_factor, softmax_offset)
 
 
-def jax_scaled_masked_softmax(logits, mask, scale_factor):
-    return _jax_fwd("scaled_masked", logits, mask, scale_factor)
+def jax_scaled_masked_softmax(logits, mask, scale_factor, softmax_offset=None):
+    return _jax_fwd("scaled_masked", logits, mask, scale_factor, softmax_offset)
 
 
-def jax_scaled_upper_triang_masked_softmax(logits, scale_factor):
-    return _jax_fwd("scaled_upper_triang_masked", logits, None, scale_factor)
+def jax_scaled_upper_triang_masked_softmax(logits, scale_factor, softmax_offset=None):
+    return _jax_fwd("scaled_upper_triang_masked", logits, None, scale_factor, softmax_offset)
 
 
 def _check_x(op, variant, x):
@@ -133,36 +143,67 @@ def _make(variant):
 _PRIMS = {v: _make(v) for v in _RANK}
 
 
-def scaled_softmax_fwd(x, scale_factor):
-    return _PRIMS["scaled"][0](x, scale=float(scale_factor))[0]
+def scaled_softmax_fwd(logits, scale_factor):
+    return _PRIMS["scaled"][0](logits, scale=float(scale_factor))[0]
 
 
-def scaled_softmax_bwd(dy, y, scale_factor):
-    return _PRIMS["scaled"][1](dy, y, scale=float(scale_factor))[0]
+# The backward wrappers take TE-JAX's arguments (dz, softmax_out, logits[, mask], scale_factor). TE
+# reads `logits` (and `mask`) only in its unfused fallback; the kernels here always run, and the
+# gradient needs only dz and softmax_out (masked positions have softmax_out == 0), so they are
+# checked for shape and otherwise unused.
+def _check_logits(op, logits, softmax_out):
+    if logits is not None and tuple(logits.shape) != tuple(softmax_out.shape):
+        raise ValueError(f"te_lite::{op}: argument 'logits': expected shape "
+                         f"{tuple(softmax_out.shape)} (softmax_out's), got {tuple(logits.shape)}")
 
 
-def scaled_masked_softmax_fwd(x, mask, scale_factor):
-    return _PRIMS["scaled_masked"][0](x, mask, scale=float(scale_factor))[0]
+def scaled_softmax_bwd(dz, softmax_out, logits, scale_factor):
+    _check_logits("scaled_softmax_bwd", logits, softmax_out)
+    return _PRIMS["scaled"][1](dz, softmax_out, scale=float(scale_factor))[0]
 
 
-def scaled_masked_softmax_bwd(dy, y, scale_factor):
-    return _PRIMS["scaled_masked"][1](dy, y, scale=float(scale_factor))[0]
+def scaled_masked_softmax_fwd(logits, mask, scale_factor):
+    return _PRIMS["scaled_masked"][0](logits, mask, scale=float(scale_factor))[0]
 
 
-def scaled_upper_triang_masked_softmax_fwd(x, scale_factor):
-    return _PRIMS["scaled_upper_triang_masked"][0](x, scale=float(scale_factor))[0]
+def scaled_masked_softmax_bwd(dz, softmax_out, logits, mask, scale_factor):
+    del mask  # softmax_out is 0 where the mask was set: the formula gives 0 there
+    _check_logits("scaled_masked_softmax_bwd", logits, softmax_out)
+    return _PRIMS["scaled_masked"][1](dz, softmax_out, scale=float(scale_factor))[0]
 
 
-def scaled_upper_triang_masked_softmax_bwd(dy, y, scale_factor):
-    return _PRIMS["scaled_upper_triang_masked"][1](dy, y, scale=float(scale_factor))[0]
+# Upper-triangular (causal, sq == sk): TE's C API shape is [attn_batches, sq, sq]; TE-JAX passes
+# [b, h, sq, sq]. A 4-D input runs the aligned-causal kernel, which keeps the same prefix j <= i when
+# sq == sk (the same row routine, so the same bits) and shards over b and h. Folding to [b*h, ...]
+# instead would make XLA gather head-sharded inputs.
+def _upper_triang_prim(op, x, fwd):
+    if x.ndim == 4:
+        if x.shape[-1] != x.shape[-2]:
+            raise ValueError(f"te_lite::{op}: argument 'logits': expected sq == sk, got shape "
+                             f"{tuple(x.shape)}")
+        return _PRIMS["scaled_aligned_causal_masked"][0 if fwd else 1]
+    return _PRIMS["scaled_upper_triang_masked"][0 if fwd else 1]
 
 
-def scaled_aligned_causal_masked_softmax_fwd(x, scale_factor):
-    return _PRIMS["scaled_aligned_causal_masked"][0](x, scale=float(scale_factor))[0]
+def scaled_upper_triang_masked_softmax_fwd(logits, scale_factor):
+    prim = _upper_triang_prim("scaled_upper_triang_masked_softmax_fwd", logits, True)
+    return prim(logits, scale=float(scale_factor))[0]
 
 
-def scaled_aligned_causal_masked_softmax_bwd(dy, y, scale_factor):
-    return _PRIMS["scaled_aligned_causal_masked"][1](dy, y, scale=float(scale_factor))[0]
+def scaled_upper_triang_masked_softmax_bwd(dz, softmax_out, logits, scale_factor):
+    op = "scaled_upper_triang_masked_softmax_bwd"
+    _check_logits(op, logits, softmax_out)
+    prim = _upper_triang_prim(op, softmax_out, False)
+    return prim(dz, softmax_out, scale=float(scale_factor))[0]
+
+
+def scaled_aligned_causal_masked_softmax_fwd(logits, scale_factor):
+    return _PRIMS["scaled_aligned_causal_masked"][0](logits, scale=float(scale_factor))[0]
+
+
+def scaled_aligned_causal_masked_softmax_bwd(dz, softmax_out, logits, scale_factor):
+    _check_logits("scaled_aligned_causal_masked_softmax_bwd", logits, softmax_out)
+    return _PRIMS["scaled_aligned_causal_masked"][1](dz, softmax_out, scale=float(scale_factor))[0]
 
 
 def is_softmax_kernel_available(softmax_fusion_type, *args):
