@@ -201,3 +201,14 @@ def test_allow_unused_input():
     u = torch.randn(2, 4, requires_grad=True)
     g(torch.randn(2, 4), u).sum().backward()
     assert u.grad is None and g.lin.weight.grad is not None
+
+
+def test_parameter_tensor_hook_fires_once_per_backward():
+    """As a graph replay: a hook on a parameter sees the returned gradient once per backward."""
+    m = te.make_graphed_callables(torch.nn.Linear(8, 8, bias=False), (torch.randn(2, 8),))
+    seen = []
+    h = m.weight.register_hook(lambda g: seen.append(g))
+    m(torch.randn(2, 8)).sum().backward()
+    m(torch.randn(2, 8)).sum().backward()
+    h.remove()
+    assert len(seen) == 2 and seen[0].data_ptr() != seen[1].data_ptr()

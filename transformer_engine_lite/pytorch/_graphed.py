@@ -107,10 +107,23 @@ class _Graphed(torch.autograd.Function):
         targets += [(spec.num_user_args + j, p) for j, p in enumerate(spec.params) if p.requires_grad]
         computed: list[torch.Tensor | None] = [None] * len(targets)
         if outs and targets:
-            computed = list(torch.autograd.grad(
-                outs, [t for _, t in targets], grad_outs,
-                retain_graph=spec.retain_graph, allow_unused=True,
-            ))
+            # The parameters are leaves of the inner graph too: their tensor hooks would fire here
+            # and again when this node returns their grads. TE's graph replay fires them once
+            # (on return), so they are held back while the inner gradients are computed.
+            held = []
+            for p in spec.params:
+                hooks = getattr(p, "_backward_hooks", None)
+                if hooks:
+                    held.append((hooks, dict(hooks)))
+                    hooks.clear()
+            try:
+                computed = list(torch.autograd.grad(
+                    outs, [t for _, t in targets], grad_outs,
+                    retain_graph=spec.retain_graph, allow_unused=True,
+                ))
+            finally:
+                for hooks, saved in held:
+                    hooks.update(saved)
         if not spec.retain_graph:
             ctx.graph_outputs = []
         # Static gradient buffers: TE's backward graph writes into the same tensors every replay;
