@@ -448,7 +448,7 @@ class TransformerEngineBaseModule(ExtraStateMixin, torch.nn.Module):
         None: no cache. FP8 parameters need no cast. Eager only (a compiled forward casts).
         A graphed callable with cache_quantized_params sets the manager's skip flag from its
         call's is_first_microbatch; modules inside it receive no argument and follow the flag."""
-        if is_first_microbatch is None:
+        if is_first_microbatch is None and not torch.compiler.is_compiling():
             skip = FP8GlobalStateManager.get_skip_fp8_weight_update_tensor()
             is_first_microbatch = None if skip is None else not bool(skip)
         if (
