@@ -155,7 +155,8 @@ def test_training_state_and_kwargs():
 def test_pipeline_order_returns_one_forward_per_microbatch():
     layers = (te.Linear(8, 8), te.Linear(8, 8))
     samples = tuple((torch.randn(2, 8, requires_grad=True),) for _ in range(4))
-    fwds = te.make_graphed_callables(layers, samples, _order=[1, 2, -2, -1, 1, 2, -2, -1], _num_layers_per_chunk=[1, 1])
+    fwds = te.make_graphed_callables(layers, samples, _order=[1, 2, -2, -1, 1, 2, -2, -1],
+                                     _num_layers_per_chunk=[1, 1])
     assert len(fwds) == 4
     x = torch.randn(2, 8, requires_grad=True)
     y = fwds[2](fwds[0](x))

@@ -50,9 +50,11 @@ class GraphSpec:
         # off or the parameter's lifetime is managed by delayed wgrad (skip_backward_post_hook).
         self.clone_slots = tuple(
             [False] * num_user_args
-            + [clone_param_grads and not getattr(p, "skip_backward_post_hook", False) for p in params]
+            + [clone_param_grads and not getattr(p, "skip_backward_post_hook", False)
+               for p in params]
         )
-        self.static_grads: list[torch.Tensor | None] | None = None  # allocated by the first backward
+        # allocated by the first backward
+        self.static_grads: list[torch.Tensor | None] | None = None
         self.orig_forward: Callable[..., Any] = module.forward
         self.was_reset = False
 
@@ -104,7 +106,8 @@ class _Graphed(torch.autograd.Function):
                 outs.append(o)
                 grad_outs.append(g if g is not None else torch.zeros_like(o))
         targets = [(i, leaf) for i, leaf in enumerate(ctx.leaves) if leaf.requires_grad]
-        targets += [(spec.num_user_args + j, p) for j, p in enumerate(spec.params) if p.requires_grad]
+        targets += [(spec.num_user_args + j, p) for j, p in enumerate(spec.params)
+                    if p.requires_grad]
         computed: list[torch.Tensor | None] = [None] * len(targets)
         if outs and targets:
             # The parameters are leaves of the inner graph too: their tensor hooks would fire here
@@ -135,8 +138,9 @@ class _Graphed(torch.autograd.Function):
         for (slot, _), g in zip(targets, computed):
             if g is None:
                 if slot < spec.num_user_args and not spec.allow_unused_input:
-                    raise RuntimeError("make_graphed_callables: an input requires grad, but its grad "
-                                       "is None after the backward pass (pass allow_unused_input=True)")
+                    raise RuntimeError("make_graphed_callables: an input requires grad, but its "
+                                       "grad is None after the backward pass (pass "
+                                       "allow_unused_input=True)")
                 continue
             buf = spec.static_grads[slot]
             if buf is None or buf.shape != g.shape or buf.dtype != g.dtype:
@@ -154,7 +158,8 @@ def make_graphed_forward(spec: GraphSpec, training: bool) -> Callable[..., Any]:
         if spec.was_reset:
             raise RuntimeError("make_graphed_callables: the graph of this callable was reset; "
                                "build a new graphed callable")
-        if spec.cache_quantized_params and not isinstance(user_kwargs.get("is_first_microbatch"), bool):
+        first = user_kwargs.get("is_first_microbatch")
+        if spec.cache_quantized_params and not isinstance(first, bool):
             raise ValueError("`is_first_microbatch` boolean kwarg must be provided for FP8 weight "
                              "caching.")
         # Streams and events order replays on a GPU; CPU work runs in program order.

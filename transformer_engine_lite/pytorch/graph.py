@@ -120,7 +120,8 @@ def _forward_schedule(
                                   "wgrad passes) are not implemented by transformer_engine_lite")
     order = [int(c) for c in order]
     if not order or 0 in order:
-        raise ValueError(f"make_graphed_callables: _order: expected non-zero chunk ids, got {order}")
+        raise ValueError(
+            f"make_graphed_callables: _order: expected non-zero chunk ids, got {order}")
     chunks = max(order)
     micro = len(order) // chunks // 2
     if chunks * micro * 2 != len(order):
@@ -129,7 +130,8 @@ def _forward_schedule(
                          f"len(_order_without_wgrad) = {len(order)}")
     if layers_per_chunk is None:
         if not (n_samples * 2 >= len(order) and n_samples * 2 % len(order) == 0):
-            raise ValueError(f"{n_samples} * 2 >= {len(order)} and {n_samples} * 2 % {len(order)} == 0")
+            raise ValueError(
+                f"{n_samples} * 2 >= {len(order)} and {n_samples} * 2 % {len(order)} == 0")
         layers_per_chunk = [n_samples // chunks // micro] * chunks
     elif isinstance(layers_per_chunk, int):
         layers_per_chunk = [layers_per_chunk] * chunks
@@ -150,7 +152,8 @@ def _forward_schedule(
     for c in range(chunks):
         for mb in range(micro):
             for layer in range(layers_per_chunk[c]):
-                fwd.append((prefix[c] * micro + mb * layers_per_chunk[c] + layer, prefix[c] + layer))
+                sample = prefix[c] * micro + mb * layers_per_chunk[c] + layer
+                fwd.append((sample, prefix[c] + layer))
     fwd.sort()
     steps: list[list[int]] = []
     fwd_mb, bwd_mb = [0] * chunks, [0] * chunks
@@ -170,8 +173,8 @@ def _forward_schedule(
 def _run_hooks(hooks: list[dict[str, dict]], idx: int, kind: str, module: torch.nn.Module) -> None:
     for fn in hooks[idx].get(kind, {}).values():
         if fn(module) is not None:
-            raise RuntimeError(f"make_graphed_callables: capture_time_hooks: a {kind} hook returned "
-                               "a value; hooks must return None")
+            raise RuntimeError(f"make_graphed_callables: capture_time_hooks: a {kind} hook "
+                               "returned a value; hooks must return None")
 
 
 def make_graphed_callables(
@@ -203,10 +206,10 @@ def make_graphed_callables(
     """TE's make_graphed_callables on a backend without CUDA graphs.
 
     Reproduced as TE: argument checks and the deprecated fp8_* spellings; the warm-up
-    (num_warmup_iters forward + backward passes, plus the capture's own pass, on the sample inputs in TE's order, or the
-    pipeline order `_order` / `_num_layers_per_chunk`, with pre/post warm-up hooks and
-    capture_time_hooks, parameter .grad left untouched, unused inputs rejected unless
-    allow_unused_input) and its lazy-initialization side effects; FP8 state bookkeeping (the
+    (num_warmup_iters forward + backward passes, plus the capture's own pass, on the sample
+    inputs in TE's order, or the pipeline order `_order` / `_num_layers_per_chunk`, with
+    pre/post warm-up hooks and capture_time_hooks, parameter .grad left untouched, unused
+    inputs rejected unless allow_unused_input) and its lazy-initialization side effects; FP8 state bookkeeping (the
     delayed-scaling amax histories and scales, and the RNG states, are restored after warm-up);
     each module's forward replaced by a graphed one (original forward when the module's training
     state differs from capture) that runs under the captured autocast (enabled / recipe /
@@ -239,7 +242,8 @@ def make_graphed_callables(
     cache_quantized_params = bool(_deprecated("fp8_weight_caching", fp8_weight_caching,
                                               "cache_quantized_params", cache_quantized_params))
     if recipe is not None and not isinstance(recipe, Recipe):
-        raise TypeError(f"make_graphed_callables: recipe: expected a Recipe, got {type(recipe).__name__}")
+        raise TypeError(
+            f"make_graphed_callables: recipe: expected a Recipe, got {type(recipe).__name__}")
     if not isinstance(num_warmup_iters, int) or num_warmup_iters < 0:
         raise ValueError(f"make_graphed_callables: num_warmup_iters: expected an int >= 0, got "
                          f"{num_warmup_iters!r}")
@@ -256,10 +260,12 @@ def make_graphed_callables(
         sample_kwargs = tuple({} for _ in range(len(sample_args)))
     if not isinstance(enabled, tuple):
         if not isinstance(enabled, bool):
-            raise TypeError(f"enabled must be a bool or a tuple of bools, but got {type(enabled).__name__}")
+            raise TypeError(
+                f"enabled must be a bool or a tuple of bools, but got {type(enabled).__name__}")
         enabled = (enabled,) * len(modules)
     elif len(enabled) != len(modules):
-        raise ValueError(f"enabled length ({len(enabled)}) must match modules length ({len(modules)})")
+        raise ValueError(
+            f"enabled length ({len(enabled)}) must match modules length ({len(modules)})")
     if any(enabled) and recipe is None:
         recipe = get_default_fp8_recipe()
     elif not any(enabled):
@@ -273,13 +279,17 @@ def make_graphed_callables(
                            "or all in inference mode.")
     if len(sample_kwargs) != len(sample_args):
         raise ValueError("Expected sample_kwargs to have the same length as callables, "
-                         f"but got {len(sample_kwargs)} sample_kwargs for {len(sample_args)} callables")
+                         f"but got {len(sample_kwargs)} sample_kwargs for {len(sample_args)} "
+                         "callables")
     if _reuse_graph_input_output_buffers:
         if _order is None:
-            raise ValueError("`_order` must be provided when `_reuse_graph_input_output_buffers` is True.")
+            raise ValueError(
+                "`_order` must be provided when `_reuse_graph_input_output_buffers` is True.")
         if not is_training:
-            raise RuntimeError("`_reuse_graph_input_output_buffers` is only available in training mode.")
-    fwd_passes, steps = _forward_schedule(len(modules), len(sample_args), _order, _num_layers_per_chunk)
+            raise RuntimeError(
+                "`_reuse_graph_input_output_buffers` is only available in training mode.")
+    fwd_passes, steps = _forward_schedule(len(modules), len(sample_args), _order,
+                                          _num_layers_per_chunk)
     if capture_time_hooks is None:
         capture_time_hooks = [None] * len(modules)
     if len(capture_time_hooks) != len(modules):
@@ -287,14 +297,16 @@ def make_graphed_callables(
                          f"entries (one per callable), got {len(capture_time_hooks)}")
     hooks = [h or {} for h in capture_time_hooks]
     for h in hooks:
-        bad = set(h) - {"forward_pre_hooks", "forward_hooks", "backward_pre_hooks", "backward_hooks"}
+        bad = set(h) - {"forward_pre_hooks", "forward_hooks", "backward_pre_hooks",
+                        "backward_hooks"}
         if bad:
-            raise ValueError(f"make_graphed_callables: capture_time_hooks: unknown keys {sorted(bad)}")
+            raise ValueError(
+                f"make_graphed_callables: capture_time_hooks: unknown keys {sorted(bad)}")
     for m in modules:
         if m._backward_hooks or m._backward_pre_hooks or m._forward_hooks or m._forward_pre_hooks:
-            raise RuntimeError("Modules must not have hooks registered at the time they are passed. "
-                               "However, registering hooks on modules after passing them through "
-                               "make_graphed_callables is allowed.")
+            raise RuntimeError("Modules must not have hooks registered at the time they are "
+                               "passed. However, registering hooks on modules after passing "
+                               "them through make_graphed_callables is allowed.")
         if any(b.requires_grad for b in m.buffers()):
             raise RuntimeError("In any :class:`~torch.nn.Module` passed to :func:`~make_graphed_"
                                "callables`, only parameters may be trainable. All buffers must "
