@@ -206,27 +206,28 @@ def make_graphed_callables(
     """TE's make_graphed_callables on a backend without CUDA graphs.
 
     Reproduced as TE: argument checks and the deprecated fp8_* spellings; the warm-up
-    (num_warmup_iters forward + backward passes, plus the capture's own pass, on the sample
-    inputs in TE's order, or the pipeline order `_order` / `_num_layers_per_chunk`, with
-    pre/post warm-up hooks and capture_time_hooks, parameter .grad left untouched, unused
-    inputs rejected unless allow_unused_input) and its lazy-initialization side effects; FP8 state bookkeeping (the
-    delayed-scaling amax histories and scales, and the RNG states, are restored after warm-up);
-    each module's forward replaced by a graphed one (original forward when the module's training
-    state differs from capture) that runs under the captured autocast (enabled / recipe /
-    calibrating / amax_reduction_group) whatever autocast surrounds the call; one autograd node
-    per call whose backward writes static gradient buffers and returns clones of the parameter
-    gradients (the buffers themselves with clone_param_grads_on_return=False or for parameters
-    marked skip_backward_post_hook, the policy fixed at capture); retain_graph_in_backward;
+    (num_warmup_iters forward + backward passes, plus the capture's own pass, on the sample inputs
+    in TE's order, or the pipeline order `_order` / `_num_layers_per_chunk`, with pre/post warm-up
+    hooks and capture_time_hooks, parameter .grad left untouched, unused inputs rejected unless
+    allow_unused_input) and its lazy-initialization side effects; FP8 state bookkeeping (the
+    delayed-scaling amax histories and scales, and the RNG states, are restored after warm-up); each
+    module's forward replaced by a graphed one (original forward when the module's training state
+    differs from capture) that runs under the captured autocast (enabled / recipe / calibrating /
+    amax_reduction_group) whatever autocast surrounds the call; one autograd node per call whose
+    backward writes static gradient buffers and returns clones of the parameter gradients (the
+    buffers themselves with clone_param_grads_on_return=False or for parameters marked
+    skip_backward_post_hook, the policy fixed at capture); retain_graph_in_backward;
     cache_quantized_params requiring a bool is_first_microbatch; backward_dw / reset attributes.
-    Sample kwargs that are tensors are graph inputs; other kwargs are taken from each call.
+    Tensor sample kwargs are graph inputs a call must pass; other sample kwargs take the call's
+    value when given; kwargs the graph was not captured with are not passed on (as TE's replay).
 
-    Not reproducible without a graph: launch savings (each call runs the module's Python and
-    kernels again), memory pools (`pool`, `_reuse_graph_input_output_buffers` only change
-    memory reuse on a GPU and do not change any value here), cuda_graph_stream /
-    cuda_graph_event (accepted and dropped: CPU work runs in program order). Outputs are fresh
-    tensors each call, where TE returns static buffers the next replay overwrites (code that
-    clones outputs, as TE advises, behaves the same). Delayed-scaling scales are updated as
-    in an eager step, where a TE graph replayed outside an enabled autocast skips the update.
+    Not reproducible without a graph: launch savings (each call runs the module's Python and kernels
+    again), memory pools (`pool`, `_reuse_graph_input_output_buffers` only change memory reuse on a
+    GPU and do not change any value here), cuda_graph_stream / cuda_graph_event (accepted and
+    dropped: CPU work runs in program order). Outputs are fresh tensors each call, where TE returns
+    static buffers the next replay overwrites (code that clones outputs, as TE advises, behaves the
+    same). Delayed-scaling scales are updated as in an eager step, where a TE graph replayed outside
+    an enabled autocast skips the update.
     """
     from ..common.recipe import Recipe
     from ._graphed import GraphSpec, attach_attributes, make_graphed_forward
