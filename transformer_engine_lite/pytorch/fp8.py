@@ -317,6 +317,23 @@ class FP8GlobalStateManager:
     def exit_recompute(cls, saved: tuple[_AutocastState, int]) -> None:
         cls._state, cls._depth = saved
 
+    # ---------------------------------------------------------------- graphed weight caching
+    # TE's skip_fp8_weight_update tensor: set by a graphed callable built with
+    # cache_quantized_params for the duration of its forward (True: reuse the cached weight casts,
+    # is_first_microbatch=False; False: recast); None outside one.
+    _skip_weight_update: ClassVar[torch.Tensor | None] = None
+
+    @classmethod
+    def set_skip_fp8_weight_update_tensor(cls, skip: bool | torch.Tensor | None) -> None:
+        if skip is None:
+            cls._skip_weight_update = None
+            return
+        cls._skip_weight_update = torch.tensor([float(bool(skip))], dtype=torch.float32)
+
+    @classmethod
+    def get_skip_fp8_weight_update_tensor(cls) -> torch.Tensor | None:
+        return cls._skip_weight_update
+
     # ---------------------------------------------------------------- delayed-scaling updates
     @classmethod
     def queue_backward_update(cls) -> None:
@@ -386,6 +403,7 @@ class FP8GlobalStateManager:
         cls._fwd_codes = set()
         cls._bwd_codes = set()
         cls._bwd_callback_queued = False
+        cls._skip_weight_update = None
 
 
 def _reduce_amax(rows: torch.Tensor, group: Any) -> None:

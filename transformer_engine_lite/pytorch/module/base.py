@@ -445,7 +445,12 @@ class TransformerEngineBaseModule(ExtraStateMixin, torch.nn.Module):
         """TE's weight-cast cache for gradient accumulation: is_first_microbatch=True casts the
         weight and keeps the cast; False reuses it (the weight must not have changed in between:
         TE's contract), so a step of n microbatches casts each weight once instead of n times;
-        None: no cache. FP8 parameters need no cast. Eager only (a compiled forward casts)."""
+        None: no cache. FP8 parameters need no cast. Eager only (a compiled forward casts).
+        A graphed callable with cache_quantized_params sets the manager's skip flag from its
+        call's is_first_microbatch; modules inside it receive no argument and follow the flag."""
+        if is_first_microbatch is None and not torch.compiler.is_compiling():
+            skip = FP8GlobalStateManager.get_skip_fp8_weight_update_tensor()
+            is_first_microbatch = None if skip is None else not bool(skip)
         if (
             is_first_microbatch is None
             or cfg.mode not in ("delayed", "current", "mxfp8", "block")
