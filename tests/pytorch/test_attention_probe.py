@@ -364,9 +364,13 @@ def test_padded_offsets_equal_to_cu_seqlens_and_fast_zero_fill():
     slow = dpa(q, k, v, **base, fast_zero_fill=False)
     torch.testing.assert_close(same, ref, rtol=0, atol=0)
     torch.testing.assert_close(slow, ref, rtol=0, atol=0)
+    # padding between sequences (kv only): the same keys moved to padded offsets, same output
     gaps = torch.tensor([0, 8, 18], dtype=torch.int32)
-    with pytest.raises(NotImplementedError, match="cu_seqlens_kv_padded"):
-        dpa(q, k, v, **base, cu_seqlens_kv_padded=gaps)
+    k2, v2 = (torch.zeros_like(t) for t in (k, v))
+    for t2, t in ((k2, k), (v2, v)):
+        t2[0:7], t2[8:17] = t[0:7], t[7:16]
+    out = dpa(q, k2, v2, **base, cu_seqlens_kv_padded=gaps)
+    torch.testing.assert_close(out, ref, rtol=0, atol=0)
     torch.testing.assert_close(dpa(q, k, v, **base, num_splits=1), ref, rtol=0, atol=0)
     with pytest.raises(NotImplementedError, match="num_splits"):
         dpa(q, k, v, **base, num_splits=2)

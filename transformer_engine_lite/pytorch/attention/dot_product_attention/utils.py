@@ -326,8 +326,11 @@ def _cp_unsupported(p: AttentionParams) -> list[str]:
         masks += ("padding", "padding_causal", "padding_causal_bottom_right")
     if p.attn_mask_type not in masks:
         why.append(f"context parallelism with attn_mask_type = {p.attn_mask_type!r}")
-    if p.core_attention_bias_type != "no_bias":
-        why.append(f"context parallelism with bias type {p.core_attention_bias_type!r}")
+    bias = p.core_attention_bias_type
+    # a post_scale_bias: the ring slices it per step ('p2p', non-padding masks, as TE's)
+    bias_ok = bias == "post_scale_bias" and p.cp_comm_type == "p2p" and not thd
+    if bias != "no_bias" and not bias_ok:
+        why.append(f"context parallelism with bias type {bias!r} and {p.cp_comm_type!r}")
     if p.is_training and p.attention_dropout:
         why.append("context parallelism with dropout")
     full = p.window_size in (None, (-1, -1), (-1, 0))
