@@ -223,3 +223,27 @@ def test_pad_and_bias_argument_checks():
     finally:
         dist.destroy_process_group()
         os.close(fd)
+
+
+def test_combine_and_quantize_shares_one_scale():
+    """TE's utils.combine_and_quantize (its CP runner's fp8_mha inputs): q, k, v quantized with
+    one current scale from their joint amax; bytes against torch's own float8 cast."""
+    from transformer_engine_lite.pytorch import DType, Float8CurrentScalingQuantizer
+    from transformer_engine_lite.pytorch.attention.dot_product_attention.utils import (
+        combine_and_quantize,
+    )
+
+    g = torch.Generator().manual_seed(5)
+    q, k, v = (torch.randn(2, 8, 4, 16, generator=g, dtype=torch.float32) * s for s in (1, 2, 3))
+    quantizer = Float8CurrentScalingQuantizer(fp8_dtype=DType.kFloat8E4M3, device="cpu")
+    qf, kf, vf, layout, fmt = combine_and_quantize("bshd_bshd_bshd", q, k, v, quantizer)
+    assert layout == "bshd_bshd_bshd" and fmt is None
+    amax = max(t.abs().max() for t in (q, k, v))
+    scale = torch.tensor(448.0) / amax
+    for t, f in ((q, qf), (k, kf), (v, vf)):
+        want = (t * scale).to(torch.float8_e4m3fn).view(torch.uint8)
+        assert f.shape == t.shape and f.dtype == t.dtype
+        assert torch.equal(f._data.reshape(t.shape), want)
+        assert torch.equal(f._scale_inv.reshape(()), (1 / scale).reshape(()))
+    with pytest.raises(NotImplementedError, match="qkv_quantizer: .* got object"):
+        combine_and_quantize("bshd_bshd_bshd", q, k, v, object())

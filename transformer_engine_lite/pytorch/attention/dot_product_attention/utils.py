@@ -37,12 +37,14 @@ from ... import tex
 from ...cpp_extensions.fused_attn import FusedAttnBackend
 from ...utils import get_cudnn_version
 from .. import backends as _backends
+from .fp8_qkv import combine_and_quantize  # noqa: F401 (TE's name, re-exported)
 
 __all__ = [
     "AttentionLogging",
     "AttentionParams",
     "FlashAttentionUtils",
     "check_set_window_size",
+    "combine_and_quantize",
     "get_attention_backend",
     "get_cudnn_version",
 ]
