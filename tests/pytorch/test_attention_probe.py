@@ -114,6 +114,37 @@ def test_env_switches(monkeypatch, env, available, selected):
             dict(context_parallel=True, qkv_layout="thd_thd_thd", attn_mask_type="padding_causal"),
             [True, False, False],
         ),
+        # padding between thd sequences (the real tokens are attended), with and without CP
+        (
+            dict(qkv_layout="thd_thd_thd", attn_mask_type="padding_causal", pad_between_seqs=True),
+            [True, False, True],
+        ),
+        (
+            dict(context_parallel=True, qkv_layout="thd_thd_thd", attn_mask_type="padding",
+                 pad_between_seqs=True),
+            [True, False, False],
+        ),  # fmt: skip
+        # a post_scale_bias with CP: the p2p ring only
+        (
+            dict(context_parallel=True, core_attention_bias_type="post_scale_bias"),
+            [True, False, False],
+        ),
+        (
+            dict(context_parallel=True, cp_comm_type="a2a",
+                 core_attention_bias_type="post_scale_bias"),
+            [False, False, False],
+        ),  # fmt: skip
+        # FP8 attention with CP: the unfused emulation with 'a2a' (bshd / sbhd) only
+        (
+            dict(context_parallel=True, cp_comm_type="a2a", fp8=True,
+                 fp8_meta={"recipe": DelayedScaling(fp8_dpa=True)}),
+            [False, False, True],
+        ),  # fmt: skip
+        (
+            dict(context_parallel=True, fp8=True,
+                 fp8_meta={"recipe": Float8CurrentScaling(fp8_dpa=True)}),
+            [False, False, False],
+        ),  # fmt: skip
     ],
 )
 def test_configuration_rules(kw, available):
@@ -130,7 +161,7 @@ def test_configuration_rules(kw, available):
         dict(num_splits=2),
         dict(return_max_logit=True),
         dict(cuda_graph=True),
-        dict(pad_between_seqs=True),
+        dict(pad_between_seqs=True),  # bshd: padding between sequences is for thd
         dict(fp8_output=True),
         dict(has_score_mod=True),
         dict(qkv_type=type("Float8Tensor", (torch.Tensor,), {})),

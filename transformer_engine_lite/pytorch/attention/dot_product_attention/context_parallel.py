@@ -114,6 +114,7 @@ def attn_forward_func_with_cp(
     fp8_output: bool = False,
     layer_number: int = 1,
     return_max_logit: bool = False,
+    _fp8_plan: Any = None,
 ) -> torch.Tensor:
     """TE's entry point: attention of this rank's q rows against the whole sequence's k, v, which
     are spread over cp_group. q, k, v: [b, 2c, h, d] (bshd) or [2c, b, h, d] (sbhd), the rank's
@@ -134,8 +135,10 @@ def attn_forward_func_with_cp(
     for name, val in given:
         if val is not None:
             raise _unsupported(f"{name} (given)")
+    if _fp8_plan is not None:
+        _check_fp8(cp_comm_type, qkv_format, attn_bias_type)
     for name, flag in (
-        ("fp8", fp8),
+        ("fp8", fp8 and _fp8_plan is None),
         ("fp8_output", fp8_output),
         ("return_max_logit", return_max_logit),
     ):
@@ -226,9 +229,14 @@ def attn_forward_func_with_cp(
                 i = comm.group_rank(a2a_group)
                 offset = offset.reshape(-1)[i * per : (i + 1) * per]
             qs, ks, vs = (layout.half(t, None) for t in (qh, kh, vh))  # real tokens
-            oh, _ = layout.attn_fwd(
-                qs, ks, vs, None, None, layout.mask(causal), window, scale, softmax_type, offset
-            )
+            if _fp8_plan is not None:
+                oh = _fp8_attention(qs, ks, vs, qkv_format, causal, window, scale, softmax_type,
+                                    offset, _fp8_plan)  # fmt: skip
+            else:
+                oh, _ = layout.attn_fwd(
+                    qs, ks, vs, None, None, layout.mask(causal), window, scale, softmax_type,
+                    offset,
+                )  # fmt: skip
             if thd:
                 oh = layout.scatter(oh, qh.shape[0])
         else:
@@ -286,6 +294,34 @@ def _thd_offsets(cu_q, cu_kv, cu_q_padded, cu_kv_padded):  # noqa: ANN001, ANN20
             f"[0, its padded length] (cu_seqlens_q_padded {pad_q.tolist()})"
         )
     return pad_q, real
+
+
+def _check_fp8(comm_type, fmt, bias_type) -> None:  # noqa: ANN001
+    """FP8 attention with CP: emulated with 'a2a' (bshd / sbhd), where every rank runs one
+    process's FP8 attention on its heads; TE's FP8 CP takes no thd and no bias."""
+    if fmt == "thd" or bias_type != "no_bias":
+        raise ValueError(
+            f"{_OWNER}: FP8 attention with qkv_format={fmt!r}, attn_bias_type={bias_type!r}: "
+            "TE's context parallelism takes FP8 attention with bshd / sbhd and no bias"
+        )
+    if comm_type != "a2a":
+        raise _unsupported(
+            f"FP8 attention (fp8_dpa / fp8_mha) with cp_comm_type={comm_type!r} (emulated with "
+            "'a2a' only: its per-chunk FP8 kernels are not emulated for the ring / all-gather)"
+        )
+
+
+def _fp8_attention(q, k, v, fmt, causal, window, scale, softmax_type, offset, plan):  # noqa
+    """One process's FP8 attention (the unfused backend's quantization points, fp8_attention.py)
+    on this rank's heads over the whole sequence; the plan's amax_group makes every point's
+    scale the group's, so the bytes equal one process's."""
+    from ..backends import UnfusedDotProductAttention  # noqa: PLC0415
+
+    s = q.shape[1 if fmt == "bshd" else 0]
+    return UnfusedDotProductAttention(scale)(
+        q, k, v, f"{fmt}_{fmt}_{fmt}", None, None, s, s, "causal" if causal else "no_mask",
+        window, softmax_type=softmax_type, softmax_offset=offset, fp8=plan,
+    ).view(*q.shape[:-1], v.shape[-1])  # fmt: skip
 
 
 def _check_bias(bias_type, bias, comm_type, fmt, mask) -> None:  # noqa: ANN001
@@ -367,9 +403,11 @@ def forward_with_cp(
     cu_seqlens: tuple[Any, Any, Any, Any],
     checkpoint_core_attention: bool,
     pad_between_seqs: bool = False,
+    fp8: Any = None,
 ) -> torch.Tensor:
     """DotProductAttention.forward's CP branch (its arguments already checked and normalized):
-    refuses what CP cannot take, then runs attn_forward_func_with_cp with the module's settings."""
+    refuses what CP cannot take, then runs attn_forward_func_with_cp with the module's settings.
+    fp8: the forward's FP8AttentionPlan (or None); its amax reduction spans the CP group."""
     owner = "DotProductAttention (context parallelism)"
     for name, val in (
         ("attention_mask", attention_mask),
@@ -415,8 +453,12 @@ def forward_with_cp(
             pad_between_seqs=bool(pad_between_seqs),
             softmax_type=dpa.softmax_type,
             softmax_offset=offset,
+            fp8=fp8 is not None,
+            _fp8_plan=fp8,
         )
 
+    if fp8 is not None:
+        fp8.amax_group = dpa.cp_group
     if checkpoint_core_attention and torch.is_grad_enabled():
         from torch.utils.checkpoint import checkpoint  # noqa: PLC0415
 

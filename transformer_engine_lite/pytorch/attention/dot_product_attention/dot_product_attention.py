@@ -320,17 +320,13 @@ class DotProductAttention(TransformerEngineBaseModule):
             )  # fmt: skip
             return scatter_rows(out, iq, q.shape[0])
         if self.cp_size > 1:
-            if fp8 is not None:
-                raise NotImplementedError(
-                    f"{owner}: FP8 attention (recipe fp8_dpa / fp8_mha) with context parallelism "
-                    f"(cp_size {self.cp_size}) is not supported by transformer_engine_lite"
-                )
-            return forward_with_cp(
+            out = forward_with_cp(
                 self, q, k, v, fmt, mask, window, attention_mask, inference_params,
                 core_attention_bias_type, core_attention_bias, alibi_slopes,
                 (cu_seqlens_q, cu_seqlens_kv, cu_seqlens_q_padded, cu_seqlens_kv_padded),
-                checkpoint_core_attention, pad_between_seqs,
+                checkpoint_core_attention, pad_between_seqs, fp8,
             )  # fmt: skip
+            return fp8.fp8_tensor(out) if fp8 is not None and fp8_output else out
         restore = None
         if inference_params is not None:
             # KV cache: q's new tokens against the cached sequences, bshd with padding (see

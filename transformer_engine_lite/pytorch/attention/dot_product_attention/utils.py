@@ -283,8 +283,9 @@ def _unsupported(p: AttentionParams) -> list[str]:
         why.append("attn_mask_type 'arbitrary' with the thd format")
     if p.context_parallel:
         why += _cp_unsupported(p)
-    if p.pad_between_seqs:
-        why.append("pad_between_seqs is not supported")
+    if p.pad_between_seqs and not p.qkv_layout.startswith("t"):
+        # thd: DotProductAttention attends the real tokens (padded_seqs.py), CP per chunk
+        why.append("pad_between_seqs with a layout other than thd")
     if p.softmax_type not in ("vanilla", "off-by-one", "learnable"):
         why.append(f"softmax_type = {p.softmax_type!r} (vanilla, off-by-one, learnable)")
     if p.return_max_logit:
@@ -477,9 +478,13 @@ def get_attention_backend(
         available[0] = available[1] = False
         logger.debug("Disabling FlashAttention and FusedAttention due to FP8 attention (emulated "
                      "by UnfusedDotProductAttention)")
-    if p.context_parallel:  # CP runs the flash kernel per chunk (context_parallel.py)
-        available[1] = available[2] = False
-        logger.debug("Disabling FusedAttention and UnfusedDotProductAttention due to CP")
+    if p.context_parallel:  # CP runs the flash kernel per chunk (context_parallel.py), or
+        # under FP8 with 'a2a' (bshd / sbhd) the unfused emulation on each rank's heads
+        fp8_a2a = _fp8_attention(p) and p.cp_comm_type == "a2a" and not p.qkv_layout.startswith("t")
+        available[1] = False
+        available[2] = available[2] and fp8_a2a
+        logger.debug("Disabling FusedAttention%s due to CP",
+                     "" if fp8_a2a else " and UnfusedDotProductAttention")
     for name, value in selection.PREFERENCE:
         if reasons[value]:
             logger.debug("Disabling %s due to %s", selection.BACKEND_NAMES[name], reasons[value])
