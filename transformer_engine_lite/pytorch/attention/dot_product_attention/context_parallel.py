@@ -11,9 +11,19 @@ bottom-right variants are the same for self attention). Outputs are the rank's r
 attention; gradients flow to the rank's own q, k, v. Softmax LSEs are combined in fp32
 (cp_comm.merge). Communication is torch.distributed (gloo on the CPU): eager and, but for the
 ring's K/V exchange, synchronous; cp_stream is accepted for TE's signature and unused.
-Not supported (NotImplementedError): padding between sequences, cross attention, padding masks
-for bshd / sbhd, attention bias, dropout, FP8, return_max_logit, and sliding windows except with
-'a2a' (any window) and 'all_gather' (causal, left window); attention sinks with 'a2a' only.
+Padding between thd sequences (cu_seqlens_q != cu_seqlens_q_padded, TE's pad_between_seqs;
+each sequence's padding at its end): 'p2p', 'a2a', 'a2a+p2p' attend only the real tokens of
+every chunk (cp_layout.ThdLayout), padding rows get zero output and gradients. A post_scale_bias
+(bshd / sbhd, the rank's query rows over all keys, TE's sharding) with 'p2p': each ring step
+adds its slice and dbias sums the steps in fp32 (TE: no bias with thd or padding masks, nor with
+'a2a+p2p' -> ValueError). FP8 attention (DotProductAttention under fp8_dpa / fp8_mha,
+DelayedScaling or Float8CurrentScaling) with 'a2a', bshd / sbhd: every rank runs the unfused FP8
+emulation on its heads with each point's amax reduced over the CP group, bit for bit one
+process's (TE's FP8 CP takes no thd and no bias -> ValueError).
+Not supported (NotImplementedError): FP8 with 'p2p' / 'all_gather' / 'a2a+p2p', a bias with
+'all_gather' / 'a2a', padding with 'all_gather', cross attention, padding masks for bshd / sbhd,
+dropout, return_max_logit, and sliding windows except with 'a2a' (any window) and 'all_gather'
+(causal, left window); attention sinks with 'a2a' only.
 """
 
 from __future__ import annotations
