@@ -130,7 +130,9 @@ class RingAttention(torch.autograd.Function):
     gradient is summed in fp32 into the rank's dbias."""
 
     @staticmethod
-    def forward(ctx, q, k, v, layout, causal, scale, group, ranks, bias=None):  # noqa: ANN001, ANN205
+    def forward(  # noqa: ANN205
+        ctx, q, k, v, layout, causal, scale, group, ranks, bias=None  # noqa: ANN001
+    ):
         cp, r = group_size(group), group_rank(group)
         out_acc = q.new_zeros((*q.shape[:-1], v.shape[-1]), dtype=torch.float32)
         lse_acc = layout.lse_empty(q)
