@@ -114,6 +114,37 @@ def test_env_switches(monkeypatch, env, available, selected):
             dict(context_parallel=True, qkv_layout="thd_thd_thd", attn_mask_type="padding_causal"),
             [True, False, False],
         ),
+        # padding between thd sequences (the real tokens are attended), with and without CP
+        (
+            dict(qkv_layout="thd_thd_thd", attn_mask_type="padding_causal", pad_between_seqs=True),
+            [True, False, True],
+        ),
+        (
+            dict(context_parallel=True, qkv_layout="thd_thd_thd", attn_mask_type="padding",
+                 pad_between_seqs=True),
+            [True, False, False],
+        ),  # fmt: skip
+        # a post_scale_bias with CP: the p2p ring only
+        (
+            dict(context_parallel=True, core_attention_bias_type="post_scale_bias"),
+            [True, False, False],
+        ),
+        (
+            dict(context_parallel=True, cp_comm_type="a2a",
+                 core_attention_bias_type="post_scale_bias"),
+            [False, False, False],
+        ),  # fmt: skip
+        # FP8 attention with CP: the unfused emulation with 'a2a' (bshd / sbhd) only
+        (
+            dict(context_parallel=True, cp_comm_type="a2a", fp8=True,
+                 fp8_meta={"recipe": DelayedScaling(fp8_dpa=True)}),
+            [False, False, True],
+        ),  # fmt: skip
+        (
+            dict(context_parallel=True, fp8=True,
+                 fp8_meta={"recipe": Float8CurrentScaling(fp8_dpa=True)}),
+            [False, False, False],
+        ),  # fmt: skip
     ],
 )
 def test_configuration_rules(kw, available):
@@ -130,7 +161,7 @@ def test_configuration_rules(kw, available):
         dict(num_splits=2),
         dict(return_max_logit=True),
         dict(cuda_graph=True),
-        dict(pad_between_seqs=True),
+        dict(pad_between_seqs=True),  # bshd: padding between sequences is for thd
         dict(fp8_output=True),
         dict(has_score_mod=True),
         dict(qkv_type=type("Float8Tensor", (torch.Tensor,), {})),
@@ -364,9 +395,13 @@ def test_padded_offsets_equal_to_cu_seqlens_and_fast_zero_fill():
     slow = dpa(q, k, v, **base, fast_zero_fill=False)
     torch.testing.assert_close(same, ref, rtol=0, atol=0)
     torch.testing.assert_close(slow, ref, rtol=0, atol=0)
+    # padding between sequences (kv only): the same keys moved to padded offsets, same output
     gaps = torch.tensor([0, 8, 18], dtype=torch.int32)
-    with pytest.raises(NotImplementedError, match="cu_seqlens_kv_padded"):
-        dpa(q, k, v, **base, cu_seqlens_kv_padded=gaps)
+    k2, v2 = (torch.zeros_like(t) for t in (k, v))
+    for t2, t in ((k2, k), (v2, v)):
+        t2[0:7], t2[8:17] = t[0:7], t[7:16]
+    out = dpa(q, k2, v2, **base, cu_seqlens_kv_padded=gaps)
+    torch.testing.assert_close(out, ref, rtol=0, atol=0)
     torch.testing.assert_close(dpa(q, k, v, **base, num_splits=1), ref, rtol=0, atol=0)
     with pytest.raises(NotImplementedError, match="num_splits"):
         dpa(q, k, v, **base, num_splits=2)

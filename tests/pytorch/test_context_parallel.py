@@ -177,12 +177,16 @@ def _worker(rank: int, world: int, init_file: str, out_dir: str) -> None:
         layer.set_context_parallel_group(groups, None, None, LAYER_COMM[world])
         x, dy = (_shard(t, 1, world, rank) for t in (x, dy))
         results["layer"] = _run_layer(layer, x, dy, freqs)
-        # FP8 attention has no CP path: refused, never silently run in high precision
+        # FP8 attention with the ring (emulated with 'a2a' only, test_context_parallel_fp8.py):
+        # refused, never silently run in high precision
         from transformer_engine_lite.common.recipe import DelayedScaling
 
+        case = CASES_2[0]
+        q, k, v, _, _ = _inputs(case, SEQ[world])
+        q, k, v = (_shard(t, 1, world, rank) for t in (q, k, v))
         try:
             with te.fp8_autocast(fp8_recipe=DelayedScaling(fp8_dpa=True)):
-                m(q, k, v)
+                _module(case, dist.group.WORLD, "p2p")(q, k, v)
             results["fp8_refused"] = ""
         except NotImplementedError as e:
             results["fp8_refused"] = str(e)
@@ -267,8 +271,8 @@ def test_bad_cp_arguments():
             attn_forward_func_with_cp(True, q3, q3, q3, None, None, None, None, None, None, 0.0,
                                       g, None, None, "p2p", qkv_format="thd")  # fmt: skip
         cu, cu2 = torch.tensor([0, 4], dtype=torch.int32), torch.tensor([0, 3], dtype=torch.int32)
-        with pytest.raises(NotImplementedError, match="padding between sequences"):
-            attn_forward_func_with_cp(True, q3, q3, q3, cu2, cu2, None, None, cu, cu, 0.0, g,
+        with pytest.raises(NotImplementedError, match="cross attention"):
+            attn_forward_func_with_cp(True, q3, q3, q3, cu, cu2, None, None, cu, cu, 0.0, g,
                                       None, None, "p2p", qkv_format="thd")  # fmt: skip
         with pytest.raises(NotImplementedError, match="'thd' with cp_comm_type='all_gather'"):
             attn_forward_func_with_cp(True, q3, q3, q3, cu, cu, None, None, cu, cu, 0.0, g,
@@ -315,7 +319,9 @@ def test_get_batch_on_this_cp_rank_layout(monkeypatch):
 @pytest.mark.parametrize("world", [2, 4])
 def test_fp8_attention_with_cp_is_refused(world, cp_results):
     for r in cp_results[world]:
-        assert "FP8 attention" in r["fp8_refused"] and "context parallelism" in r["fp8_refused"]
+        msg = r["fp8_refused"]
+        assert "FP8 attention" in msg and "cp_comm_type='p2p'" in msg
+        assert "context parallelism" in msg
 
 
 @pytest.mark.parametrize("world", [2, 4])

@@ -11,9 +11,19 @@ bottom-right variants are the same for self attention). Outputs are the rank's r
 attention; gradients flow to the rank's own q, k, v. Softmax LSEs are combined in fp32
 (cp_comm.merge). Communication is torch.distributed (gloo on the CPU): eager and, but for the
 ring's K/V exchange, synchronous; cp_stream is accepted for TE's signature and unused.
-Not supported (NotImplementedError): padding between sequences, cross attention, padding masks
-for bshd / sbhd, attention bias, dropout, FP8, return_max_logit, and sliding windows except with
-'a2a' (any window) and 'all_gather' (causal, left window); attention sinks with 'a2a' only.
+Padding between thd sequences (cu_seqlens_q != cu_seqlens_q_padded, TE's pad_between_seqs;
+each sequence's padding at its end): 'p2p', 'a2a', 'a2a+p2p' attend only the real tokens of
+every chunk (cp_layout.ThdLayout), padding rows get zero output and gradients. A post_scale_bias
+(bshd / sbhd, the rank's query rows over all keys, TE's sharding) with 'p2p': each ring step
+adds its slice and dbias sums the steps in fp32 (TE: no bias with thd or padding masks, nor with
+'a2a+p2p' -> ValueError). FP8 attention (DotProductAttention under fp8_dpa / fp8_mha,
+DelayedScaling or Float8CurrentScaling) with 'a2a', bshd / sbhd: every rank runs the unfused FP8
+emulation on its heads with each point's amax reduced over the CP group, bit for bit one
+process's (TE's FP8 CP takes no thd and no bias -> ValueError).
+Not supported (NotImplementedError): FP8 with 'p2p' / 'all_gather' / 'a2a+p2p', a bias with
+'all_gather' / 'a2a', padding with 'all_gather', cross attention, padding masks for bshd / sbhd,
+dropout, return_max_logit, and sliding windows except with 'a2a' (any window) and 'all_gather'
+(causal, left window); attention sinks with 'a2a' only.
 """
 
 from __future__ import annotations
@@ -24,12 +34,20 @@ import torch
 import torch.distributed as dist
 
 from . import cp_comm as comm
+from .cp_batch import (
+    cp_rank_indices,
+    generate_positional_ids_for_cp,
+    get_batch_on_this_cp_rank,
+    get_cu_seqlens_on_cp_rank,
+    pad_thd_sequences_for_cp,
+)
 from .cp_layout import DenseLayout, ThdLayout, thd_a2a_perm
 
 __all__ = [
     "CP_COMM_TYPES",
     "attn_forward_func_with_cp",
     "check_cp_config",
+    "cp_rank_indices",
     "forward_with_cp",
     "generate_positional_ids_for_cp",
     "get_batch_on_this_cp_rank",
@@ -106,6 +124,7 @@ def attn_forward_func_with_cp(
     fp8_output: bool = False,
     layer_number: int = 1,
     return_max_logit: bool = False,
+    _fp8_plan: Any = None,
 ) -> torch.Tensor:
     """TE's entry point: attention of this rank's q rows against the whole sequence's k, v, which
     are spread over cp_group. q, k, v: [b, 2c, h, d] (bshd) or [2c, b, h, d] (sbhd), the rank's
@@ -122,22 +141,27 @@ def attn_forward_func_with_cp(
         raise ValueError(f"{_OWNER}: cp_group: expected a process group, got None")
     if qkv_format not in ("bshd", "sbhd", "thd"):
         raise ValueError(f"{_OWNER}: qkv_format: expected bshd, sbhd or thd, got {qkv_format!r}")
-    given = (("attn_bias", attn_bias), ("fp8_meta", fp8_meta), ("quantizers", quantizers))
+    given = (("fp8_meta", fp8_meta), ("quantizers", quantizers))
     for name, val in given:
         if val is not None:
             raise _unsupported(f"{name} (given)")
+    if _fp8_plan is not None:
+        _check_fp8(cp_comm_type, qkv_format, attn_bias_type)
     for name, flag in (
-        ("fp8", fp8),
+        ("fp8", fp8 and _fp8_plan is None),
         ("fp8_output", fp8_output),
-        ("pad_between_seqs", pad_between_seqs),
         ("return_max_logit", return_max_logit),
     ):
         if flag:
             raise _unsupported(f"{name}=True")
-    if attn_bias_type != "no_bias":
-        raise _unsupported(f"attn_bias_type={attn_bias_type!r}")
     if dropout_p:
         raise _unsupported(f"dropout_p={dropout_p!r} (dropout)")
+    _check_bias(attn_bias_type, attn_bias, cp_comm_type, qkv_format, attn_mask_type)
+    if pad_between_seqs and qkv_format != "thd":
+        raise ValueError(
+            f"{_OWNER}: pad_between_seqs=True: padding between sequences is for qkv_format "
+            f"'thd', got {qkv_format!r}"
+        )
     thd = qkv_format == "thd"
     plain = {"causal_bottom_right": "causal"}
     if thd:  # thd's masks are padding masks (the packed sequences are the padding)
@@ -161,8 +185,13 @@ def attn_forward_func_with_cp(
             f"{_OWNER}: q, k, v: expected one local sequence length (self attention), got "
             f"{q.shape[sdim]}, {k.shape[sdim]}, {v.shape[sdim]}"
         )
+    real = None
     if thd:
-        cu = _thd_offsets(cu_seqlens_q, cu_seqlens_kv, cu_seqlens_q_padded, cu_seqlens_kv_padded)
+        cu, real = _thd_offsets(
+            cu_seqlens_q, cu_seqlens_kv, cu_seqlens_q_padded, cu_seqlens_kv_padded
+        )
+        if real is not None and cp_comm_type == "all_gather":
+            raise _unsupported("qkv_format='thd' with cp_comm_type='all_gather'")
         if int(cu[-1]) % cp or bool(((cu[1:] - cu[:-1]) % (2 * cp)).any()):
             raise ValueError(
                 f"{_OWNER}: cu_seqlens_q_padded {cu.tolist()}: every sequence length must be a "
@@ -195,7 +224,11 @@ def attn_forward_func_with_cp(
         if thd:
             local = cu // cp
             perm = thd_a2a_perm(local, a)
-            layout = ThdLayout(local * a)
+            if cp_comm_type == "a2a":
+                layout = ThdLayout(local * a, real)
+            else:  # the p2p ring's rank and size place the gathered super-chunks
+                p2p = cp_group[1]
+                layout = ThdLayout(local * a, real, comm.group_rank(p2p), comm.group_size(p2p))
         else:
             layout = DenseLayout(qkv_format, s * a)
         qh, kh, vh = (comm.SeqToHeads.apply(t, sdim, a2a_group, perm) for t in (q, k, v))
@@ -205,9 +238,17 @@ def attn_forward_func_with_cp(
                 per = q.shape[-2] // a
                 i = comm.group_rank(a2a_group)
                 offset = offset.reshape(-1)[i * per : (i + 1) * per]
-            oh, _ = layout.attn_fwd(
-                qh, kh, vh, None, None, layout.mask(causal), window, scale, softmax_type, offset
-            )
+            qs, ks, vs = (layout.half(t, None) for t in (qh, kh, vh))  # real tokens
+            if _fp8_plan is not None:
+                oh = _fp8_attention(qs, ks, vs, qkv_format, causal, window, scale, softmax_type,
+                                    offset, _fp8_plan)  # fmt: skip
+            else:
+                oh, _ = layout.attn_fwd(
+                    qs, ks, vs, None, None, layout.mask(causal), window, scale, softmax_type,
+                    offset,
+                )  # fmt: skip
+            if thd:
+                oh = layout.scatter(oh, qh.shape[0])
         else:
             p2p = cp_group[1]
             ranks = comm.global_ranks(p2p, None)
@@ -217,8 +258,13 @@ def attn_forward_func_with_cp(
         if not full:
             raise _unsupported(f"window_size={window!r} with cp_comm_type='p2p'")
         ranks = comm.global_ranks(cp_group, cp_global_ranks)
-        layout = ThdLayout(cu // cp) if thd else DenseLayout(qkv_format, s)
-        out = comm.RingAttention.apply(q, k, v, layout, causal, scale, cp_group, ranks)
+        r = comm.group_rank(cp_group)
+        layout = ThdLayout(cu // cp, real, r, cp) if thd else DenseLayout(qkv_format, s)
+        if attn_bias is not None:
+            _check_bias_shape(attn_bias, q, s, cp, sdim)
+        out = comm.RingAttention.apply(
+            q, k, v, layout, causal, scale, cp_group, ranks, attn_bias
+        )
     else:  # all_gather
         if thd:
             raise _unsupported("qkv_format='thd' with cp_comm_type='all_gather'")
@@ -226,26 +272,106 @@ def attn_forward_func_with_cp(
     return out.reshape(*out.shape[:-2], out.shape[-2] * out.shape[-1])
 
 
-def _thd_offsets(cu_q, cu_kv, cu_q_padded, cu_kv_padded) -> torch.Tensor:  # noqa: ANN001
-    """The packed batch's (global) sequence offsets for thd CP: cu_seqlens_q_padded (TE's
-    argument; cu_seqlens_q when not given). Self attention only (kv's equal q's), and no
-    padding between sequences (cu_seqlens equal to their padded offsets)."""
+def _thd_offsets(cu_q, cu_kv, cu_q_padded, cu_kv_padded):  # noqa: ANN001, ANN202
+    """The packed batch's (global) padded sequence offsets for thd CP, cu_seqlens_q_padded (TE's
+    argument; cu_seqlens_q when not given), and the real sequence lengths when they differ
+    (padding between sequences, at each sequence's end; else None). Self attention only: kv's
+    offsets must equal q's."""
     pad_q = cu_q_padded if cu_q_padded is not None else cu_q
     pad_kv = cu_kv_padded if cu_kv_padded is not None else cu_kv
     if pad_q is None:
         raise ValueError(f"{_OWNER}: qkv_format='thd' needs cu_seqlens_q_padded (or cu_seqlens_q)")
     pad_q = pad_q.to(torch.int64)
-    for name, t in (
-        ("cu_seqlens_q", cu_q),
-        ("cu_seqlens_kv", cu_kv),
-        ("cu_seqlens_kv_padded", pad_kv),
+    real_cu = pad_q if cu_q is None else cu_q.to(pad_q.device, torch.int64)
+    for name, t, want in (
+        ("cu_seqlens_kv", cu_kv, real_cu),
+        ("cu_seqlens_kv_padded", pad_kv, pad_q),
     ):
-        if t is not None and not torch.equal(t.to(pad_q.device, torch.int64), pad_q):
-            raise _unsupported(
-                f"{name} different from cu_seqlens_q_padded (cross attention or padding between "
-                "sequences)"
-            )
-    return pad_q
+        if t is not None and not torch.equal(t.to(pad_q.device, torch.int64), want):
+            raise _unsupported(f"{name} different from q's offsets (cross attention)")
+    if real_cu.shape != pad_q.shape:
+        raise ValueError(
+            f"{_OWNER}: cu_seqlens_q {real_cu.tolist()} and cu_seqlens_q_padded "
+            f"{pad_q.tolist()}: expected the same number of sequences"
+        )
+    if torch.equal(real_cu, pad_q):
+        return pad_q, None
+    real = real_cu[1:] - real_cu[:-1]
+    room = pad_q[1:] - pad_q[:-1]
+    if bool((real < 0).any()) or bool((real > room).any()):
+        raise ValueError(
+            f"{_OWNER}: cu_seqlens_q {real_cu.tolist()}: every sequence's length must lie in "
+            f"[0, its padded length] (cu_seqlens_q_padded {pad_q.tolist()})"
+        )
+    return pad_q, real
+
+
+def _check_fp8(comm_type, fmt, bias_type) -> None:  # noqa: ANN001
+    """FP8 attention with CP: emulated with 'a2a' (bshd / sbhd), where every rank runs one
+    process's FP8 attention on its heads; TE's FP8 CP takes no thd and no bias."""
+    if fmt == "thd" or bias_type != "no_bias":
+        raise ValueError(
+            f"{_OWNER}: FP8 attention with qkv_format={fmt!r}, attn_bias_type={bias_type!r}: "
+            "TE's context parallelism takes FP8 attention with bshd / sbhd and no bias"
+        )
+    if comm_type != "a2a":
+        raise _unsupported(
+            f"FP8 attention (fp8_dpa / fp8_mha) with cp_comm_type={comm_type!r} (emulated with "
+            "'a2a' only: its per-chunk FP8 kernels are not emulated for the ring / all-gather)"
+        )
+
+
+def _fp8_attention(q, k, v, fmt, causal, window, scale, softmax_type, offset, plan):  # noqa
+    """One process's FP8 attention (the unfused backend's quantization points, fp8_attention.py)
+    on this rank's heads over the whole sequence; the plan's amax_group makes every point's
+    scale the group's, so the bytes equal one process's."""
+    from ..backends import UnfusedDotProductAttention  # noqa: PLC0415
+
+    s = q.shape[1 if fmt == "bshd" else 0]
+    return UnfusedDotProductAttention(scale)(
+        q, k, v, f"{fmt}_{fmt}_{fmt}", None, None, s, s, "causal" if causal else "no_mask",
+        window, softmax_type=softmax_type, softmax_offset=offset, fp8=plan,
+    ).view(*q.shape[:-1], v.shape[-1])  # fmt: skip
+
+
+def _check_bias(bias_type, bias, comm_type, fmt, mask) -> None:  # noqa: ANN001
+    """TE's CP takes a post_scale_bias with 'p2p' (its ring slices it per step) and a
+    non-padding mask (not thd); the hierarchical a2a+p2p asserts no bias."""
+    if bias_type == "no_bias":
+        if bias is not None:
+            raise ValueError(f"{_OWNER}: attn_bias given with attn_bias_type='no_bias'")
+        return
+    if bias_type != "post_scale_bias":
+        raise _unsupported(f"attn_bias_type={bias_type!r} (only 'post_scale_bias', with 'p2p')")
+    if bias is None:
+        raise ValueError(f"{_OWNER}: attn_bias_type='post_scale_bias' needs attn_bias, got None")
+    if comm_type == "a2a+p2p" or fmt == "thd" or "padding" in mask:
+        raise ValueError(
+            f"{_OWNER}: attention bias with cp_comm_type={comm_type!r}, qkv_format={fmt!r}, "
+            f"attn_mask_type={mask!r}: TE's context parallelism takes a bias with non-padding "
+            "masks (bshd / sbhd) and not with 'a2a+p2p'"
+        )
+    if comm_type != "p2p":
+        raise _unsupported(f"attention bias with cp_comm_type={comm_type!r} (only 'p2p')")
+
+
+def _check_bias_shape(bias, q, s, cp, sdim) -> None:  # noqa: ANN001
+    b, h = q.shape[1 - sdim], q.shape[-2]
+    # a broadcast query dim ([.., 1, s_kv], TE's '111s') is refused as the one-process path
+    # refuses it (the kernels take [.., s_q, s_kv])
+    want = f"[1 or {b}, 1 or {h}, {s}, {s * cp}]"
+    shape = tuple(bias.shape)
+    if (
+        bias.dim() != 4
+        or shape[0] not in (1, b)
+        or shape[1] not in (1, h)
+        or shape[2] != s
+        or shape[3] != s * cp
+    ):
+        raise ValueError(
+            f"{_OWNER}: attn_bias: expected {want} (this rank's query rows, every key), got "
+            f"{list(shape)}"
+        )
 
 
 def _all_gather_attention(q, k, v, fmt, causal, window, scale, group):  # noqa: ANN001, ANN202
@@ -286,20 +412,20 @@ def forward_with_cp(
     alibi_slopes: torch.Tensor | None,
     cu_seqlens: tuple[Any, Any, Any, Any],
     checkpoint_core_attention: bool,
+    pad_between_seqs: bool = False,
+    fp8: Any = None,
 ) -> torch.Tensor:
     """DotProductAttention.forward's CP branch (its arguments already checked and normalized):
-    refuses what CP cannot take, then runs attn_forward_func_with_cp with the module's settings."""
+    refuses what CP cannot take, then runs attn_forward_func_with_cp with the module's settings.
+    fp8: the forward's FP8AttentionPlan (or None); its amax reduction spans the CP group."""
     owner = "DotProductAttention (context parallelism)"
     for name, val in (
         ("attention_mask", attention_mask),
         ("inference_params", inference_params),
-        ("core_attention_bias", bias),
         ("alibi_slopes", alibi_slopes),
     ):
         if val is not None:
             raise NotImplementedError(f"{owner}: {name} is not supported (given)")
-    if bias_type != "no_bias":
-        raise NotImplementedError(f"{owner}: core_attention_bias_type={bias_type!r}")
     if fmt != "thd" and any(c is not None for c in cu_seqlens):
         raise NotImplementedError(f"{owner}: cu_seqlens_q / cu_seqlens_kv with {fmt} (padding)")
     cu_q, cu_kv, cu_q_pad, cu_kv_pad = cu_seqlens
@@ -310,7 +436,8 @@ def forward_with_cp(
     if offset is not None and offset.dtype != torch.float32:
         offset = offset.float()  # sink logits in fp32, as DotProductAttention's own path
 
-    def run(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
+    def run(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, bias: torch.Tensor | None
+            ) -> torch.Tensor:
         return attn_forward_func_with_cp(
             dpa.training,
             q,
@@ -330,161 +457,20 @@ def forward_with_cp(
             softmax_scale=dpa.softmax_scale,
             qkv_format=fmt,
             attn_mask_type=mask,
+            attn_bias_type=bias_type,
+            attn_bias=bias,
             window_size=window,
+            pad_between_seqs=bool(pad_between_seqs),
             softmax_type=dpa.softmax_type,
             softmax_offset=offset,
+            fp8=fp8 is not None,
+            _fp8_plan=fp8,
         )
 
+    if fp8 is not None:
+        fp8.amax_group = dpa.cp_group
     if checkpoint_core_attention and torch.is_grad_enabled():
         from torch.utils.checkpoint import checkpoint  # noqa: PLC0415
 
-        return checkpoint(run, q, k, v, use_reentrant=False)
-    return run(q, k, v)
-
-
-# ------------------------------------------------------------------------------- batch helpers
-def _padded_lengths(cu_seqlens: torch.Tensor, divisibility_factor: int) -> torch.Tensor:
-    if not isinstance(divisibility_factor, int) or divisibility_factor < 1:
-        raise ValueError(
-            f"divisibility_factor: expected an int >= 1, got {divisibility_factor!r}"
-        )
-    lens = (cu_seqlens[1:] - cu_seqlens[:-1]).long()
-    if bool((lens < 0).any()):
-        raise ValueError(f"cu_seqlens: expected non-decreasing offsets, got {cu_seqlens.tolist()}")
-    return (lens + divisibility_factor - 1) // divisibility_factor * divisibility_factor
-
-
-def pad_thd_sequences_for_cp(
-    input_ids: torch.Tensor,
-    labels: torch.Tensor,
-    cu_seqlens: torch.Tensor,
-    divisibility_factor: int,
-    padding_token_id: int = 0,
-    padding_label_id: int = -100,
-) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    """TE's helper: pads each packed sequence of input_ids / labels ([N] or [1, N]) at its end to a
-    multiple of divisibility_factor (2 * cp for CP). Returns (input_ids_padded [N'],
-    labels_padded [N'], cu_seqlens_padded)."""
-    ids = input_ids.reshape(-1) if input_ids.dim() == 2 else input_ids
-    lab = labels.reshape(-1) if labels.dim() == 2 else labels
-    padded = _padded_lengths(cu_seqlens, divisibility_factor)
-    cu_pad = torch.cat((padded.new_zeros(1), padded.cumsum(0))).to(cu_seqlens.dtype)
-    total = int(cu_pad[-1])
-    # Token t of sequence i moves from cu_seqlens[i] + t to cu_pad[i] + t.
-    lens = (cu_seqlens[1:] - cu_seqlens[:-1]).long()
-    seq = torch.repeat_interleave(torch.arange(lens.numel()), lens)
-    src = torch.arange(int(cu_seqlens[-1]) - int(cu_seqlens[0])) + int(cu_seqlens[0])
-    dst = src - cu_seqlens.long()[seq] + cu_pad.long()[seq]
-    out_ids = torch.full((total,), padding_token_id, dtype=ids.dtype, device=ids.device)
-    out_lab = torch.full((total,), padding_label_id, dtype=lab.dtype, device=lab.device)
-    out_ids[dst.to(ids.device)] = ids[src.to(ids.device)]
-    out_lab[dst.to(lab.device)] = lab[src.to(lab.device)]
-    return out_ids, out_lab, cu_pad
-
-
-def generate_positional_ids_for_cp(
-    cu_seqlens: torch.Tensor, divisibility_factor: int, dtype: torch.dtype = torch.long
-) -> torch.Tensor:
-    """TE's helper: position ids 0 .. L' - 1 of each sequence padded as pad_thd_sequences_for_cp
-    pads it (the padding continues the count)."""
-    padded = _padded_lengths(cu_seqlens, divisibility_factor)
-    starts = torch.cat((padded.new_zeros(1), padded.cumsum(0)[:-1]))
-    total = int(padded.sum())
-    pos = torch.arange(total) - torch.repeat_interleave(starts, padded)
-    return pos.to(dtype)
-
-
-def get_cu_seqlens_on_cp_rank(
-    cu_seqlens: torch.Tensor,
-    cu_seqlens_padded_on_cp_rank: torch.Tensor,
-    cp_size: int,
-    cp_rank: int,
-    first_half: bool,
-    second_half: bool,
-) -> torch.Tensor:
-    """TE's helper: offsets of the real (unpadded) tokens CP rank cp_rank holds of each sequence
-    in its first and / or second chunk. cu_seqlens: the sequences' real global offsets;
-    cu_seqlens_padded_on_cp_rank: the rank's padded local offsets (padded global / cp_size), so
-    a chunk is half a local sequence. Chunk j of a sequence of L real tokens holds
-    min(max(L - j * chunk, 0), chunk) of them (padding sits at each sequence's end)."""
-    real = (cu_seqlens[1:] - cu_seqlens[:-1]).to(torch.int64)
-    chunk = (cu_seqlens_padded_on_cp_rank[1:] - cu_seqlens_padded_on_cp_rank[:-1]).to(
-        torch.int64
-    ) // 2
-    held = torch.zeros_like(real)
-    for use, j in ((first_half, cp_rank), (second_half, 2 * cp_size - 1 - cp_rank)):
-        if use:
-            held += torch.minimum((real - j * chunk).clamp(min=0), chunk)
-    out = torch.zeros_like(cu_seqlens)
-    out[1:] = held.cumsum(0).to(cu_seqlens.dtype)
-    return out
-
-
-def cp_rank_indices(cu_seqlens_padded: torch.Tensor, cp_size: int, cp_rank: int) -> torch.Tensor:
-    """Token indices CP rank cp_rank holds (DualChunkSwap per sequence): for each sequence of
-    length L (a multiple of 2 cp), chunks cp_rank and 2 cp - 1 - cp_rank of size L / (2 cp)."""
-    cu = cu_seqlens_padded.long().cpu()
-    lens = cu[1:] - cu[:-1]
-    if bool((lens % (2 * cp_size)).any()):
-        raise ValueError(
-            f"cu_seqlens_padded: every sequence length must be a multiple of 2 * cp_size = "
-            f"{2 * cp_size}, got lengths {lens.tolist()} (pad with pad_thd_sequences_for_cp)"
-        )
-    idx = []
-    for start, n in zip(cu[:-1].tolist(), lens.tolist()):
-        c = n // (2 * cp_size)
-        for chunk in (cp_rank, 2 * cp_size - 1 - cp_rank):
-            idx.append(torch.arange(start + chunk * c, start + (chunk + 1) * c))
-    return torch.cat(idx) if idx else torch.zeros(0, dtype=torch.long)
-
-
-def get_batch_on_this_cp_rank(
-    cu_seqlens_padded: torch.Tensor,
-    input_ids_padded: torch.Tensor,
-    labels_padded: torch.Tensor,
-    position_ids_padded: torch.Tensor,
-    cp_group: Any = None,
-    qvk_format: str = "thd",
-) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    """TE's helper (thd only, as TE): this CP rank's tokens of a packed batch, chunks r and
-    2 cp - 1 - r of every sequence. Each tensor's sequence dim is found by its length
-    (cu_seqlens_padded[-1]): dim 0 of a 1-D tensor, else dim 1, else dim 0. cp_group None: the
-    default group. With cp size 1 the tensors come back unchanged."""
-    if qvk_format not in ("thd", "bshd", "sbhd"):
-        raise ValueError(f"get_batch_on_this_cp_rank: qvk_format: unsupported {qvk_format!r}")
-    if qvk_format != "thd":
-        raise ValueError(
-            f"get_batch_on_this_cp_rank: qvk_format={qvk_format!r} is not supported (thd only, as "
-            "TE); split bshd / sbhd along the sequence into chunks r and 2 cp - 1 - r"
-        )
-    cp = torch.distributed.get_world_size(group=cp_group)
-    if cp <= 1:
-        return input_ids_padded, labels_padded, position_ids_padded
-    r = torch.distributed.get_rank(group=cp_group)
-    idx = cp_rank_indices(cu_seqlens_padded, cp, r)
-    total = int(cu_seqlens_padded[-1])
-
-    def take(t: torch.Tensor | None) -> torch.Tensor | None:
-        if t is None:
-            return None
-        if t.dim() == 0:
-            raise ValueError("get_batch_on_this_cp_rank: expected tensors of at least 1 dim")
-        if t.dim() == 1:
-            if t.shape[0] != total:
-                raise ValueError(
-                    f"get_batch_on_this_cp_rank: a 1-D tensor of {t.shape[0]} tokens: expected "
-                    f"cu_seqlens_padded[-1] = {total} (inputs in thd format and padded)"
-                )
-            sd = 0
-        elif t.shape[1] == total:
-            sd = 1
-        elif t.shape[0] == total:
-            sd = 0
-        else:
-            raise ValueError(
-                f"get_batch_on_this_cp_rank: shape {tuple(t.shape)}: no dim of length "
-                f"cu_seqlens_padded[-1] = {total} (inputs in thd format and padded)"
-            )
-        return t.index_select(sd, idx.to(t.device))
-
-    return take(input_ids_padded), take(labels_padded), take(position_ids_padded)
+        return checkpoint(run, q, k, v, bias, use_reentrant=False)
+    return run(q, k, v, bias)

@@ -94,27 +94,62 @@ def ring_step(rank: int, src: int, causal: bool) -> tuple[int | None, int | None
     return 1, None, False
 
 
+def bias_cols(src: int, kv_which: int | None, cp: int) -> list[int]:
+    """The global key chunks (each of the local half length) rank src's K/V rows are: its
+    chunks src and 2 cp - 1 - src, or only the first (kv_which 0)."""
+    chunks = [src, 2 * cp - 1 - src]
+    return chunks[:1] if kv_which == 0 else chunks
+
+
+def bias_step(bias: torch.Tensor, half: int, q_which: int | None, cols: list[int]):
+    """A step's slice of a post_scale_bias [.., q rows (the rank's two chunks), all keys]: q's
+    rows of the step (q_which), the key columns of `cols`."""
+    if q_which is not None:
+        bias = bias.narrow(-2, q_which * half, half)
+    return torch.cat([bias.narrow(-1, c * half, half) for c in cols], -1).contiguous()
+
+
+def bias_add(dbias: torch.Tensor, half: int, q_which: int | None, cols: list[int], d) -> None:
+    """bias_step's transpose: adds a step's bias gradient into the rank's dbias."""
+    if q_which is not None:
+        dbias = dbias.narrow(-2, q_which * half, half)
+    for j, c in enumerate(cols):
+        dbias.narrow(-1, c * half, half).add_(d.narrow(-1, j * half, half))
+
+
 class RingAttention(torch.autograd.Function):
     """Ring attention over one CP group (cp_comm_type 'p2p', and the p2p level of 'a2a+p2p');
-    `layout` (cp_layout.py) says where the rank's two chunks lie. Forward: K/V travel around the
-    ring (cp - 1 exchanges, each overlapped with a step's attention); each step's (out, LSE) is
-    merged in fp32. Backward: K/V travel again with an fp32 dK/dV accumulator; after the last
-    step one more exchange brings each rank its own dK/dV. Each step's backward is given the
-    global output and LSE (attn_bwd's contract), so its gradients are its exact share."""
+    `layout` (cp_layout.py) says where the rank's two chunks lie (layout.for_rank(src): where
+    rank src's, which differ from ours only with padding between thd sequences). Forward: K/V
+    travel around the ring (cp - 1 exchanges, each overlapped with a step's attention); each
+    step's (out, LSE) is merged in fp32. Backward: K/V travel again with an fp32 dK/dV
+    accumulator; after the last step one more exchange brings each rank its own dK/dV. Each
+    step's backward is given the global output and LSE (attn_bwd's contract), so its gradients
+    are its exact share. `bias` (bshd / sbhd): the rank's rows of a post_scale_bias over all
+    keys, [1 or b, 1 or h, 2c or 1, 2 cp c]; each step adds its slice (bias_step) and its
+    gradient is summed in fp32 into the rank's dbias."""
 
     @staticmethod
-    def forward(ctx, q, k, v, layout, causal, scale, group, ranks):  # noqa: ANN001, ANN205
+    def forward(  # noqa: ANN205
+        ctx, q, k, v, layout, causal, scale, group, ranks, bias=None  # noqa: ANN001
+    ):
         cp, r = group_size(group), group_rank(group)
         out_acc = q.new_zeros((*q.shape[:-1], v.shape[-1]), dtype=torch.float32)
         lse_acc = layout.lse_empty(q)
         kv = [k, v]
+        half = q.shape[layout.sdim] // 2
         for i in range(cp):
             works, nxt = ring_start(kv, group, ranks) if i < cp - 1 else ([], kv)
-            qw, kvw, step_causal = ring_step(r, (r - i) % cp, causal)
+            src = (r - i) % cp
+            qw, kvw, step_causal = ring_step(r, src, causal)
+            kl = layout.for_rank(src)
             mask = layout.mask(step_causal)
             window = (-1, 0 if step_causal else -1)
-            ks, vs = (layout.half(t, kvw) for t in kv)
-            o, lse = layout.attn_fwd(layout.half(q, qw), ks, vs, qw, kvw, mask, window, scale)
+            ks, vs = (kl.half(t, kvw) for t in kv)
+            b = None if bias is None else bias_step(bias, half, qw, bias_cols(src, kvw, cp))
+            o, lse = layout.attn_fwd(
+                layout.half(q, qw), ks, vs, qw, kvw, mask, window, scale, kv_layout=kl, bias=b
+            )
             new_o, new_l = merge(
                 layout.half(out_acc, qw), layout.half(lse_acc, qw), o, layout.lse_in(lse, qw)
             )
@@ -123,36 +158,48 @@ class RingAttention(torch.autograd.Function):
             ring_finish(works)
             kv = nxt
         out = out_acc.to(q.dtype)
-        ctx.save_for_backward(q, k, v, out, lse_acc)
+        ctx.save_for_backward(q, k, v, out, lse_acc, bias)
         ctx.cfg = (layout, causal, scale, group, ranks)
         return out
 
     @staticmethod
     def backward(ctx, dout):  # noqa: ANN001, ANN205
-        q, k, v, out, lse = ctx.saved_tensors
+        q, k, v, out, lse, bias = ctx.saved_tensors
         layout, causal, scale, group, ranks = ctx.cfg
         cp, r = group_size(group), group_rank(group)
         dout = dout.contiguous()
         dq = torch.zeros_like(q, dtype=torch.float32)
+        dbias = None if bias is None else torch.zeros_like(bias, dtype=torch.float32)
+        half = q.shape[layout.sdim] // 2
         kv = [k, v]
         dkv = [torch.zeros_like(k, dtype=torch.float32), torch.zeros_like(v, dtype=torch.float32)]
         for i in range(cp):
             works, nxt = ring_start(kv, group, ranks) if i < cp - 1 else ([], kv)
-            qw, kvw, step_causal = ring_step(r, (r - i) % cp, causal)
+            src = (r - i) % cp
+            qw, kvw, step_causal = ring_step(r, src, causal)
+            kl = layout.for_rank(src)
             qs, os_, dos = (layout.half(t, qw) for t in (q, out, dout))
             ls = layout.lse_out(layout.half(lse, qw), qw)
-            ks, vs = (layout.half(t, kvw) for t in kv)
+            ks, vs = (kl.half(t, kvw) for t in kv)
             mask = layout.mask(step_causal)
-            dqs, dks, dvs = layout.attn_bwd(qs, ks, vs, os_, dos, ls, qw, kvw, mask, scale)
+            cols = bias_cols(src, kvw, cp)
+            b = None if bias is None else bias_step(bias, half, qw, cols)
+            dqs, dks, dvs, dbs = layout.attn_bwd(
+                qs, ks, vs, os_, dos, ls, qw, kvw, mask, scale, kv_layout=kl, bias=b
+            )
             layout.add(dq, qw, dqs.float())
-            layout.add(dkv[0], kvw, dks.float())
-            layout.add(dkv[1], kvw, dvs.float())
+            kl.add(dkv[0], kvw, dks.float())
+            kl.add(dkv[1], kvw, dvs.float())
+            if dbs is not None:
+                bias_add(dbias, half, qw, cols, dbs.float())
             ring_finish(works)
             kv = nxt
             # The accumulator follows its K/V chunk; the last exchange brings our own home.
             w, dkv = ring_start(dkv, group, ranks)
             ring_finish(w)
-        return dq.to(q.dtype), dkv[0].to(k.dtype), dkv[1].to(v.dtype), None, None, None, None, None
+        db = None if dbias is None else dbias.to(bias.dtype)
+        return (dq.to(q.dtype), dkv[0].to(k.dtype), dkv[1].to(v.dtype), None, None, None, None,
+                None, db)  # fmt: skip
 
 
 # ------------------------------------------------------------------------------- all-gather

@@ -40,6 +40,7 @@ from ..inputs import (
     resolve_sequences,
 )
 from .packed_inputs import needs_eager_dpa, unpack_packed_qkv
+from .padded_seqs import offsets_differ, real_token_index, scatter_rows
 from .context_parallel import check_cp_config, forward_with_cp
 
 __all__ = ["DotProductAttention", "_attention_backends"]
@@ -230,8 +231,9 @@ class DotProductAttention(TransformerEngineBaseModule):
         core_attention_bias [1 or b, 1 or h, s_q, s_kv] in q's dtype for pre/post_scale_bias;
         alibi_slopes fp32 [h] or [b, h] for 'alibi' (None: TE's default slopes).
         checkpoint_core_attention recomputes the attention in the backward.
-        cu_seqlens_q/kv_padded: TE's offsets with padding between sequences; only offsets equal
-        to cu_seqlens_q/kv (no padding between sequences) are supported. fast_zero_fill: TE's
+        cu_seqlens_q/kv_padded (thd): TE's offsets with padding between sequences (each
+        sequence's real tokens first, then its padding; output rows of the padding are 0);
+        pad_between_seqs (TE's hint: None = detect) is read off the offsets. fast_zero_fill: TE's
         choice of how padded output rows are zeroed; every backend here writes those zeros
         itself, so both values give the same output. num_splits: TE's split-KV count (flash-attn
         3); only 1 (or None), no split.
@@ -249,11 +251,10 @@ class DotProductAttention(TransformerEngineBaseModule):
         (packed_inputs.needs_eager_dpa).
         """
         owner = "DotProductAttention"
-        reject_unsupported(
-            f"{owner}.forward",
-            # tensors: reported as "given" (reject_unsupported compares values with None / False)
-            pad_between_seqs=pad_between_seqs,
-        )
+        if pad_between_seqs is not None and not isinstance(pad_between_seqs, bool):
+            raise ValueError(
+                f"{owner}: pad_between_seqs: expected a bool or None, got {pad_between_seqs!r}"
+            )
         fp8 = fp8_attention_plan(self, owner)
         if not isinstance(fp8_output, bool):
             raise ValueError(f"{owner}: fp8_output: expected a bool, got {fp8_output!r}")
@@ -281,32 +282,51 @@ class DotProductAttention(TransformerEngineBaseModule):
             raise NotImplementedError(f"{owner}.forward: num_splits={num_splits!r} (only 1)")
         if not isinstance(fast_zero_fill, bool):
             raise ValueError(f"{owner}: fast_zero_fill: expected a bool, got {fast_zero_fill!r}")
-        for name, padded, cu in (
-            ("cu_seqlens_q_padded", cu_seqlens_q_padded, cu_seqlens_q),
-            ("cu_seqlens_kv_padded", cu_seqlens_kv_padded, cu_seqlens_kv),
-        ):
-            if padded is not None and not (
-                isinstance(padded, torch.Tensor)
-                and isinstance(cu, torch.Tensor)
-                and padded.shape == cu.shape
-                and torch.equal(padded.to(cu.device, cu.dtype), cu)
-            ):
+        # Padding between thd sequences (offsets_differ): the CP path takes it per chunk; without
+        # CP the attention runs on the real tokens (padded_seqs.py). TE's pad_between_seqs flag
+        # only says so ahead (None: detected); the offsets decide.
+        padded = [offsets_differ(cu, pad) for cu, pad in
+                  ((cu_seqlens_q, cu_seqlens_q_padded), (cu_seqlens_kv, cu_seqlens_kv_padded))]
+        if any(padded) and fmt != "thd":
+            name = "cu_seqlens_q_padded" if padded[0] else "cu_seqlens_kv_padded"
+            raise NotImplementedError(
+                f"{owner}.forward: {name} different from {name.removesuffix('_padded')} with "
+                f"qkv_format={fmt!r}: padding between sequences is for 'thd'"
+            )
+        if pad_between_seqs and fmt != "thd":
+            raise ValueError(
+                f"{owner}: pad_between_seqs=True: padding between sequences is for qkv_format "
+                f"'thd', got {fmt!r}"
+            )
+        if any(padded) and self.cp_size <= 1:
+            if inference_params is not None or (fp8 is not None and fp8_output):
                 raise NotImplementedError(
-                    f"{owner}.forward: {name}: padding between sequences is not supported (only "
-                    f"offsets equal to {name.removesuffix('_padded')})"
+                    f"{owner}.forward: padding between sequences with "
+                    f"{'inference_params' if inference_params is not None else 'fp8_output'}"
                 )
+            iq = real_token_index(owner, "cu_seqlens_q", cu_seqlens_q, cu_seqlens_q_padded,
+                                  q.shape[0])
+            ikv = real_token_index(owner, "cu_seqlens_kv", cu_seqlens_kv, cu_seqlens_kv_padded,
+                                   k.shape[0])
+            out = self.forward(
+                q.index_select(0, iq), k.index_select(0, ikv), v.index_select(0, ikv),
+                attention_mask=attention_mask, qkv_format="thd", cu_seqlens_q=cu_seqlens_q,
+                cu_seqlens_kv=cu_seqlens_kv, max_seqlen_q=max_seqlen_q,
+                max_seqlen_kv=max_seqlen_kv, attn_mask_type=attn_mask_type,
+                window_size=window_size, checkpoint_core_attention=checkpoint_core_attention,
+                core_attention_bias_type=core_attention_bias_type,
+                core_attention_bias=core_attention_bias, alibi_slopes=alibi_slopes,
+                fast_zero_fill=fast_zero_fill, num_splits=num_splits,
+            )  # fmt: skip
+            return scatter_rows(out, iq, q.shape[0])
         if self.cp_size > 1:
-            if fp8 is not None:
-                raise NotImplementedError(
-                    f"{owner}: FP8 attention (recipe fp8_dpa / fp8_mha) with context parallelism "
-                    f"(cp_size {self.cp_size}) is not supported by transformer_engine_lite"
-                )
-            return forward_with_cp(
+            out = forward_with_cp(
                 self, q, k, v, fmt, mask, window, attention_mask, inference_params,
                 core_attention_bias_type, core_attention_bias, alibi_slopes,
                 (cu_seqlens_q, cu_seqlens_kv, cu_seqlens_q_padded, cu_seqlens_kv_padded),
-                checkpoint_core_attention,
+                checkpoint_core_attention, pad_between_seqs, fp8,
             )  # fmt: skip
+            return fp8.fp8_tensor(out) if fp8 is not None and fp8_output else out
         restore = None
         if inference_params is not None:
             # KV cache: q's new tokens against the cached sequences, bshd with padding (see

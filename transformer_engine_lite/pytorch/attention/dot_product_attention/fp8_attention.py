@@ -82,6 +82,7 @@ class _Point:
             amax = te.compute_amax(xs[0])
             for x in xs[1:]:
                 amax = torch.maximum(amax, te.compute_amax(x))
+            amax = plan.reduce_amax(amax)
             pow2, eps = plan.qparams[self.forward]
             scale, _ = te.compute_scale_from_amax(amax, self.dtype, eps, pow2)
         else:
@@ -93,7 +94,7 @@ class _Point:
             outs.append(te.dequantize(data, scale_inv, out_dtype or x.dtype))
             amaxes.append(a.reshape(1))
         if plan.mode == "delayed":
-            plan.record(self.forward, self.slot, torch.stack(amaxes).amax(0))
+            plan.record(self.forward, self.slot, plan.reduce_amax(torch.stack(amaxes).amax(0)))
         return tuple(outs)
 
 
@@ -132,6 +133,18 @@ class FP8AttentionPlan:
     bwd_dtype: torch.dtype
     backward_fp8: bool
     qparams: dict[bool, tuple[bool, float]]
+    # Context parallelism: the CP group whose ranks each hold a part of every point's tensor;
+    # each point's amax is their max, so scales and the amax history equal one process's.
+    amax_group: Any = None
+
+    def reduce_amax(self, amax: torch.Tensor) -> torch.Tensor:
+        if self.amax_group is None:
+            return amax
+        import torch.distributed as dist  # noqa: PLC0415
+
+        amax = amax.clone()
+        dist.all_reduce(amax, op=dist.ReduceOp.MAX, group=self.amax_group)
+        return amax
 
     def __post_init__(self) -> None:
         self.qkv = _Point(self, True, META_QKV)

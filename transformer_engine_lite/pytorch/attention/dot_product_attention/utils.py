@@ -37,12 +37,14 @@ from ... import tex
 from ...cpp_extensions.fused_attn import FusedAttnBackend
 from ...utils import get_cudnn_version
 from .. import backends as _backends
+from .fp8_qkv import combine_and_quantize  # noqa: F401 (TE's name, re-exported)
 
 __all__ = [
     "AttentionLogging",
     "AttentionParams",
     "FlashAttentionUtils",
     "check_set_window_size",
+    "combine_and_quantize",
     "get_attention_backend",
     "get_cudnn_version",
 ]
@@ -281,8 +283,9 @@ def _unsupported(p: AttentionParams) -> list[str]:
         why.append("attn_mask_type 'arbitrary' with the thd format")
     if p.context_parallel:
         why += _cp_unsupported(p)
-    if p.pad_between_seqs:
-        why.append("pad_between_seqs is not supported")
+    if p.pad_between_seqs and not p.qkv_layout.startswith("t"):
+        # thd: DotProductAttention attends the real tokens (padded_seqs.py), CP per chunk
+        why.append("pad_between_seqs with a layout other than thd")
     if p.softmax_type not in ("vanilla", "off-by-one", "learnable"):
         why.append(f"softmax_type = {p.softmax_type!r} (vanilla, off-by-one, learnable)")
     if p.return_max_logit:
@@ -326,8 +329,11 @@ def _cp_unsupported(p: AttentionParams) -> list[str]:
         masks += ("padding", "padding_causal", "padding_causal_bottom_right")
     if p.attn_mask_type not in masks:
         why.append(f"context parallelism with attn_mask_type = {p.attn_mask_type!r}")
-    if p.core_attention_bias_type != "no_bias":
-        why.append(f"context parallelism with bias type {p.core_attention_bias_type!r}")
+    bias = p.core_attention_bias_type
+    # a post_scale_bias: the ring slices it per step ('p2p', non-padding masks, as TE's)
+    bias_ok = bias == "post_scale_bias" and p.cp_comm_type == "p2p" and not thd
+    if bias != "no_bias" and not bias_ok:
+        why.append(f"context parallelism with bias type {bias!r} and {p.cp_comm_type!r}")
     if p.is_training and p.attention_dropout:
         why.append("context parallelism with dropout")
     full = p.window_size in (None, (-1, -1), (-1, 0))
@@ -472,9 +478,13 @@ def get_attention_backend(
         available[0] = available[1] = False
         logger.debug("Disabling FlashAttention and FusedAttention due to FP8 attention (emulated "
                      "by UnfusedDotProductAttention)")
-    if p.context_parallel:  # CP runs the flash kernel per chunk (context_parallel.py)
-        available[1] = available[2] = False
-        logger.debug("Disabling FusedAttention and UnfusedDotProductAttention due to CP")
+    if p.context_parallel:  # CP runs the flash kernel per chunk (context_parallel.py), or
+        # under FP8 with 'a2a' (bshd / sbhd) the unfused emulation on each rank's heads
+        fp8_a2a = _fp8_attention(p) and p.cp_comm_type == "a2a" and not p.qkv_layout.startswith("t")
+        available[1] = False
+        available[2] = available[2] and fp8_a2a
+        logger.debug("Disabling FusedAttention%s due to CP",
+                     "" if fp8_a2a else " and UnfusedDotProductAttention")
     for name, value in selection.PREFERENCE:
         if reasons[value]:
             logger.debug("Disabling %s due to %s", selection.BACKEND_NAMES[name], reasons[value])
