@@ -44,7 +44,8 @@ TestTensor to_tensor(const Operand &o, bool padded_grid) {
   TestTensor t({o.rows, o.k / 2}, kNVTEByte, NVTE_NVFP4_1D_SCALING);
   for (size_t r = 0; r < o.rows; ++r)
     for (size_t j = 0; j < o.k; j += 2)
-      t.bytes()[r * (o.k / 2) + j / 2] = static_cast<uint8_t>(o.code(r, j) | (o.code(r, j + 1) << 4));
+      t.bytes()[r * (o.k / 2) + j / 2] =
+          static_cast<uint8_t>(o.code(r, j) | (o.code(r, j + 1) << 4));
   const size_t nb = (o.k + 15) / 16;
   const size_t gr = padded_grid ? up(o.rows, 128) : o.rows, gc = padded_grid ? up(nb, 4) : nb;
   t.set(kNVTERowwiseScaleInv, {gr, gc}, kNVTEFloat8E4M3);
@@ -86,7 +87,8 @@ Operand random_operand(std::mt19937 &rng, size_t rows, size_t k, bool any_scale)
   return o;
 }
 
-::testing::AssertionResult same_bits(const std::vector<float> &got, const std::vector<float> &want) {
+::testing::AssertionResult same_bits(const std::vector<float> &got,
+                                     const std::vector<float> &want) {
   size_t bad = 0;
   std::string first;
   for (size_t i = 0; i < want.size(); ++i) {
@@ -164,7 +166,8 @@ TEST(Nvfp4BlockGemmEdges, EmptyOperands) {
   std::mt19937 rng(7);
   // K = 0 writes zeros; m or n = 0 writes nothing.
   for (const Case &c : {Case{3, 5, 0}, Case{0, 5, 32}, Case{4, 0, 32}}) {
-    const Operand b = random_operand(rng, c.m, c.k, false), a = random_operand(rng, c.n, c.k, false);
+    const Operand b = random_operand(rng, c.m, c.k, false);
+    const Operand a = random_operand(rng, c.n, c.k, false);
     EXPECT_TRUE(same_bits(run(b, a), std::vector<float>(c.m * c.n, 0.0f)));
   }
 }

@@ -58,7 +58,8 @@ struct DecodeTable {
   DecodeTable() {
     for (int s = 0; s < 256; ++s)
       for (int c = 0; c < 16; ++c)
-        v[s][c] = e2m1_value(static_cast<uint8_t>(c)) * fp8_decode<FormatE4M3>(static_cast<uint8_t>(s));
+        v[s][c] = e2m1_value(static_cast<uint8_t>(c)) *
+                  fp8_decode<FormatE4M3>(static_cast<uint8_t>(s));
   }
 };
 const DecodeTable &decode_table() {
@@ -188,7 +189,8 @@ NVTEStatus nvte_nvfp4_block_gemm(const NVTETensor B, const NVTETensor A, NVTETen
       return;
     }
     for (const auto &[o, arg] : {std::pair{&ob, "B"}, std::pair{&oa, "A"}}) {
-      NVTE_CHECK(o->data != nullptr, "argument '", arg, "': expected NVFP4 data, got a null pointer");
+      NVTE_CHECK(o->data != nullptr, "argument '", arg,
+                 "': expected NVFP4 data, got a null pointer");
     }
     if (tile::has_bf16_dot()) {
       run<uint16_t>(ob, oa, k, out);

@@ -135,9 +135,11 @@ __attribute__((always_inline)) inline void panel_f32(int M, const float *A, size
   if constexpr (kB == tile::F32Blocking::kAvx512) {
     rows_f32<tile::v16f, 4>(M, A, lda, B, blocks, C, ldc);
   } else if constexpr (kB == tile::F32Blocking::kAvx2) {
-    for (int g = 0; g < kPanel; g += 16) rows_f32<tile::v8f, 2>(M, A, lda, B + g, blocks, C + g, ldc);
+    for (int g = 0; g < kPanel; g += 16)
+      rows_f32<tile::v8f, 2>(M, A, lda, B + g, blocks, C + g, ldc);
   } else {
-    for (int g = 0; g < kPanel; g += 8) rows_f32<tile::v4f, 2>(M, A, lda, B + g, blocks, C + g, ldc);
+    for (int g = 0; g < kPanel; g += 8)
+      rows_f32<tile::v4f, 2>(M, A, lda, B + g, blocks, C + g, ldc);
   }
 }
 

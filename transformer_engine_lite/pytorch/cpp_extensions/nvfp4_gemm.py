@@ -16,10 +16,10 @@ dividing, which can move alpha by one ulp; the reference's division is what TE's
 How: on the CPU, each operand's copy whose blocks run along K (packed codes and E4M3 scales) goes
 to the core's nvte_nvfp4_block_gemm (te_lite::nvfp4_block_gemm; JAX calls the same function),
 which sums the block terms in K order in one register-tiled pass; elsewhere the copies are
-decoded to their exact block-scaled values (e2m1 * e4m3, no per-tensor factor) and a batched matmul over single blocks ([KB, M, 16] x
-[KB, 16, N]) gives the exact block terms (any order sums them exactly, as all share one scale
-product), and a loop of in-place adds accumulates them in K order, a bounded chunk of blocks at
-a time.
+decoded to their exact block-scaled values (e2m1 * e4m3, no per-tensor factor) and a batched
+matmul over single blocks ([KB, M, 16] x [KB, 16, N]) gives the exact block terms (any order sums
+them exactly, as all share one scale product), and a loop of in-place adds accumulates them in K
+order, a bounded chunk of blocks at a time.
 """
 
 from __future__ import annotations
