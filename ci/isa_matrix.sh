@@ -3,8 +3,9 @@
 # the library's own kernels and oneDNN with one variable, NVTE_CPU_ISA (platform/cpu_isa.h; oneDNN is
 # capped through dnnl::set_max_cpu_isa), then runs:
 #   isa.<level>.info     build_info() reports that level for our kernels and for oneDNN
-#   isa.<level>.core     the numerics gtests (GEMM, quantize, dequantize, current scaling, recipe,
-#                        transpose, normalization, activation, softmax, fused attention, RoPE)
+#   isa.<level>.core     the numerics gtests (GEMM, NVFP4 block GEMM, quantize, dequantize, current
+#                        scaling, recipe, transpose, normalization, activation, softmax, fused
+#                        attention, RoPE)
 #   isa.<level>.pytorch  PyTorch smoke subset: Linear / LayerNormMLP / TransformerLayer fwd+bwd in
 #                        bf16 and under each FP8 recipe, against the fp64 references
 #   isa.<level>.jax      JAX smoke subset: dense / layernorm_mlp values and gradients in bf16 and
@@ -23,7 +24,7 @@ source "$(dirname "${BASH_SOURCE[0]}")/_utils.sh"
 matrix_start=$SECONDS
 
 BUILD=${NVTE_TEST_BUILD_DIR:-$REPO_ROOT/build/tests-cpp}
-CORE_TESTS=(test_gemm test_quantize test_dequantize test_block_scaling test_nvfp4 test_nvfp4_4over6 test_current_scaling test_recipe test_transpose
+CORE_TESTS=(test_gemm test_nvfp4_gemm test_quantize test_dequantize test_block_scaling test_nvfp4 test_nvfp4_4over6 test_current_scaling test_recipe test_transpose
             test_normalization test_activation test_softmax test_fused_attn test_fused_rope)
 ORDER=(baseline avx2 avx512_core avx512_core_bf16 avx512_core_fp16 avx512_core_amx)
 LEVELS=${NVTE_CI_ISA_LEVELS:-avx2 avx512_core avx512_core_bf16 avx512_core_fp16 native}

@@ -352,6 +352,7 @@ def test_custom_calls_switch(monkeypatch):
 
 def test_registrations():
     regs = tex.registrations()
-    assert len(regs) == 33 and all("cpu" in v for v in regs.values())
+    assert len(regs) == 34 and all("cpu" in v for v in regs.values())
     assert "te_lite_gemm_ffi" in regs and "te_lite_layernorm_fwd_ffi" in regs
     assert "te_lite_quantize_nvfp4_ffi" in regs and "te_lite_dequantize_nvfp4_ffi" in regs
+    assert "te_lite_nvfp4_block_gemm_ffi" in regs  # the NVFP4 GEMM (gemm_nvfp4.py)

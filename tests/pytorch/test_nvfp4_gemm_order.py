@@ -8,6 +8,8 @@ CustomRecipe of reference quantizers (NVFP4QuantizerRef, whose qgemm has this or
 
 from __future__ import annotations
 
+import functools
+
 import pytest
 import torch
 
@@ -158,8 +160,9 @@ def test_order_matters_and_is_followed():
 
 @pytest.mark.parametrize("m, n, k", [(37, 70, 1024), (8, 64, 16), (130, 200, 48), (1, 1, 32)])
 def test_cpu_kernel_equals_torch_blocked_sum(m, n, k):
-    """te_lite::nvfp4_block_gemm (the CPU pass) and the batched-matmul path (other devices) give
-    the same bits, and both the oracle's."""
+    """te_lite::nvfp4_block_gemm (the core's nvte_nvfp4_block_gemm, on packed codes) and the
+    batched-matmul path (other devices, on decoded values) give the same bits, and both the
+    oracle's."""
     from transformer_engine_lite.pytorch.cpp_extensions import nvfp4_gemm
 
     g = torch.Generator().manual_seed(m + n + k)
@@ -167,22 +170,27 @@ def test_cpu_kernel_equals_torch_blocked_sum(m, n, k):
     rows = NVFP4Quantizer(rowwise=True, columnwise=False)  # odd row counts: no column-wise copy
     X = rows((torch.randn(m, k, generator=g) * col).to(torch.bfloat16))
     W = rows((torch.randn(n, k, generator=g) * col).to(torch.bfloat16))
-    p = nvfp4_gemm.nvfp4_k_operand(X, False).values
-    q = nvfp4_gemm.nvfp4_k_operand(W, False).values
-    y = torch.ops.te_lite.nvfp4_block_gemm(p, q)
-    assert torch.equal(y, nvfp4_gemm._blocked_sum(p, q, m, n, k // 16))
+    p = nvfp4_gemm.nvfp4_k_operand(X, False)
+    q = nvfp4_gemm.nvfp4_k_operand(W, False)
+    y = torch.ops.te_lite.nvfp4_block_gemm(p.data, p.scales, q.data, q.scales)
+    assert torch.equal(y, nvfp4_gemm._blocked_sum(p.values, q.values, m, n, k // 16))
     d = general_gemm(W, X, out_dtype=torch.float32, layout="TN")[0]
     assert torch.equal(d, _oracle(W, True, X, False))
 
 
 def test_cpu_kernel_refusals():
     op = torch.ops.te_lite.nvfp4_block_gemm
-    with pytest.raises(RuntimeError, match="argument 'p': expected K a multiple of 16, got 20"):
-        op(torch.zeros(2, 20), torch.zeros(3, 20))
-    with pytest.raises(RuntimeError, match="argument 'q': expected 32 columns"):
-        op(torch.zeros(2, 32), torch.zeros(3, 16))
-    with pytest.raises(RuntimeError, match="argument 'q': expected a 2-D fp32 CPU tensor"):
-        op(torch.zeros(2, 32), torch.zeros(3, 32, dtype=torch.bfloat16))
+    u8 = functools.partial(torch.zeros, dtype=torch.uint8)
+    with pytest.raises(RuntimeError, match="arguments 'B' and 'A': expected the same K"):
+        op(u8(2, 16), u8(2, 2), u8(3, 8), u8(3, 1))
+    with pytest.raises(RuntimeError, match="argument 'A': expected an E4M3 scale_inv grid of at "
+                                           "least \\[3, 2\\]"):
+        op(u8(2, 16), u8(2, 2), u8(3, 16), u8(3, 1))
+    with pytest.raises(RuntimeError, match="argument 'a_data': expected a 2-D uint8 CPU tensor"):
+        op(u8(2, 16), u8(2, 2), torch.zeros(3, 16), u8(3, 2))
+    with pytest.raises(RuntimeError, match="argument 'b_scale': expected a 2-D uint8 or "
+                                           "float8_e4m3fn"):
+        op(u8(2, 16), torch.zeros(2, 2), u8(3, 16), u8(3, 2))
 
 
 def test_generic_gemm_and_grouped_gemm_follow_the_order():

@@ -54,6 +54,14 @@ def _nv(shape):
     return row, row_s, row_a
 
 
+def _nv_k(rows, k, seed):
+    """Random packed E2M1 codes [rows, k/2] and E4M3 scale bytes [rows, ceil(k/16)]."""
+    g = torch.Generator().manual_seed(seed)
+    data = torch.randint(0, 256, (rows, k // 2), generator=g, dtype=torch.uint8)
+    scales = torch.randint(0x28, 0x58, (rows, -(-k // 16)), generator=g, dtype=torch.uint8)
+    return data, scales
+
+
 def _ln_stats(x, g, b):
     _, mu, rs, _, _ = ops.layernorm_fwd(x, g, b, 1e-5, False)
     return mu, rs
@@ -94,7 +102,7 @@ OPCHECK_CASES: list[tuple[str, str, Callable[[], tuple]]] = [
                                                      randn(1, 70))),
     ("block_gemm_accumulate_", "col-first", lambda: (randn(33, 70), randn(33, 70), randn(1, 70),
                                                      randn(33, 1))),
-    ("nvfp4_block_gemm", "tails", lambda: (randn(19, 48), randn(70, 48))),
+    ("nvfp4_block_gemm", "tails", lambda: (*_nv_k(19, 40, 1), *_nv_k(70, 40, 2))),
     ("dequantize_fp8_block", "2d-col", lambda: (*_blk((3, 130, 200), 2, True), 2, True,
                                                   torch.bfloat16)),
     (

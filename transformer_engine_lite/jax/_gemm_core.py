@@ -9,8 +9,9 @@ Layout: x [batch..., K...] contracts its trailing `nc` dims with the leading `nc
   wgrad    dk = x^T @ g      x column-wise, g column-wise
 Per-tensor FP8 has one copy (the GEMM transposes); MXFP8 copies are dequantized to the compute
 dtype (exact: E4M3/E5M2 values times a power of two fit bf16) and multiplied in high precision.
-NVFP4 copies are dequantized to float32 (E2M1 x E4M3 x the fp32 global factor is not a bf16 value)
-and multiplied with float32 accumulation, as the PyTorch front end's NVFP4 GEMM; the column-wise
+NVFP4 copies go to tex.gemm as they are, which multiplies two of them in the FP4 tensor core's
+order through the core's block GEMM (the PyTorch front end's function and bits); the paired GEMMs
+below dequantize them to float32 instead (exact) with float32 accumulation; the column-wise
 copies of x and the gradient carry the Hadamard transform along the batch dim, which cancels in
 the wgrad GEMM (TE-JAX's rule: both operands or neither).
 """
@@ -45,16 +46,25 @@ def _pair(a, a_col: bool, b, b_col: bool) -> None:
     check_rht_pair(_copy(a, a_col), _copy(b, b_col))
 
 
-def operand(t, colwise: bool, dtype):
-    """(array, scale_inv or None) for tex.gemm from a high-precision array or a ScaledTensor."""
+def operand(t, colwise: bool, dtype, nvfp4_copy: bool = True):
+    """(array, scale_inv or None) for tex.gemm from a high-precision array or a ScaledTensor. An
+    NVFP4 copy is passed as the ScaledTensor1x itself (tex.gemm multiplies two of them in the FP4
+    tensor core's order, the PyTorch front end's bits), or dequantized when nvfp4_copy is False
+    (the paired GEMMs slice their operands)."""
     t = _copy(t, colwise)
     if isinstance(t, ScaledTensor1x):
         if ScalingMode(t.scaling_mode).is_nvfp4_scaling:
-            return nvfp4_gemm_operand(t), None
+            return (t, None) if nvfp4_copy else (nvfp4_gemm_operand(t), None)
         if t.scaling_mode == ScalingMode.MXFP8_1D_SCALING:
             return t.dequantize(dtype), None
         return t.data, t.scale_inv
     return t.astype(dtype), None
+
+
+def _ndim(t) -> int:
+    """Rank of an array or of a (ScaledTensor2x's row-wise) ScaledTensor's data."""
+    t = getattr(t, "rowwise_tensor", t)
+    return t.data.ndim if isinstance(t, ScaledTensor1x) else t.ndim
 
 
 def _paired(k_ndim: int, nc: int) -> bool:
@@ -65,11 +75,12 @@ def _paired(k_ndim: int, nc: int) -> bool:
 
 def forward(xq, kq, x_ndim: int, nc: int, bias, out_dtype):
     _pair(xq, False, kq, True)
-    lhs, lsi = operand(xq, False, out_dtype)
-    rhs, rsi = operand(kq, True, out_dtype)
+    paired = _paired(_ndim(kq), nc)
+    lhs, lsi = operand(xq, False, out_dtype, not paired)
+    rhs, rsi = operand(kq, True, out_dtype, not paired)
     dims = (tuple(range(x_ndim - nc, x_ndim)), tuple(range(nc)))
     b = None if bias is None else bias.astype(out_dtype)
-    if _paired(rhs.ndim, nc):
+    if paired:
         return jnp.stack([
             tex.gemm(lhs, rhs[:, j, :], dims, lsi, rsi, bias=None if b is None else b[j],
                      out_dtype=out_dtype) for j in range(rhs.shape[1])], axis=-2)
@@ -83,12 +94,13 @@ def backward(g, xq, kq, x_ndim: int, k_ndim: int, nc: int, dgrad_quantizer, x_dt
     gq = quantize(dgrad_quantizer, g, g.ndim - n_free)
     _pair(gq, False, kq, False)
     _pair(xq, True, gq, True)
-    g_row, g_row_si = operand(gq, False, x_dtype)
-    k_row, k_row_si = operand(kq, False, x_dtype)
-    x_col, x_col_si = operand(xq, True, x_dtype)
-    g_col, g_col_si = operand(gq, True, x_dtype)
+    paired = _paired(k_ndim, nc)
+    g_row, g_row_si = operand(gq, False, x_dtype, not paired)
+    k_row, k_row_si = operand(kq, False, x_dtype, not paired)
+    x_col, x_col_si = operand(xq, True, x_dtype, not paired)
+    g_col, g_col_si = operand(gq, True, x_dtype, not paired)
     batch = tuple(range(n_batch))
-    if _paired(k_ndim, nc):
+    if paired:
         n_act = k_row.shape[1]
         parts = [tex.gemm(g_row[..., j, :], k_row[:, j, :], ((n_batch,), (1,)), g_row_si,
                           k_row_si, out_dtype=jnp.float32) for j in range(n_act)]

@@ -127,7 +127,9 @@ def _gd_bwd(res, g):
 
     xq, x_si, kq, k_si, gid, group_sizes, bias, quantizer_set, st = res
     rc, hp, x_dtype, k_dtype = st.values
-    n = kq.shape[0]
+    # (grouped NVFP4 operands are quantized tensors, not arrays: their group count)
+    kt = getattr(kq, "rowwise_tensor", None) or kq
+    n = kq.shape[0] if hasattr(kq, "shape") else kt.n_groups
     qs = quantizer_set if quantizer_set is not None else noop_quantizer_set
     gq, g_si = gr.grouped_operand(g, core.copy_quantizer(qs.dgrad), group_sizes, n, hp)
     # dgrad: rows of group j = g_j @ kernel[j]^T (contract g's N with the kernel's N)

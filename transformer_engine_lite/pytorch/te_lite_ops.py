@@ -30,8 +30,9 @@ apply are float32 [0].
   block_gemm_accumulate_(Tensor(a!) y, Tensor p, Tensor first, Tensor second) -> ()
       y = fp32(fp64(y) + fp64(fp32(p * first)) * fp64(second)) in place: one K block of the
       block-scaled GEMM's accumulation (cpp_extensions/block_gemm.py; CPU only)
-  nvfp4_block_gemm(Tensor p, Tensor q) -> Tensor
-      fp32 sum, in K order, of the exact 16-block terms p[:, blk] @ q[:, blk]^T (nvfp4_gemm.py; CPU)
+  nvfp4_block_gemm(Tensor b_data, Tensor b_scale, Tensor a_data, Tensor a_scale) -> Tensor
+      fp32 [b rows, a rows]: sum, in K order, of the exact 16-block terms of two NVFP4 copies with
+      blocks along K (packed E2M1 [rows, K/2], E4M3 grids): core nvte_nvfp4_block_gemm (CPU)
   quantize_nvfp4(Tensor x, bool rowwise, bool columnwise, bool two_d, bool rht, int rht_sign_mask,
       bool stochastic_rounding, int seed, int offset, bool row_scaled=False, int four_over_six=0,
       int e4m3_max=448, bool err_fast_math=False)
@@ -259,8 +260,8 @@ def _(y, p, first, second):
 
 
 @torch.library.register_fake("te_lite::nvfp4_block_gemm")
-def _(p, q):
-    return p.new_empty((p.shape[0], q.shape[0]), dtype=torch.float32)
+def _(b_data, b_scale, a_data, a_scale):
+    return b_data.new_empty((b_data.shape[0], a_data.shape[0]), dtype=torch.float32)
 
 
 @torch.library.register_fake("te_lite::compute_amax")

@@ -243,7 +243,6 @@ def _te_operand(x, quantizer, contracting, dtype):
     """(array, scale_inv or None, the ScaledTensor1x used or None) from TE-JAX's operand forms: an
     array quantized by `quantizer` (its copy with blocks along the contracted dims), or a
     ScaledTensor."""
-    from ..quantize.nvfp4 import nvfp4_gemm_operand
     from ..quantize.scaling_modes import ScalingMode
     from ..quantize.tensor import NoScaleTensor, ScaledTensor1x, ScaledTensor2x
 
@@ -262,11 +261,32 @@ def _te_operand(x, quantizer, contracting, dtype):
             # high precision, as dense() does (see _gemm_core).
             return x.dequantize(dtype), None, x
         if ScalingMode(x.scaling_mode).is_nvfp4_scaling:
-            # NVFP4: dequantized exactly to float32 in the source layout, any Hadamard transform
-            # kept (it cancels against the other operand's), float32 accumulation (_gemm_core).
-            return nvfp4_gemm_operand(x), None, x
+            # NVFP4: the copy itself; gemm() runs the tensor-core-order GEMM on two such copies
+            # (gemm_nvfp4.py), else dequantizes it exactly to float32 in the source layout, any
+            # Hadamard transform kept (it cancels against the other operand's).
+            return None, None, x
         return x.data, x.scale_inv, x
     return x, None, None
+
+
+def _nvfp4_pair(lq, rq, contracting_dims, lnd, rnd, bias, fuse_gelu, out_dtype):
+    """D of two NVFP4 copies whose blocks run along the contracted dims, in the FP4 tensor core's
+    order (gemm_nvfp4.py: the PyTorch front end's bits), or None when the pair is not one (one
+    operand not NVFP4, blocks along other dims, or a fused GELU, which the block GEMM has no
+    epilogue for: those multiply the exact float32 dequantized copies instead)."""
+    from ..quantize.scaling_modes import ScalingMode
+    from ..quantize.tensor import ScaledTensor1x
+    from .gemm_nvfp4 import nvfp4_gemm, nvfp4_k_dims
+
+    def nv(t):
+        return isinstance(t, ScaledTensor1x) and ScalingMode(t.scaling_mode).is_nvfp4_scaling
+
+    if fuse_gelu or not (nv(lq) and nv(rq)):
+        return None
+    if (nvfp4_k_dims(lq) != _normalize(contracting_dims[0], lnd)
+            or nvfp4_k_dims(rq) != _normalize(contracting_dims[1], rnd)):
+        return None
+    return nvfp4_gemm(lq, rq, bias, out_dtype)
 
 
 def gemm(lhs, rhs, contracting_dims=((-1,), (0,)), lhs_scale_inv=None, rhs_scale_inv=None,
@@ -317,6 +337,13 @@ def gemm(lhs, rhs, contracting_dims=((-1,), (0,)), lhs_scale_inv=None, rhs_scale
         rhs, rhs_scale_inv, rq = _te_operand(rhs, rhs_quantizer,
                                              _normalize(contracting_dims[1], rnd), out_dtype)
         check_rht_pair(lq, rq)
+        d = _nvfp4_pair(lq, rq, contracting_dims, lnd, rnd, bias, fuse_gelu, out_dtype)
+        if d is not None:
+            return d
+        from ..quantize.nvfp4 import nvfp4_gemm_operand
+
+        lhs = nvfp4_gemm_operand(lq) if lhs is None else lhs
+        rhs = nvfp4_gemm_operand(rq) if rhs is None else rhs
     lc, rc = _normalize(contracting_dims[0], lhs.ndim), _normalize(contracting_dims[1], rhs.ndim)
     if len(lc) != len(rc) or [lhs.shape[i] for i in lc] != [rhs.shape[i] for i in rc]:
         raise ValueError(f"gemm: argument 'contracting_dims': expected dims of equal sizes, got "

@@ -119,6 +119,15 @@ def grouped_quantize(x, quantizer, group_sizes=None, flatten_axis=-1, is_rowwise
         si = (1.0 / scale).astype(_F32)
         out_r = make(data, si, amax, False) if row else None
         out_c = make(data, si, amax, True) if col else None
+    elif mode.is_nvfp4_scaling:
+        from .grouped_nvfp4 import grouped_quantize_nvfp4
+
+        def make_nv(data, si, amax, colwise, own_fa, rht=False):
+            return GroupedScaledTensor1x(data, si, amax, group_sizes, None, tuple(x.shape), mode,
+                                         dq, colwise, own_fa, n, rht)
+
+        out_r, out_c = grouped_quantize_nvfp4(x, quantizer, group_sizes, gid, fa, row, col, dq,
+                                              make_nv)
     else:
         raise NotImplementedError(f"te_lite::grouped_quantize: scaling_mode {mode.name} is not "
                                   "implemented by transformer_engine_lite")
@@ -143,8 +152,12 @@ def grouped_operand(t, quantizer, group_sizes, n_groups, hp_dtype):
 
     if isinstance(t, GroupedNoScaleTensor):
         t = t.data
+    nvfp4 = quantizer is not None and ScalingMode(quantizer.scaling_mode).is_nvfp4_scaling
     if quantizer is not None:
-        t = grouped_quantize(t, quantizer, group_sizes, -1, True, False, hp_dtype)
+        # NVFP4: both copies (the GEMMs need the one with blocks along their K: grouped_nvfp4.py)
+        t = grouped_quantize(t, quantizer, group_sizes, -1, True, nvfp4, hp_dtype)
+    if _is_nvfp4(t):
+        return t, None
     if isinstance(t, ScaledTensor2x):
         t = t.rowwise_tensor
     if isinstance(t, GroupedScaledTensor1x):
@@ -154,9 +167,33 @@ def grouped_operand(t, quantizer, group_sizes, n_groups, hp_dtype):
     return t, None
 
 
+def _is_nvfp4(t) -> bool:
+    from ..quantize.scaling_modes import ScalingMode
+
+    t = getattr(t, "rowwise_tensor", None) or getattr(t, "colwise_tensor", None) or t
+    return (hasattr(t, "n_groups") and hasattr(t, "scaling_mode")
+            and ScalingMode(t.scaling_mode).is_nvfp4_scaling)
+
+
+def _nvfp4_dense(t, dtype):
+    """A grouped NVFP4 operand dequantized (row-wise copy preferred), for a GEMM pairing it with
+    a non-NVFP4 operand."""
+    t = getattr(t, "rowwise_tensor", None) or getattr(t, "colwise_tensor", None) or t
+    return t.dequantize_full(dtype)
+
+
 def masked_group_gemm(a, a_si, b, b_si, gid, n_groups, rc, out_dtype):
     """Rows of group g = a[rows] @ b[g] (b [G, K, N] for rc 1, [G, N, K] for rc 2), per-group
-    scale_inv of FP8 operands; see the module docstring for the row mask."""
+    scale_inv of FP8 operands; see the module docstring for the row mask. Two grouped NVFP4
+    operands multiply in the FP4 tensor core's order (grouped_nvfp4.py)."""
+    if _is_nvfp4(a) and _is_nvfp4(b):
+        from .grouped_nvfp4 import nvfp4_masked_group_gemm
+
+        out = nvfp4_masked_group_gemm(a, b, gid, n_groups, rc, out_dtype)
+        if out is not None:
+            return out
+    a = _nvfp4_dense(a, out_dtype) if _is_nvfp4(a) else a
+    b = _nvfp4_dense(b, out_dtype) if _is_nvfp4(b) else b
     out = None
     for g in range(n_groups):
         y = gemm(a, b[g], ((1,), (0,) if rc == 1 else (1,)),
@@ -168,6 +205,14 @@ def masked_group_gemm(a, a_si, b, b_si, gid, n_groups, rc, out_dtype):
 
 def masked_group_wgrad(a, a_si, g_, g_si, gid, n_groups, out_dtype):
     """[G, K, N]: group g's a rows^T @ its g_ rows (other rows zeroed: their products vanish)."""
+    if _is_nvfp4(a) and _is_nvfp4(g_):
+        from .grouped_nvfp4 import nvfp4_masked_group_wgrad
+
+        out = nvfp4_masked_group_wgrad(a, g_, gid, n_groups, out_dtype)
+        if out is not None:
+            return out
+    a = _nvfp4_dense(a, out_dtype) if _is_nvfp4(a) else a
+    g_ = _nvfp4_dense(g_, out_dtype) if _is_nvfp4(g_) else g_
     zero_a = jnp.zeros((), a.dtype)
     parts = []
     for g in range(n_groups):
@@ -220,7 +265,7 @@ def grouped_gemm(lhs, rhs, contracting_dims=((1,), (2,)), bias=None, precision=N
                                       "is not implemented by transformer_engine_lite")
     a, a_si = grouped_operand(lhs, qx, group_sizes, n, hp)
     b, b_si = grouped_operand(rhs, qk, None, n, hp)
-    gid = group_ids(group_sizes, a.shape[0], n)
+    gid = group_ids(group_sizes, lt.data.shape[0] if lc == 1 else lt.data.shape[1], n)
     out = masked_group_gemm(a, a_si, b, b_si, gid, n, rc, hp)
     if bias is not None:
         if tuple(bias.shape) != (n, out.shape[1]):

@@ -1,7 +1,8 @@
 // te_lite NVFP4 handlers (TE-JAX's ScalingMode.NVFP4_1D_SCALING / NVFP4_2D_SCALING, the
-// NVFP4BlockScaling recipe): quantize a 2-D [rows, cols] view into the core's NVFP4 buffers and
-// dequantize one stored copy, the same core calls as torch.ops.te_lite.quantize_nvfp4 /
-// dequantize_nvfp4 (pytorch/csrc/nvfp4.cpp), so both front ends write the same bytes.
+// NVFP4BlockScaling recipe): quantize a 2-D [rows, cols] view into the core's NVFP4 buffers,
+// dequantize one stored copy, and the tensor-core-order block GEMM: the same core calls as
+// torch.ops.te_lite.quantize_nvfp4 / dequantize_nvfp4 / nvfp4_block_gemm (pytorch/csrc/), so both
+// front ends write the same bytes and get the same GEMM bits.
 //
 // Buffers are the core's: data uint8 with two E2M1 codes per byte (element 2j in the low nibble),
 // the column-wise copy transposed ([cols, rows/2]); E4M3 scale bytes (uint8) in grids padded to
@@ -11,6 +12,7 @@
 #include <memory>
 
 #include <transformer_engine_lite/cast.h>
+#include <transformer_engine_lite/gemm.h>
 
 #include "handler.h"
 
@@ -121,6 +123,48 @@ ffi::Error dequantize_nvfp4(const Device &dev, Buffer data, Buffer scale_inv, Bu
   return check_nvte(kOp, nvte_dequantize(in.get(), o.get(), dev.stream));
 }
 
+// The NVFP4 GEMM in the FP4 tensor core's order: out [m, n] fp32 = the K-ordered sum of the exact
+// 16-block terms of b . a^T through nvte_nvfp4_block_gemm (gemm.h), as
+// torch.ops.te_lite.nvfp4_block_gemm, so both front ends give the same bits; then, when K > 0 and
+// the amaxes are given (float32 [1] each, else [0]), times (amax_b * amax_a) / (6 * 6 * 448 *
+// 448) in fp32, as the PyTorch front end's _scaled. The factor is formed here because XLA's CPU
+// backend divides through a reciprocal (a / c != RN(a / c) for about one value in six), and TE's
+// reference divides. b and a are the copies whose blocks run along K: packed uint8 [rows, K / 2]
+// and uint8 E4M3 scales, at least [rows, ceil(K / 16)] (padded grids or TE-JAX's unpadded ones).
+ffi::Error nvfp4_block_gemm(const Device &dev, Buffer b_data, Buffer b_scale, Buffer a_data,
+                            Buffer a_scale, Buffer amax_b, Buffer amax_a, Buffer out) {
+  constexpr const char *kOp = "te_lite::nvfp4_block_gemm";
+  for (const auto &[t, name] : {std::pair{&b_data, "b_data"}, std::pair{&a_data, "a_data"},
+                                std::pair{&b_scale, "b_scale"}, std::pair{&a_scale, "a_scale"}}) {
+    TE_LITE_TRY(check_dtype(kOp, name, *t, {DataType::U8}));
+    TE_LITE_TRY(check_ndim(kOp, name, *t, 2));
+  }
+  const bool scaled = numel(amax_b) != 0;
+  TE_LITE_CHECK(scaled == (numel(amax_a) != 0), kOp, ": arguments 'amax_b' and 'amax_a': expected "
+                "both (float32 [1]) or neither ([0]), got shapes ", shape_str(amax_b), " and ",
+                shape_str(amax_a));
+  if (scaled) {
+    TE_LITE_TRY(check_fp32_scalar(kOp, "amax_b", amax_b));
+    TE_LITE_TRY(check_fp32_scalar(kOp, "amax_a", amax_a));
+  }
+  TE_LITE_CHECK(!dev.is_gpu(), kOp, ": expected CPU buffers (the NVFP4 block GEMM "
+                "runs on the CPU only), got GPU ones");
+  TE_LITE_TRY(check_result(kOp, "out", out, DataType::F32, {dim(b_data, 0), dim(a_data, 0)}));
+  TensorWrapper tb(dev, NVTE_NVFP4_1D_SCALING), ta(dev, NVTE_NVFP4_1D_SCALING), d(dev);
+  tb.data(b_data).scale_inv(b_scale, kNVTEFloat8E4M3);
+  ta.data(a_data).scale_inv(a_scale, kNVTEFloat8E4M3);
+  d.data(out);
+  TE_LITE_TRY(check_nvte(kOp, nvte_nvfp4_block_gemm(tb.get(), ta.get(), d.get(), dev.stream)));
+  if (scaled && dim(b_data, 1) > 0) {  // an empty K leaves the zeros unscaled (as PyTorch's)
+    const float part = *static_cast<const float *>(amax_b.untyped_data()) *
+                       *static_cast<const float *>(amax_a.untyped_data());
+    const float factor = part / (36.0f * 448.0f * 448.0f);
+    float *y = static_cast<float *>(out.untyped_data());
+    for (int64_t i = 0, e = numel(out); i < e; ++i) y[i] = factor * y[i];
+  }
+  return ffi::Error::Success();
+}
+
 }  // namespace
 
 TE_LITE_FFI_HANDLERS(quantize_nvfp4, quantize_nvfp4,
@@ -145,6 +189,16 @@ TE_LITE_FFI_HANDLERS(dequantize_nvfp4, dequantize_nvfp4,
                      .Arg<Buffer>()  // scale_inv: uint8 E4M3 (padded grid)
                      .Arg<Buffer>()  // amax: float32 [1]
                      .Ret<Buffer>()  // out: [rows, cols], high precision (out_dtype)
+);
+
+TE_LITE_FFI_HANDLERS(nvfp4_block_gemm, nvfp4_block_gemm,
+                     .Arg<Buffer>()  // b_data: uint8 [m, K/2], blocks along K
+                     .Arg<Buffer>()  // b_scale: uint8 E4M3 [>= m, >= K/16]
+                     .Arg<Buffer>()  // a_data: uint8 [n, K/2]
+                     .Arg<Buffer>()  // a_scale: uint8 E4M3 [>= n, >= K/16]
+                     .Arg<Buffer>()  // amax_b: float32 [1], or [0]: no per-tensor factor
+                     .Arg<Buffer>()  // amax_a: float32 [1], or [0]
+                     .Ret<Buffer>()  // out: float32 [m, n]
 );
 
 }  // namespace te_lite

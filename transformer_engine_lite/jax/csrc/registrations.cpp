@@ -22,6 +22,7 @@
   /* nvfp4.cpp */                             \
   X(quantize_nvfp4)                           \
   X(dequantize_nvfp4)                         \
+  X(nvfp4_block_gemm)                         \
   /* recipe.cpp */                            \
   X(compute_scale_from_amax)                  \
   X(delayed_scaling_update)                   \

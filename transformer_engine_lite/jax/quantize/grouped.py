@@ -89,11 +89,12 @@ class GroupedScaledTensor1x:
     is_colwise: bool = False
     flatten_axis: int = 1
     n_groups: int = 1
+    has_rht_applied: bool = False  # NVFP4 column-wise copies (cpp_extensions/grouped_nvfp4.py)
 
     def tree_flatten(self):
         return ((self.data, self.scale_inv, self.amax, self.first_dims, self.last_dims),
                 (tuple(self.original_shape), self.scaling_mode, self.dq_dtype, self.is_colwise,
-                 self.flatten_axis, self.n_groups))
+                 self.flatten_axis, self.n_groups, self.has_rht_applied))
 
     @classmethod
     def tree_unflatten(cls, aux, children):
@@ -101,7 +102,8 @@ class GroupedScaledTensor1x:
 
     @property
     def data_layout(self) -> str:
-        return "N"
+        nvfp4 = ScalingMode(self.scaling_mode).is_nvfp4_scaling
+        return "T" if nvfp4 and self.is_colwise else "N"
 
     @property
     def ndim(self):
@@ -117,6 +119,8 @@ class GroupedScaledTensor1x:
             return tex.dequantize_mxfp8(x2, self.scale_inv, self.is_colwise, dtype).reshape(shape)
         from ..cpp_extensions.grouped import group_ids
 
+        if ScalingMode(self.scaling_mode).is_nvfp4_scaling:
+            return self._nvfp4_full(dtype)
         gid = group_ids(self.first_dims, self.data.shape[0], self.n_groups)
         si = self.scale_inv[gid].reshape((-1,) + (1,) * (self.data.ndim - 1))
         return (self.data.astype(jnp.float32) * si).astype(dtype)
@@ -125,3 +129,21 @@ class GroupedScaledTensor1x:
         full = self.dequantize_full(dtype)
         sizes = _split_sizes(self.first_dims, full.shape[0], self.n_groups)
         return jnp.split(full, np.cumsum(sizes)[:-1].tolist(), axis=0)
+
+    def _nvfp4_full(self, dtype):
+        """Each group's rows dequantized with its own amax, in the source layout (a "T" copy is
+        transposed back, its Hadamard transform undone)."""
+        from ..cpp_extensions.grouped import group_ids
+        from ..cpp_extensions.grouped_nvfp4 import group_copy
+
+        shape = tuple(self.original_shape) or tuple(self.data.shape)
+        gid = group_ids(self.first_dims, shape[0], self.n_groups)
+        out = None
+        for g in range(self.n_groups):
+            v = group_copy(self, g).dequantize(jnp.float32)
+            if self.is_colwise:  # "T": dims from flatten_axis on are the source's leading ones
+                k = self.flatten_axis
+                v = jnp.transpose(v, (*range(k, v.ndim), *range(k)))
+            sel = (gid == g).reshape((-1,) + (1,) * (v.ndim - 1))
+            out = v if out is None else jnp.where(sel, v, out)
+        return out.astype(dtype)

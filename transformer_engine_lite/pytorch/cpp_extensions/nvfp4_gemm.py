@@ -13,12 +13,13 @@ is fully specified, so this GEMM and TE's reference qgemm (custom_recipes.refere
 the same bits. TE's cuBLAS path multiplies by a rounded 1 / (6 * 6 * 448 * 448) instead of
 dividing, which can move alpha by one ulp; the reference's division is what TE's tests compare to.
 
-How: each operand's copy whose blocks run along K is decoded to its exact block-scaled values
-(e2m1 * e4m3, no per-tensor factor); on the CPU te_lite::nvfp4_block_gemm sums the block terms in
-K order in one tiled pass; elsewhere a batched matmul over single blocks ([KB, M, 16] x
-[KB, 16, N]) gives the exact block terms (any order sums them exactly, as all share one scale
-product), and a loop of in-place adds accumulates them in K order, a bounded chunk of blocks at
-a time.
+How: on the CPU, each operand's copy whose blocks run along K (packed codes and E4M3 scales) goes
+to the core's nvte_nvfp4_block_gemm (te_lite::nvfp4_block_gemm; JAX calls the same function),
+which sums the block terms in K order in one register-tiled pass; elsewhere the copies are
+decoded to their exact block-scaled values (e2m1 * e4m3, no per-tensor factor) and a batched
+matmul over single blocks ([KB, M, 16] x [KB, 16, N]) gives the exact block terms (any order sums
+them exactly, as all share one scale product), and a loop of in-place adds accumulates them in K
+order, a bounded chunk of blocks at a time.
 """
 
 from __future__ import annotations
@@ -37,20 +38,47 @@ _E2M1 = (0.0, 0.5, 1.0, 1.5, 2.0, 3.0, 4.0, 6.0, -0.0, -0.5, -1.0, -1.5, -2.0, -
 
 
 class NVFP4KOperand:
-    """One GEMM operand as [rows, K] exact block-scaled fp32 values (blocks of 16 along K, K
-    zero-padded to a multiple of 16), with the amax it was scaled by ([1], or [rows] for a
-    row-scaled copy) and the E4M3 bound of its per-tensor scale."""
+    """One GEMM operand, [rows, K] with blocks of 16 along K: its packed E2M1 codes (uint8 [rows,
+    ceil(K / 2)]) and E4M3 scale bytes (uint8 [rows, ceil(K / 16)]), the amax it was scaled by ([1],
+    or [rows] for a row-scaled copy) and the E4M3 bound of its per-tensor scale. `values` is the
+    exact block-scaled fp32 copy (e2m1 * e4m3, K zero-padded to a multiple of 16), decoded on
+    first use: the CPU GEMM reads the codes and scales directly."""
 
-    def __init__(self, values: torch.Tensor, amax: torch.Tensor, e4m3_max: float) -> None:
-        self.values, self.amax, self.e4m3_max = values, amax, e4m3_max
+    def __init__(self, data: torch.Tensor, scales: torch.Tensor, k: int, amax: torch.Tensor,
+                 e4m3_max: float) -> None:
+        self.data, self.scales, self.k = data, scales, k
+        self.amax, self.e4m3_max = amax, e4m3_max
+        self._values: torch.Tensor | None = None
+
+    @property
+    def rows(self) -> int:
+        return self.data.shape[0]
+
+    @property
+    def values(self) -> torch.Tensor:
+        if self._values is None:
+            self._values = _decode(self.data, self.scales, self.k)
+        return self._values
+
+
+def _decode(data: torch.Tensor, scales: torch.Tensor, cols: int) -> torch.Tensor:
+    from ..tensor.storage.nvfp4_tensor_storage import unpack_codes
+
+    rows = data.shape[0]
+    nb = -(-cols // _BLOCK)
+    codes = unpack_codes(data)[:, :cols]
+    lut = torch.tensor(_E2M1, dtype=torch.float32, device=data.device)
+    vals = lut[codes.long()]
+    if cols != nb * _BLOCK:  # a partial last block: zeros add nothing to its (exact) term
+        vals = torch.nn.functional.pad(vals, (0, nb * _BLOCK - cols))
+    s = scales.view(torch.float8_e4m3fn).to(torch.float32)
+    return (vals.reshape(rows, nb, _BLOCK) * s.unsqueeze(-1)).reshape(rows, nb * _BLOCK)
 
 
 def nvfp4_k_operand(t: Any, columnwise: bool) -> NVFP4KOperand | None:
     """The copy of NVFP4 tensor t (row-wise: blocks along its last dim, rows the leading dims;
     column-wise: blocks along the leading dims, rows the last dim) as an NVFP4KOperand, or None
     when that copy is not held."""
-    from ..tensor.storage.nvfp4_tensor_storage import unpack_codes
-
     data = t._columnwise_data if columnwise else t._rowwise_data
     if data is None:
         return None
@@ -65,35 +93,27 @@ def nvfp4_k_operand(t: Any, columnwise: bool) -> NVFP4KOperand | None:
     # Packed bytes per row: from the data when it has rows, else from cols (reshape(0, -1) is
     # ambiguous; an empty group of a GroupedLinear split, or K = 0, gives such a tensor).
     width = data.numel() // rows if rows else -(-cols // 2)
-    codes = unpack_codes(data.reshape(rows, width))[:, :cols]
+    packed = data.reshape(rows, width)[:, : -(-cols // 2)].contiguous()
     nb = -(-cols // _BLOCK)
-    grid = t._scale_grid(columnwise)[:rows, :nb].contiguous()
-    scales = grid.view(torch.float8_e4m3fn).to(torch.float32)
-    lut = torch.tensor(_E2M1, dtype=torch.float32, device=data.device)
-    vals = lut[codes.long()]
-    if cols != nb * _BLOCK:  # a partial last block: zeros add nothing to its (exact) term
-        vals = torch.nn.functional.pad(vals, (0, nb * _BLOCK - cols))
-    vals = (vals.reshape(rows, nb, _BLOCK) * scales.unsqueeze(-1)).reshape(rows, nb * _BLOCK)
+    scales = t._scale_grid(columnwise)[:rows, :nb].contiguous().view(torch.uint8)
     e4m3_max = float(t._nvfp4_e4m3_max) if t._nvfp4_use_4over6 else 448.0
-    return NVFP4KOperand(vals, amax.to(torch.float32).reshape(-1), e4m3_max)
+    return NVFP4KOperand(packed, scales, cols, amax.to(torch.float32).reshape(-1), e4m3_max)
 
 
 def nvfp4_sequential_gemm(b: NVFP4KOperand, a: NVFP4KOperand, alpha: float = 1.0) -> torch.Tensor:
     """fp32 [M, N] = alpha_nvfp4 * sum over K blocks in order of the exact block terms of
-    b.values [M, K] . a.values [N, K]^T (see the module docstring); alpha (the caller's GEMM
-    alpha) multiplies the per-tensor factor when it is not 1, as TE folds it into one scale."""
-    p, q = b.values, a.values
-    if p.shape[1] != q.shape[1]:
-        raise ValueError(f"NVFP4 GEMM: K: expected the operands to agree, got {p.shape[1]} and "
-                         f"{q.shape[1]}")
-    m, k = p.shape
-    n = q.shape[0]
-    kb = k // _BLOCK
-    if p.device.type == "cpu" and hasattr(torch.ops.te_lite, "nvfp4_block_gemm"):
-        # the same order in one pass (no [blocks, M, N] terms in memory): csrc/block_scaling.cpp
-        y = torch.ops.te_lite.nvfp4_block_gemm(p, q)
+    b [M, K] . a [N, K]^T (see the module docstring); alpha (the caller's GEMM alpha) multiplies
+    the per-tensor factor when it is not 1, as TE folds it into one scale."""
+    if b.k != a.k:
+        raise ValueError(f"NVFP4 GEMM: K: expected the operands to agree, got {b.k} and {a.k}")
+    m, n, k = b.rows, a.rows, b.k
+    # (odd K cannot be packed two per byte: the quantizer refuses it; the fallback covers it anyway)
+    if (b.data.device.type == "cpu" and k % 2 == 0
+            and hasattr(torch.ops.te_lite, "nvfp4_block_gemm")):
+        # the same order in one pass on the packed codes (core nvte_nvfp4_block_gemm)
+        y = torch.ops.te_lite.nvfp4_block_gemm(b.data, b.scales, a.data, a.scales)
     else:
-        y = _blocked_sum(p, q, m, n, kb)
+        y = _blocked_sum(b.values, a.values, m, n, -(-k // _BLOCK))
     return _scaled(y, b, a, m, n, k, alpha)
 
 

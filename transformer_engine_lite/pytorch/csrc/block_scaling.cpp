@@ -8,6 +8,7 @@
 #include <vector>
 
 #include <transformer_engine_lite/cast.h>
+#include <transformer_engine_lite/gemm.h>
 
 #include "common.h"
 
@@ -135,72 +136,35 @@ void block_gemm_accumulate_(at::Tensor y, const at::Tensor &p, const at::Tensor 
   });
 }
 
-// The NVFP4 GEMM in the FP4 tensor core's order (cpp_extensions/nvfp4_gemm.py): y [m, n] fp32 =
-// sum over 16-element K blocks b, in K order from 0, of the block term p[:, b] . q[:, b]^T, with
-// p [m, k] and q [n, k] the exact block-scaled values (e2m1 * e4m3) and k a multiple of 16. Each
-// term is exact in fp32 whatever its inner order (its partial sums share one scale product and
-// stay within 24 bits), so the vectorised inner loop may use FMA; the only roundings are the
-// `acc += t` adds, one per block, in order. Tiles: 4 rows x 64 columns of y (nvfp4_tile), a q
-// column panel ([k, 64] of q transposed) reused across the row tiles from cache. Host memory only.
-// One [kR, kC] tile of y over all of K: constant trip counts, so t stays in vector registers.
-// Compiled once, for the extension's baseline target: per-level clones must go through the core's
-// NVTE_CPU_DISPATCH (common/platform/cpu_isa.h), which NVTE_CPU_ISA caps; GCC's target_clones
-// would pick from CPUID alone, so capped CI runs would not run the code a lower-level CPU runs.
-// The bits do not depend on the clone (each block term is exact); moving this kernel into the
-// core, behind that dispatcher, is what would buy the AVX2 / AVX-512 speed back.
-constexpr int64_t kTileR = 4, kTileC = 64;
-void nvfp4_tile(const float *pd, const float *qd, float *yd, int64_t k, int64_t np) {
-  float acc[kTileR][kTileC] = {};
-  for (int64_t b = 0; b < k; b += 16) {
-    float t[kTileR][kTileC] = {};
-    for (int64_t j = b; j < b + 16; ++j) {
-      const float *qrow = qd + j * np;
-      for (int64_t r = 0; r < kTileR; ++r) {
-        const float pv = pd[r * k + j];
-        for (int64_t x = 0; x < kTileC; ++x) t[r][x] += pv * qrow[x];
-      }
-    }
-    for (int64_t r = 0; r < kTileR; ++r) {
-      for (int64_t x = 0; x < kTileC; ++x) acc[r][x] += t[r][x];
-    }
-  }
-  for (int64_t r = 0; r < kTileR; ++r) {
-    for (int64_t x = 0; x < kTileC; ++x) yd[r * np + x] = acc[r][x];
-  }
-}
-
-at::Tensor nvfp4_block_gemm(const at::Tensor &p_, const at::Tensor &q_) {
+// The NVFP4 GEMM in the FP4 tensor core's order (cpp_extensions/nvfp4_gemm.py), through the
+// core's nvte_nvfp4_block_gemm (gemm.h, the same call as the JAX handler): y [m, n] fp32 = sum
+// over 16-element K blocks, in K order from 0, of the exact block terms of b . a^T. b and a are
+// the NVFP4 copies whose blocks run along K: packed E2M1 data uint8 [rows, K / 2] and their E4M3
+// scale grids (uint8 or float8_e4m3fn, at least [rows, ceil(K / 16)]). Host memory only.
+at::Tensor nvfp4_block_gemm(const at::Tensor &b_data, const at::Tensor &b_scale,
+                            const at::Tensor &a_data, const at::Tensor &a_scale) {
   constexpr const char *kOp = "te_lite::nvfp4_block_gemm";
-  constexpr int64_t kB = 16, kR = kTileR, kC = kTileC;
-  for (const auto &[t, name] : {std::pair{&p_, "p"}, std::pair{&q_, "q"}}) {
-    TORCH_CHECK(t->device().is_cpu() && t->dim() == 2 && t->scalar_type() == at::kFloat, kOp,
-                ": argument '", name, "': expected a 2-D fp32 CPU tensor, got ", t->scalar_type(),
-                " ", t->sizes(), " on ", t->device());
+  for (const auto &[t, name] : {std::pair{&b_data, "b_data"}, std::pair{&a_data, "a_data"}}) {
+    TORCH_CHECK(t->device().is_cpu() && t->dim() == 2 && t->scalar_type() == at::kByte, kOp,
+                ": argument '", name, "': expected a 2-D uint8 CPU tensor (two E2M1 codes per "
+                "byte), got ", t->scalar_type(), " ", t->sizes(), " on ", t->device());
   }
-  const int64_t m = p_.size(0), k = p_.size(1), n = q_.size(0);
-  TORCH_CHECK(q_.size(1) == k, kOp, ": argument 'q': expected ", k, " columns (p's K), got ",
-              q_.size(1));
-  TORCH_CHECK(k % kB == 0, kOp, ": argument 'p': expected K a multiple of 16, got ", k);
-  if (m == 0 || n == 0 || k == 0) return p_.new_zeros({m, n});
-  // Zero-padded to whole tiles: constant trip counts the compiler vectorises (the padding's
-  // terms are zeros, outside the result).
-  const int64_t mp = (m + kR - 1) / kR * kR, np = (n + kC - 1) / kC * kC;
-  at::Tensor p = p_.new_zeros({mp, k}), qt = p_.new_zeros({k, np});  // qt: q transposed
-  p.narrow(0, 0, m).copy_(p_);
-  qt.narrow(1, 0, n).copy_(q_.t());
-  at::Tensor y = at::empty({mp, np}, p_.options());
-  const float *pd = p.data_ptr<float>(), *qd = qt.data_ptr<float>();
-  float *yd = y.data_ptr<float>();
-  at::parallel_for(0, np / kC, 1, [&](int64_t c0, int64_t c1) {
-    for (int64_t c = c0; c < c1; ++c) {
-      const int64_t n0 = c * kC;
-      for (int64_t m0 = 0; m0 < mp; m0 += kR) {
-        nvfp4_tile(pd + m0 * k, qd + n0, yd + m0 * np + n0, k, np);
-      }
-    }
-  });
-  if (mp == m && np == n) return y;
-  return y.narrow(0, 0, m).narrow(1, 0, n).contiguous();
+  for (const auto &[t, name] : {std::pair{&b_scale, "b_scale"}, std::pair{&a_scale, "a_scale"}}) {
+    TORCH_CHECK(t->device().is_cpu() && t->dim() == 2 &&
+                    (t->scalar_type() == at::kByte ||
+                     t->scalar_type() == at::ScalarType::Float8_e4m3fn),
+                kOp, ": argument '", name, "': expected a 2-D uint8 or float8_e4m3fn CPU tensor "
+                "(E4M3 scales), got ", t->scalar_type(), " ", t->sizes(), " on ", t->device());
+  }
+  const at::Tensor bd = b_data.contiguous(), bs = b_scale.contiguous();
+  const at::Tensor ad = a_data.contiguous(), as = a_scale.contiguous();
+  at::Tensor y = at::empty({bd.size(0), ad.size(0)}, bd.options().dtype(at::kFloat));
+  TensorWrapper tb(NVTE_NVFP4_1D_SCALING), ta(NVTE_NVFP4_1D_SCALING), td;
+  tb.data(bd).scale_inv(bs, kNVTEFloat8E4M3);
+  ta.data(ad).scale_inv(as, kNVTEFloat8E4M3);
+  td.data(y);
+  check_nvte(nvte_nvfp4_block_gemm(tb.get(), ta.get(), td.get(), nullptr), kOp);
+  return y;
 }
 
 void register_impls(torch::Library &m) {

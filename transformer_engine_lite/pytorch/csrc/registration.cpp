@@ -26,7 +26,7 @@ TORCH_LIBRARY(te_lite, m) {
       "dequantize_fp8_block(Tensor data, Tensor scale_inv, int block_scaling_dim, bool columnwise, "
       "ScalarType out_dtype) -> Tensor");
   m.def("block_gemm_accumulate_(Tensor(a!) y, Tensor p, Tensor first, Tensor second) -> ()");
-  m.def("nvfp4_block_gemm(Tensor p, Tensor q) -> Tensor");
+  m.def("nvfp4_block_gemm(Tensor b_data, Tensor b_scale, Tensor a_data, Tensor a_scale) -> Tensor");
   m.def(
       "quantize_nvfp4(Tensor x, bool rowwise, bool columnwise, bool two_d, bool rht, "
       "int rht_sign_mask, bool stochastic_rounding, int seed, int offset, bool row_scaled=False, "

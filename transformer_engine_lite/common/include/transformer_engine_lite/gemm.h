@@ -71,6 +71,27 @@ NVTE_API NVTEStatus nvte_cublas_gemm_scaled(const NVTETensor A, const NVTETensor
                                             bool use_split_accumulator, int math_sm_count,
                                             NVTEStream stream);
 
+/*! The NVFP4 GEMM in the FP4 tensor core's summation order (TE's reference qgemm's), before its
+ *  per-tensor factor. Row-major D[m, n] (fp32, overwritten) =
+ *    sum over 16-element K blocks j, in K order, starting from +0, in fp32, of
+ *    sB[r, j] * sA[c, j] * (sum over the block of e2m1_B[r, .] * e2m1_A[c, .])
+ *  Each block term is exact (<= 12 significant bits per E2M1 product, 4 + 4 more from the E4M3
+ *  scales), so the only roundings are the fp32 adds of the block terms, in K order: the result is
+ *  the same bits on every CPU level (NVTE_CPU_ISA) and equals TE's reference.
+ *  B ([m, K]) and A ([n, K]): NVTE_NVFP4_1D_SCALING tensors whose row-wise copy has its blocks
+ *    along K (a column-wise copy is passed as the row-wise copy of its transposed [rows, K] view):
+ *    data uint8 [rows, K / 2] (more dims: leading ones are rows), two E2M1 codes per byte with
+ *    element 2i in the low nibble; scale_inv E4M3 (kNVTEFloat8E4M3 or kNVTEByte) 2-D, at least
+ *    [rows, ceil(K / 16)] (TE's padded grid; its row stride is its column count). A partial last
+ *    block adds its K elements only. amax is not read: the per-tensor factor
+ *    amax_B * amax_A / (36 * e4m3_max_B * e4m3_max_A), alpha, beta, bias and the output cast are the
+ *    caller's, in fp32 after this sum (the front ends apply them alike).
+ *  K = 0 gives zeros. CPU only: GPU tensors give NVTE_ERROR_UNSUPPORTED (the PyTorch front end
+ *  runs its own batched-block form there). stream is unused.
+ */
+NVTE_API NVTEStatus nvte_nvfp4_block_gemm(const NVTETensor B, const NVTETensor A, NVTETensor D,
+                                          NVTEStream stream);
+
 #ifdef __cplusplus
 }
 #endif
