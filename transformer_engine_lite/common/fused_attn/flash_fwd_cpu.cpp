@@ -17,21 +17,6 @@
 namespace nvte {
 namespace flash_cpu {
 
-void gemm_f32_cloned(int M, int N, int K, const float *A, int lda, const float *B,
-                     size_t panel_stride, float *C, int ldc, bool acc) {
-  const CpuIsa isa = cpu_isa_level();
-  if (isa >= CpuIsa::kAvx512Core) {
-    NVTE_CPU_DISPATCH(tile::gemm_f32<tile::F32Blocking::kAvx512>(M, N, K, A, lda, B, panel_stride,
-                                                                  C, ldc, acc));
-  } else if (isa >= CpuIsa::kAvx2) {
-    NVTE_CPU_DISPATCH(tile::gemm_f32<tile::F32Blocking::kAvx2>(M, N, K, A, lda, B, panel_stride, C,
-                                                                ldc, acc));
-  } else {
-    NVTE_CPU_DISPATCH(tile::gemm_f32<tile::F32Blocking::kSse2>(M, N, K, A, lda, B, panel_stride, C,
-                                                                ldc, acc));
-  }
-}
-
 namespace {
 
 // Online-softmax step of a tile, in three passes so that nothing runs scalar per element:
