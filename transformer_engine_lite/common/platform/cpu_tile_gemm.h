@@ -126,15 +126,17 @@ typedef float v8f __attribute__((vector_size(32)));
 typedef float v4f __attribute__((vector_size(16)));
 
 // c += a * b for one native vector. v16f and v8f: one fused multiply-add (vfmadd231ps; AVX-512F and
-// FMA3 round alike, so v4 and v3 agree bit for bit). Not always_inline: an intrinsic cannot be
-// inlined into the generic templates below, only into the per-level functions that flatten them
-// (gemm_f32_v4 / _v3). v4f (the SSE2 blocking): multiply, then add.
+// FMA3 round alike, so v4 and v3 agree bit for bit), as inline assembly: the intrinsic carries a
+// target and cannot be inlined into these target-less templates, and as a plain call GCC kept the
+// accumulators in memory (4x slower). The assembly is only ever compiled inside gemm_f32_v4 / _v3
+// (the only users of the kAvx512 / kAvx2 blockings), which are compiled for those levels.
+// v4f (the SSE2 blocking): multiply, then add.
 #ifdef NVTE_HAVE_FMA_TILE_KERNELS
-__attribute__((target("avx512f"))) inline void madd(v16f &c, const v16f &a, const v16f &b) {
-  c = (v16f)_mm512_fmadd_ps((__m512)a, (__m512)b, (__m512)c);
+__attribute__((always_inline)) inline void madd(v16f &c, const v16f &a, const v16f &b) {
+  asm("vfmadd231ps %2, %1, %0" : "+v"(c) : "v"(a), "v"(b));
 }
-__attribute__((target("fma"))) inline void madd(v8f &c, const v8f &a, const v8f &b) {
-  c = (v8f)_mm256_fmadd_ps((__m256)a, (__m256)b, (__m256)c);
+__attribute__((always_inline)) inline void madd(v8f &c, const v8f &a, const v8f &b) {
+  asm("vfmadd231ps %2, %1, %0" : "+v"(c) : "v"(a), "v"(b));
 }
 #else  // one generic build (other compilers/architectures): no clones, no FMA
 __attribute__((always_inline)) inline void madd(v16f &c, const v16f &a, const v16f &b) { c += a * b; }
@@ -142,12 +144,16 @@ __attribute__((always_inline)) inline void madd(v8f &c, const v8f &a, const v8f 
 #endif
 __attribute__((always_inline)) inline void madd(v4f &c, const v4f &a, const v4f &b) { c += a * b; }
 
+// The loops over rows and vectors are unrolled by pragma: the accumulators must become registers,
+// and GCC's own cost model (which sees the assembly as opaque) left some of them in a stack array.
 template <typename V, int R, int NV>
 __attribute__((always_inline)) inline void mk_f32(const float *A, int lda, const float *B, int K,
                                                   float *C, int ldc, bool acc) {
   constexpr int W = sizeof(V) / sizeof(float);
   V c[R][NV];
+#pragma GCC unroll 8
   for (int r = 0; r < R; ++r)
+#pragma GCC unroll 4
     for (int v = 0; v < NV; ++v) {
       if (acc)
         std::memcpy(&c[r][v], C + r * ldc + v * W, sizeof(V));
@@ -156,14 +162,19 @@ __attribute__((always_inline)) inline void mk_f32(const float *A, int lda, const
     }
   for (int k = 0; k < K; ++k) {
     V b[NV];
+#pragma GCC unroll 4
     for (int v = 0; v < NV; ++v)
       std::memcpy(&b[v], B + static_cast<size_t>(k) * kPanel + v * W, sizeof(V));
+#pragma GCC unroll 8
     for (int r = 0; r < R; ++r) {
       const V a = A[static_cast<size_t>(r) * lda + k] - V{};  // broadcast
+#pragma GCC unroll 4
       for (int v = 0; v < NV; ++v) madd(c[r][v], a, b[v]);
     }
   }
+#pragma GCC unroll 8
   for (int r = 0; r < R; ++r)
+#pragma GCC unroll 4
     for (int v = 0; v < NV; ++v) std::memcpy(C + r * ldc + v * W, &c[r][v], sizeof(V));
 }
 
@@ -217,16 +228,15 @@ __attribute__((always_inline)) inline void gemm_f32(int M, int N, int K, const f
   }
 }
 
-// The per-level clones: flatten inlines the kernel and its madd intrinsics into a function compiled
-// for the level (the templates above have no target of their own, so the intrinsics cannot be
-// inlined into them; NVTE_CPU_DISPATCH would also compile the AVX-512 blocking for SSE2).
+// The per-level clones, each compiled for its level (NVTE_CPU_DISPATCH would also compile the AVX-512
+// blocking's assembly into the SSE2 clone).
 #ifdef NVTE_HAVE_FMA_TILE_KERNELS
-__attribute__((target("arch=x86-64-v4"), flatten)) inline void gemm_f32_v4(
+__attribute__((target("arch=x86-64-v4"))) inline void gemm_f32_v4(
     int M, int N, int K, const float *A, int lda, const float *B, size_t panel_stride, float *C,
     int ldc, bool accumulate) {
   gemm_f32<F32Blocking::kAvx512>(M, N, K, A, lda, B, panel_stride, C, ldc, accumulate);
 }
-__attribute__((target("arch=x86-64-v3"), flatten)) inline void gemm_f32_v3(
+__attribute__((target("arch=x86-64-v3"))) inline void gemm_f32_v3(
     int M, int N, int K, const float *A, int lda, const float *B, size_t panel_stride, float *C,
     int ldc, bool accumulate) {
   gemm_f32<F32Blocking::kAvx2>(M, N, K, A, lda, B, panel_stride, C, ldc, accumulate);
