@@ -247,6 +247,36 @@ inline void gemm_f32_baseline(int M, int N, int K, const float *A, int lda, cons
   gemm_f32<F32Blocking::kSse2>(M, N, K, A, lda, B, panel_stride, C, ldc, accumulate);
 }
 
+// sum_k a[k] * b[k] (k = 0, 1, ...) rounded as the same clone's fp32 kernel rounds one output of C
+// with accumulate = false: fused multiply-adds at v4/v3 (scalar fmaf compiles to vfmadd there),
+// mul+add at baseline. The attention backward's delta = rowsum(dO * O) uses it so that, where P is
+// one-hot (O = V), delta equals the tile GEMM's dP = dO.V^T exactly and dS = P (dP - delta) is 0.
+#ifdef NVTE_HAVE_FMA_TILE_KERNELS
+__attribute__((target("arch=x86-64-v4"))) inline float dot_f32_v4(const float *a, const float *b, int n) {
+  float c = 0.0f;
+  for (int k = 0; k < n; ++k) c = __builtin_fmaf(a[k], b[k], c);
+  return c;
+}
+__attribute__((target("arch=x86-64-v3"))) inline float dot_f32_v3(const float *a, const float *b, int n) {
+  float c = 0.0f;
+  for (int k = 0; k < n; ++k) c = __builtin_fmaf(a[k], b[k], c);
+  return c;
+}
+#endif
+inline float dot_f32_baseline(const float *a, const float *b, int n) {
+  float c = 0.0f;
+  for (int k = 0; k < n; ++k) c = c + a[k] * b[k];
+  return c;
+}
+inline float dot_f32_cloned(const float *a, const float *b, int n) {
+#ifdef NVTE_HAVE_FMA_TILE_KERNELS
+  const CpuIsa isa = cpu_isa_level();
+  if (isa >= CpuIsa::kAvx512Core) return dot_f32_v4(a, b, n);
+  if (isa >= CpuIsa::kAvx2) return dot_f32_v3(a, b, n);
+#endif
+  return dot_f32_baseline(a, b, n);
+}
+
 // C (+)= A * B with fp32 operands, the clone of cpu_isa_level() (x86-64-v4 and -v3: FMA, the same
 // bits; baseline: mul+add).
 inline void gemm_f32_cloned(int M, int N, int K, const float *A, int lda, const float *B,
