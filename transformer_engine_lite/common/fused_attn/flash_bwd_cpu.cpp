@@ -124,6 +124,7 @@ void bwd(const AttnParams &p) {
         dq_acc(static_cast<size_t>(kBlockQ) * ldk);
     std::vector<E> kt, kd, vt;
     std::vector<float> dkt_acc, dvt_acc;  // per key block: [d][64], transposed once at the end
+    std::vector<float> o_row(static_cast<size_t>(p.d_v));
     float delta[kBlockQ], lse[kBlockQ];
     int64_t off[kBlockQ], lo[kBlockQ], hi[kBlockQ];
     int a[kBlockQ], b[kBlockQ];
@@ -161,9 +162,16 @@ void bwd(const AttnParams &p) {
           for (int r = 0; r < rows; ++r) {
             const T *o = O + p.token_q(p.so_, bi, q0 + r) + hd * p.so_.head;
             const T *g_o = dO + off[r];
-            float acc = 0.0f;
-            for (int64_t d = 0; d < p.d_v; ++d) acc += to_float(o[d]) * to_float(g_o[d]);
-            delta[r] = acc;
+            if constexpr (std::is_same<E, float>::value) {
+              // The fp32 tiles' rounding (FMA at v3/v4): delta == dP where P is one-hot.
+              for (int64_t d = 0; d < p.d_v; ++d) o_row[d] = to_float(o[d]);
+              delta[r] = tile::dot_f32_cloned(o_row.data(), doa.data() + static_cast<size_t>(r) * vpad,
+                                              static_cast<int>(p.d_v));
+            } else {
+              float acc = 0.0f;
+              for (int64_t d = 0; d < p.d_v; ++d) acc += to_float(o[d]) * to_float(g_o[d]);
+              delta[r] = acc;
+            }
             lse[r] = p.lse[(bi * p.h + hd) * p.s_q + q0 + r];
           }
           int64_t ulo, uhi;

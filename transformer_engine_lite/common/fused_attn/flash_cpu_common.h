@@ -103,10 +103,6 @@ struct Compute<uint16_t> {
 // Whether bf16 inputs take the bf16 dot-product path (this CPU has AVX-512 BF16); flash_fwd_cpu.cpp.
 bool use_bf16_compute(NVTEDType dtype);
 
-// fp32 GEMM compiled per ISA clone (flash_fwd_cpu.cpp).
-void gemm_f32_cloned(int M, int N, int K, const float *A, int lda, const float *B,
-                     size_t panel_stride, float *C, int ldc, bool acc);
-
 template <>
 struct Compute<float> {
   static constexpr int kKAlign = 1;
@@ -117,7 +113,7 @@ struct Compute<float> {
   static float from_f32(float f) { return f; }
   static void gemm(int M, int N, int K, const float *A, int lda, const float *B,
                    size_t panel_stride, float *C, int ldc, bool acc) {
-    gemm_f32_cloned(M, N, K, A, lda, B, panel_stride, C, ldc, acc);
+    tile::gemm_f32_cloned(M, N, K, A, lda, B, panel_stride, C, ldc, acc);
   }
 };
 

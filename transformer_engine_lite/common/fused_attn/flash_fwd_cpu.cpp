@@ -17,21 +17,6 @@
 namespace nvte {
 namespace flash_cpu {
 
-void gemm_f32_cloned(int M, int N, int K, const float *A, int lda, const float *B,
-                     size_t panel_stride, float *C, int ldc, bool acc) {
-  const CpuIsa isa = cpu_isa_level();
-  if (isa >= CpuIsa::kAvx512Core) {
-    NVTE_CPU_DISPATCH(tile::gemm_f32<tile::F32Blocking::kAvx512>(M, N, K, A, lda, B, panel_stride,
-                                                                  C, ldc, acc));
-  } else if (isa >= CpuIsa::kAvx2) {
-    NVTE_CPU_DISPATCH(tile::gemm_f32<tile::F32Blocking::kAvx2>(M, N, K, A, lda, B, panel_stride, C,
-                                                                ldc, acc));
-  } else {
-    NVTE_CPU_DISPATCH(tile::gemm_f32<tile::F32Blocking::kSse2>(M, N, K, A, lda, B, panel_stride, C,
-                                                                ldc, acc));
-  }
-}
-
 namespace {
 
 // Online-softmax step of a tile, in three passes so that nothing runs scalar per element:
@@ -253,9 +238,10 @@ void fwd(const AttnParams &p) {
 }  // namespace
 
 // bf16 dot products wherever the CPU has them, unless NVTE_CPU_GEMM_COMPUTE=fp32. Unlike the GEMM
-// (cpu_matmul_path), the tiles do not widen on Intel CPUs without AMX: their fp32 kernel multiplies
-// and adds separately (no contraction, so every clone rounds alike), two instructions per 16
-// products where vdpbf16ps does 32 products in one, so bf16 wins even at Intel's half rate.
+// (cpu_matmul_path), the tiles do not widen on Intel CPUs without AMX: the fp32 kernel's FMA does 16
+// products per instruction where vdpbf16ps does 32, a tie at Intel's half rate, and bf16 operands
+// halve the packing and the tiles' memory traffic (not re-measured on Intel since the fp32 tiles
+// took FMA).
 bool use_bf16_compute(NVTEDType dtype) {
   if (dtype != kNVTEBFloat16 || !tile::has_bf16_dot()) return false;
   return cpu_compute_mode() != "fp32";

@@ -55,7 +55,7 @@ inline MatmulPath matmul_path_for(CpuIsa level, bool amd) {
 bool cpu_is_amd();
 // The rule for this CPU at cpu_isa_level(), which the GEMM follows (NVTE_CPU_GEMM_COMPUTE overrides
 // it per call). The flash-attention tiles use bf16 dot products wherever they exist
-// (flash_fwd_cpu.cpp: their fp32 kernel does not contract multiply-adds).
+// (flash_fwd_cpu.cpp use_bf16_compute).
 MatmulPath cpu_matmul_path();
 // "f32", "bf16_dot", "bf16_tiles".
 const char *matmul_path_name(MatmulPath path);

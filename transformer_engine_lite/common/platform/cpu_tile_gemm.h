@@ -5,9 +5,15 @@
 //  - bf16: AVX-512 BF16 dot products (vdpbf16ps: pairs of bf16 products summed in fp32), about 2.7x
 //    the fp32 FMA rate on the CPUs that have it. Products of bf16 values are exact in fp32; the sums
 //    round in fp32 (denormal inputs and results are flushed to zero by the instruction).
-//  - fp32: GCC vector extensions (lowered to AVX-512, AVX2 or SSE by the clone that calls it), with a
-//    separate multiply and add, as the rest of the library (-ffp-contract=off): every ISA clone rounds
-//    alike.
+//  - fp32: GCC vector extensions, one clone per level (gemm_f32_cloned). The x86-64-v4 and -v3
+//    clones accumulate with fused multiply-adds (one rounding per product and sum, one instruction
+//    where a multiply and an add took two) and sum every output over k in the same order, so they
+//    give the same bits. The baseline clone (SSE2: no FMA hardware) multiplies and adds separately,
+//    the library's default (-ffp-contract=off). An exact software FMA costs far more than the
+//    rounding it saves: on a 64x64x64 tile in SSE2 code, glibc's fmaf per lane took 31-39x the
+//    mul+add kernel's time and a vectorized one (exact product in double, sum rounded to odd, then
+//    to float) 41-79x. So baseline results may differ from v3/v4 in the last bits (both within the
+//    fp64-referenced tolerances; README "CPU levels").
 // Operand layouts (all elements of the packed type E: uint16_t bf16 bits or float):
 //  - A: row-major [M][lda], K used columns; bf16 K is even (callers zero-pad the odd column).
 //  - B: ceil(N / 64) panels of 64 columns, panel p at B + p * panel_stride. Inside a panel, bf16 is
@@ -26,6 +32,10 @@
 #if defined(__x86_64__) && defined(__GNUC__) && !defined(__clang__)
 #include <immintrin.h>
 #define NVTE_HAVE_BF16_DOT_KERNEL 1
+#if !defined(NVTE_NO_CPU_CLONES) && !defined(__CUDACC__) && !defined(__HIPCC__)
+// The fp32 kernel's FMA clones (the same condition as NVTE_CPU_DISPATCH's clones, cpu_isa.h).
+#define NVTE_HAVE_FMA_TILE_KERNELS 1
+#endif
 #endif
 
 namespace nvte {
@@ -115,12 +125,35 @@ typedef float v16f __attribute__((vector_size(64)));
 typedef float v8f __attribute__((vector_size(32)));
 typedef float v4f __attribute__((vector_size(16)));
 
+// c += a * b for one native vector. v16f and v8f: one fused multiply-add (vfmadd231ps; AVX-512F and
+// FMA3 round alike, so v4 and v3 agree bit for bit), as inline assembly: the intrinsic carries a
+// target and cannot be inlined into these target-less templates, and as a plain call GCC kept the
+// accumulators in memory (4x slower). The assembly is only ever compiled inside gemm_f32_v4 / _v3
+// (the only users of the kAvx512 / kAvx2 blockings), which are compiled for those levels.
+// v4f (the SSE2 blocking): multiply, then add.
+#ifdef NVTE_HAVE_FMA_TILE_KERNELS
+__attribute__((always_inline)) inline void madd(v16f &c, const v16f &a, const v16f &b) {
+  asm("vfmadd231ps %2, %1, %0" : "+v"(c) : "v"(a), "v"(b));
+}
+__attribute__((always_inline)) inline void madd(v8f &c, const v8f &a, const v8f &b) {
+  asm("vfmadd231ps %2, %1, %0" : "+v"(c) : "v"(a), "v"(b));
+}
+#else  // one generic build (other compilers/architectures): no clones, no FMA
+__attribute__((always_inline)) inline void madd(v16f &c, const v16f &a, const v16f &b) { c += a * b; }
+__attribute__((always_inline)) inline void madd(v8f &c, const v8f &a, const v8f &b) { c += a * b; }
+#endif
+__attribute__((always_inline)) inline void madd(v4f &c, const v4f &a, const v4f &b) { c += a * b; }
+
+// The loops over rows and vectors are unrolled by pragma: the accumulators must become registers,
+// and GCC's own cost model (which sees the assembly as opaque) left some of them in a stack array.
 template <typename V, int R, int NV>
 __attribute__((always_inline)) inline void mk_f32(const float *A, int lda, const float *B, int K,
                                                   float *C, int ldc, bool acc) {
   constexpr int W = sizeof(V) / sizeof(float);
   V c[R][NV];
+#pragma GCC unroll 8
   for (int r = 0; r < R; ++r)
+#pragma GCC unroll 4
     for (int v = 0; v < NV; ++v) {
       if (acc)
         std::memcpy(&c[r][v], C + r * ldc + v * W, sizeof(V));
@@ -129,14 +162,19 @@ __attribute__((always_inline)) inline void mk_f32(const float *A, int lda, const
     }
   for (int k = 0; k < K; ++k) {
     V b[NV];
+#pragma GCC unroll 4
     for (int v = 0; v < NV; ++v)
       std::memcpy(&b[v], B + static_cast<size_t>(k) * kPanel + v * W, sizeof(V));
+#pragma GCC unroll 8
     for (int r = 0; r < R; ++r) {
       const V a = A[static_cast<size_t>(r) * lda + k] - V{};  // broadcast
-      for (int v = 0; v < NV; ++v) c[r][v] += a * b[v];
+#pragma GCC unroll 4
+      for (int v = 0; v < NV; ++v) madd(c[r][v], a, b[v]);
     }
   }
+#pragma GCC unroll 8
   for (int r = 0; r < R; ++r)
+#pragma GCC unroll 4
     for (int v = 0; v < NV; ++v) std::memcpy(C + r * ldc + v * W, &c[r][v], sizeof(V));
 }
 
@@ -158,12 +196,12 @@ __attribute__((always_inline)) inline void rows_f32(int M, const float *A, int l
 // Register blocking of the fp32 kernel per clone, R rows x NV native vectors of accumulators with
 // room for the B vectors: AVX-512 6 x 4 zmm (24 of 32 registers, + 4 B), AVX2 6 x 2 ymm (12 of 16,
 // + 2), SSE2 4 x 2 xmm (8 of 16, + 2). AVX-512's blocking compiled for AVX2 spilled every
-// accumulator (16x slower). Every blocking sums each output over k in the same order, so all
-// clones give the same bits.
+// accumulator (16x slower). Every blocking sums each output over k in the same order (from C or 0,
+// k = 0, 1, ...), so the two FMA clones give the same bits.
 enum class F32Blocking { kAvx512, kAvx2, kSse2 };
 
-// C (+)= A * B with fp32 operands. Inline: compiled into (and vectorized for) each ISA clone of the
-// caller, which passes its blocking.
+// C (+)= A * B with fp32 operands with blocking kB; called through gemm_f32_cloned, which compiles
+// each blocking for its level.
 template <F32Blocking kB>
 __attribute__((always_inline)) inline void gemm_f32(int M, int N, int K, const float *A, int lda,
                                                     const float *B, size_t panel_stride, float *C,
@@ -188,6 +226,68 @@ __attribute__((always_inline)) inline void gemm_f32(int M, int N, int K, const f
         rows_f32<v4f, 4, 2>(M, A, lda, Bp + g * 8, K, Cp + g * 8, ldc, accumulate);
     }
   }
+}
+
+// The per-level clones, each compiled for its level (NVTE_CPU_DISPATCH would also compile the AVX-512
+// blocking's assembly into the SSE2 clone).
+#ifdef NVTE_HAVE_FMA_TILE_KERNELS
+__attribute__((target("arch=x86-64-v4"))) inline void gemm_f32_v4(
+    int M, int N, int K, const float *A, int lda, const float *B, size_t panel_stride, float *C,
+    int ldc, bool accumulate) {
+  gemm_f32<F32Blocking::kAvx512>(M, N, K, A, lda, B, panel_stride, C, ldc, accumulate);
+}
+__attribute__((target("arch=x86-64-v3"))) inline void gemm_f32_v3(
+    int M, int N, int K, const float *A, int lda, const float *B, size_t panel_stride, float *C,
+    int ldc, bool accumulate) {
+  gemm_f32<F32Blocking::kAvx2>(M, N, K, A, lda, B, panel_stride, C, ldc, accumulate);
+}
+#endif
+inline void gemm_f32_baseline(int M, int N, int K, const float *A, int lda, const float *B,
+                              size_t panel_stride, float *C, int ldc, bool accumulate) {
+  gemm_f32<F32Blocking::kSse2>(M, N, K, A, lda, B, panel_stride, C, ldc, accumulate);
+}
+
+// sum_k a[k] * b[k] (k = 0, 1, ...) rounded as the same clone's fp32 kernel rounds one output of C
+// with accumulate = false: fused multiply-adds at v4/v3 (scalar fmaf compiles to vfmadd there),
+// mul+add at baseline. The attention backward's delta = rowsum(dO * O) uses it so that, where P is
+// one-hot (O = V), delta equals the tile GEMM's dP = dO.V^T exactly and dS = P (dP - delta) is 0.
+#ifdef NVTE_HAVE_FMA_TILE_KERNELS
+__attribute__((target("arch=x86-64-v4"))) inline float dot_f32_v4(const float *a, const float *b, int n) {
+  float c = 0.0f;
+  for (int k = 0; k < n; ++k) c = __builtin_fmaf(a[k], b[k], c);
+  return c;
+}
+__attribute__((target("arch=x86-64-v3"))) inline float dot_f32_v3(const float *a, const float *b, int n) {
+  float c = 0.0f;
+  for (int k = 0; k < n; ++k) c = __builtin_fmaf(a[k], b[k], c);
+  return c;
+}
+#endif
+inline float dot_f32_baseline(const float *a, const float *b, int n) {
+  float c = 0.0f;
+  for (int k = 0; k < n; ++k) c = c + a[k] * b[k];
+  return c;
+}
+inline float dot_f32_cloned(const float *a, const float *b, int n) {
+#ifdef NVTE_HAVE_FMA_TILE_KERNELS
+  const CpuIsa isa = cpu_isa_level();
+  if (isa >= CpuIsa::kAvx512Core) return dot_f32_v4(a, b, n);
+  if (isa >= CpuIsa::kAvx2) return dot_f32_v3(a, b, n);
+#endif
+  return dot_f32_baseline(a, b, n);
+}
+
+// C (+)= A * B with fp32 operands, the clone of cpu_isa_level() (x86-64-v4 and -v3: FMA, the same
+// bits; baseline: mul+add).
+inline void gemm_f32_cloned(int M, int N, int K, const float *A, int lda, const float *B,
+                            size_t panel_stride, float *C, int ldc, bool accumulate) {
+#ifdef NVTE_HAVE_FMA_TILE_KERNELS
+  const CpuIsa isa = cpu_isa_level();
+  if (isa >= CpuIsa::kAvx512Core)
+    return gemm_f32_v4(M, N, K, A, lda, B, panel_stride, C, ldc, accumulate);
+  if (isa >= CpuIsa::kAvx2) return gemm_f32_v3(M, N, K, A, lda, B, panel_stride, C, ldc, accumulate);
+#endif
+  gemm_f32_baseline(M, N, K, A, lda, B, panel_stride, C, ldc, accumulate);
 }
 
 }  // namespace tile
