@@ -18,9 +18,11 @@ alpha or delay_wgrad_compute there); or per-tensor current scaling
 (Float8CurrentScalingQuantizer, any E4M3/E5M2 per operand), MXFP8 (MXFP8Quantizer, one FP8 dtype
 for input and weight) or high precision (IdentityQuantizer; a factory answering None is an error,
 as in TE); or, all three slots with equal DelayedScalingRequests, delayed scaling as under
-DelayedScaling with those settings, on the module's scale / amax history. The GEMM kernels take
-one scaling kind per GEMM, so mixing kinds within one GEMM and quantizers of other families raise
-NotImplementedError naming the slot.
+DelayedScaling with those settings, on the module's scale / amax history; or, with a
+HybridQuantizer in any slot, every operand quantized by its quantizer object and each GEMM run by
+general_gemm on the directions it contracts (_custom_linear.py, as the custom quantizers). The GEMM
+kernels take one scaling kind per GEMM, so mixing kinds within one GEMM and quantizers of other
+families raise NotImplementedError naming the slot (a hybrid's mismatched GEMM pair: ValueError).
 """
 
 from __future__ import annotations
