@@ -138,7 +138,8 @@ def test_constructor_errors():
 
 
 def test_copy_is_deep_in_children_and_state():
-    hq = HybridQuantizer(rowwise_quantizer=MAKERS["mxfp8"](), columnwise_quantizer=MAKERS["nvfp4"](),
+    hq = HybridQuantizer(rowwise_quantizer=MAKERS["mxfp8"](),
+                         columnwise_quantizer=MAKERS["nvfp4"](),
                          columnwise_source="rowwise_dequantized")
     hq.set_usage(columnwise=False)
     c = hq.copy()
@@ -170,7 +171,8 @@ def test_update_quantized_in_place_and_noop():
 
 def test_internal_storage_and_saving_round_trip():
     x = _x()
-    hq = HybridQuantizer(rowwise_quantizer=MAKERS["mxfp8"](), columnwise_quantizer=MAKERS["identity"]())
+    hq = HybridQuantizer(rowwise_quantizer=MAKERS["mxfp8"](),
+                         columnwise_quantizer=MAKERS["identity"]())
     hq.internal = True
     s = hq(x)
     assert type(s) is HybridQuantizedTensorStorage and not isinstance(s, torch.Tensor)
@@ -184,7 +186,8 @@ def test_internal_storage_and_saving_round_trip():
 
 def test_tensor_ops_keep_the_hybrid():
     x = _x()
-    hq = HybridQuantizer(rowwise_quantizer=MAKERS["mxfp8"](), columnwise_quantizer=MAKERS["nvfp4"]())
+    hq = HybridQuantizer(rowwise_quantizer=MAKERS["mxfp8"](),
+                         columnwise_quantizer=MAKERS["nvfp4"]())
     h = hq(x)
     for other in (pickle.loads(pickle.dumps(h)), copy.deepcopy(h), h.clone(), h.detach(),
                   h.to("cpu"), h.view(128, 256)):
@@ -219,15 +222,17 @@ def test_general_gemm_reads_the_contracted_direction():
     # fp32 accumulation of exact products: K=128 roundings of sums of magnitude ~1e3
     torch.testing.assert_close(y.double(), ref, rtol=1e-5, atol=1e-3)
     dy = _x((64, 96), 3)
-    hdy = HybridQuantizer(rowwise_quantizer=MAKERS["fp8"](), columnwise_quantizer=MAKERS["fp8"]())(dy)
+    hdy = HybridQuantizer(rowwise_quantizer=MAKERS["fp8"](),
+                          columnwise_quantizer=MAKERS["fp8"]())(dy)
     dx = general_gemm(hw, hdy, out_dtype=torch.float32, layout="NN")[0]  # W col x dy row
     assert torch.equal(dx, general_gemm(_alone("fp8", w, False), _alone("fp8", dy, True),
                                         out_dtype=torch.float32, layout="NN")[0])
     dw = general_gemm(hx, hdy, out_dtype=torch.float32, layout="NT")[0]  # x col x dy col
     assert torch.equal(dw, general_gemm(_alone("fp8", x, False), _alone("fp8", dy, False),
                                         out_dtype=torch.float32, layout="NT")[0])
-    torch.testing.assert_close(dw.double(), _alone("fp8", dy, False).dequantize(
-        dtype=torch.float32).double().T @ _alone("fp8", x, False).dequantize(dtype=torch.float32).double(),
+    dy_c = _alone("fp8", dy, False).dequantize(dtype=torch.float32).double()
+    x_c = _alone("fp8", x, False).dequantize(dtype=torch.float32).double()
+    torch.testing.assert_close(dw.double(), dy_c.T @ x_c,
         rtol=1e-5, atol=1e-3)
     hw.update_usage(columnwise_usage=False)
     with pytest.raises(RuntimeError, match="columnwise representation"):

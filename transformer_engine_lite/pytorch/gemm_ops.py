@@ -123,5 +123,6 @@ def gemm_backward(ctx, d_grad, *_):
 
 
 
-def gemm_accumulate_fake(D, A, A_scale_inv, transa, B, B_scale_inv, transb, bias=None, alpha=1.0, beta=1.0):
+def gemm_accumulate_fake(D, A, A_scale_inv, transa, B, B_scale_inv, transb, bias=None, alpha=1.0,
+                         beta=1.0):
     _gemm_dims(A, transa, B, transb)

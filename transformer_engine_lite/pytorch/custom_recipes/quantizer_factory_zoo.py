@@ -81,7 +81,8 @@ def nvfp4_1d_weight_factory(role: QuantizerRole | None) -> Any:
     """NVFP4 with a plain 1D weight in both directions (its backward copy from the dequantized
     forward one); every other role nvfp4_factory's."""
     if _tensor_type("nvfp4_1d_weight_factory", role) == "weight":
-        return HybridQuantizer(rowwise_quantizer=_plain_nvfp4(), columnwise_quantizer=_plain_nvfp4(),
+        return HybridQuantizer(rowwise_quantizer=_plain_nvfp4(),
+                               columnwise_quantizer=_plain_nvfp4(),
                                columnwise_source="rowwise_dequantized")
     return nvfp4_factory(role)
 
