@@ -39,6 +39,7 @@ from transformer_engine_lite.pytorch.quantization import (
 )
 from transformer_engine_lite.pytorch.tensor import (
     Float8CurrentScalingQuantizer,
+    HybridQuantizer,
     MXFP8Quantizer,
     NVFP4Quantizer,
 )
@@ -140,8 +141,10 @@ def test_factories():
     # Float8BlockScaling's defaults: 128x128 blocks for linear weights, 1x128 tiles otherwise
     assert float8_block_scaling_factory(QuantizerRole("linear", "weight")).block_scaling_dim == 2
     assert float8_block_scaling_factory(i).block_scaling_dim == 1
-    with pytest.raises(NotImplementedError, match="HybridQuantizer"):
-        mxfp8_fwd_nvfp4_bwd_factory(g)
+    assert isinstance(mxfp8_fwd_nvfp4_bwd_factory(g), NVFP4Quantizer)
+    hw = mxfp8_fwd_nvfp4_bwd_factory(QuantizerRole("linear", "weight"))
+    assert isinstance(hw, HybridQuantizer) and hw.columnwise_source == "rowwise_dequantized"
+    assert isinstance(hw.rowwise_quantizer, MXFP8Quantizer) and not hw.columnwise_quantizer.with_rht
     assert isinstance(mxfp8_fwd_nvfp4_bwd_factory(QuantizerRole("dpa", "qkv")), MXFP8Quantizer)
     assert isinstance(mxfp8_fwd_nvfp4_bwd_factory(None), MXFP8Quantizer)
 

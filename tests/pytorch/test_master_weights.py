@@ -176,3 +176,55 @@ def test_bad_arguments():
     with pytest.raises(ValueError, match="must be 2D for MXFP8"):
         w3 = fp8_weight("mxfp8")
         cast_master_weights_to_fp8([w3.view(2, 35, 45)], [m], [0], None)
+
+
+def test_mxfp8_empty_weight_beside_another():
+    """A weight without rows (an empty expert's): its block grids are empty (no reshape with an
+    inferred -1 of zero elements); a weight after it in the same call gets its own amaxes."""
+    q = te.MXFP8Quantizer(te.DType.kFloat8E4M3)
+    empty = q(torch.zeros(0, 64, dtype=torch.bfloat16))
+    w = fp8_weight("mxfp8")
+    m = master_weight()
+    quantize_master_weights([empty, w], [torch.zeros(0), m.reshape(-1)], [0, 0], None)
+    assert empty._rowwise_data.shape == (0, 64) and empty._columnwise_scale_inv.shape == (0, 64)
+    want = reference(w, m)
+    for name, buf in buffers(w).items():
+        assert torch.equal(buf, buffers(want)[name]), name
+
+
+def test_hybrid_weight_each_direction_written():
+    """A HybridQuantizedTensor model weight: each direction as its own format's weight would be
+    (FP8 current-scaling rows: the bytes of the whole weight's quantization; a high-precision
+    column direction: the master values), across two ranks' shards."""
+    from transformer_engine_lite.pytorch.tensor import HybridQuantizer, IdentityQuantizer
+
+    m = master_weight()
+    hq = HybridQuantizer(rowwise_quantizer=te.Float8CurrentScalingQuantizer(te.DType.kFloat8E4M3),
+                         columnwise_quantizer=IdentityQuantizer())
+    w = hq(torch.zeros(m.shape, dtype=torch.bfloat16))
+    flat = m.reshape(-1)
+    cuts = [0, 1000, flat.numel()]
+    ranks = run_ranks(w, m, cuts)
+    data = torch.cat([r.rowwise_sub_storage._data.view(torch.uint8).reshape(-1)[a:b]
+                      for r, a, b in zip(ranks, cuts, cuts[1:])])
+    hp = torch.cat([r.columnwise_sub_storage.reshape(-1)[a:b]
+                    for r, a, b in zip(ranks, cuts, cuts[1:])])
+    want = te.Float8CurrentScalingQuantizer(te.DType.kFloat8E4M3)(m.to(torch.bfloat16))
+    assert torch.equal(data, want._data.view(torch.uint8).reshape(-1))
+    for r in ranks:
+        assert torch.equal(r.rowwise_sub_storage._scale_inv, want._scale_inv)
+    assert torch.equal(hp, flat.to(torch.bfloat16))
+    post_all_gather_processing([w])
+    hq2 = HybridQuantizer(rowwise_quantizer=te.MXFP8Quantizer(te.DType.kFloat8E4M3),
+                          columnwise_quantizer=te.MXFP8Quantizer(te.DType.kFloat8E4M3),
+                          columnwise_source="rowwise_dequantized")
+    with pytest.raises(NotImplementedError, match="rowwise_dequantized"):
+        quantize_master_weights([hq2(m.to(torch.bfloat16))], [flat], [0], None)
+
+
+def test_block_and_nvfp4_weights_are_not_implemented():
+    for q in (te.Float8BlockQuantizer(te.DType.kFloat8E4M3, rowwise=True, columnwise=True),
+              te.NVFP4Quantizer()):
+        w = q(torch.zeros(0, 64, dtype=torch.bfloat16))
+        with pytest.raises(NotImplementedError, match=type(q).__name__):
+            quantize_master_weights([w], [torch.zeros(0)], [0], None)

@@ -132,6 +132,10 @@ __all__ = [
 from .tensor import (  # noqa: E402
     Float8BlockQuantizer,
     Float8BlockwiseQTensor,
+    HybridQuantizedTensor,
+    HybridQuantizedTensorStorage,
+    HybridQuantizer,
+    IdentityQuantizer,
     MXFP8TensorStorage,
     NVFP4Quantizer,
     NVFP4Tensor,
@@ -142,6 +146,10 @@ from .tensor import (  # noqa: E402
 __all__ += [
     "Float8BlockQuantizer",
     "Float8BlockwiseQTensor",
+    "HybridQuantizedTensor",
+    "HybridQuantizedTensorStorage",
+    "HybridQuantizer",
+    "IdentityQuantizer",
     "MXFP8TensorStorage",
     "NVFP4Quantizer",
     "NVFP4Tensor",

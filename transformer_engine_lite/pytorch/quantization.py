@@ -12,6 +12,8 @@ Everything here is tensor ops with static Python branching, so it traces under t
 
 from __future__ import annotations
 
+import math
+
 from typing import Any, NamedTuple
 
 import torch
@@ -277,7 +279,7 @@ def fake_quantize(w: torch.Tensor, recipe: Recipe) -> torch.Tensor:
     reproduces these values exactly); current scaling: per-tensor current scaling."""
     te = ops()
     dtype = get_fp8_torch_dtype(recipe.fp8_format, True)
-    w2 = w.reshape(-1, w.shape[-1]).contiguous()
+    w2 = w.reshape(math.prod(w.shape[:-1]), w.shape[-1]).contiguous()  # (K = 0 too)
     if isinstance(recipe, MXFP8BlockScaling):
         row, row_s, _, _ = te.quantize_mxfp8(w2, dtype, True, False)
         out = te.dequantize_mxfp8(row, row_s, False, w.dtype)

@@ -16,6 +16,7 @@ from ..tensor import (
     QuantizedTensor,
     Quantizer,
 )
+from ..tensor.storage.hybrid_tensor_storage import HybridQuantizedTensorStorage
 from ..tensor.utils import is_custom
 
 __all__ = ["general_gemm", "generic_gemm"]
@@ -117,6 +118,11 @@ def _general_gemm(
     general_gemm forces it True for block-scaled operands, so there it is never refused)."""
     if workspace is not None and not isinstance(workspace, torch.Tensor):
         raise TypeError(f"general_gemm: workspace: expected a torch.Tensor, got {type(workspace).__name__}")
+    if isinstance(layout, str) and len(layout) == 2:
+        # A hybrid operand enters as the sub-storage of the direction the GEMM reads (TE's):
+        # A row-wise when transposed, B row-wise when not.
+        A = hybrid_direction("A", A, layout[0] == "T")
+        B = hybrid_direction("B", B, layout[1] != "T")
     if is_custom(A) or is_custom(B):
         # Custom quantizers' tensors (custom_recipes references): the quantizer's qgemm, as TE's
         # general_gemm; the epilogue options it has no equivalent for are refused.
@@ -214,6 +220,19 @@ def _general_gemm(
         d = quantization_params(d)
     gelu_input = pre_gelu if gelu and not grad else None
     return d, (bias_grad if grad and bias is not None else None), gelu_input, None
+
+
+def hybrid_direction(name: str, t: Any, rowwise: bool) -> Any:
+    """t, or for a hybrid tensor its sub-storage of that direction (an error when dropped)."""
+    if not isinstance(t, HybridQuantizedTensorStorage):
+        return t
+    usage = "rowwise" if rowwise else "columnwise"
+    sub = t.rowwise_sub_storage if rowwise else t.columnwise_sub_storage
+    if sub is None:
+        raise RuntimeError(f"general_gemm: {name}: GEMM requested the {usage} representation of a "
+                           f"HybridQuantizedTensor, but it is unavailable. Ensure {usage}_usage is "
+                           "enabled and the representation has not been dropped by update_usage().")
+    return sub
 
 
 def _nvfp4_gemm(A: Any, transa: bool, B: Any, transb: bool, out_dtype: torch.dtype | None,

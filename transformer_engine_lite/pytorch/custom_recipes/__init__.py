@@ -3,8 +3,8 @@ reference quantizers.
 
 - quantizer_factories: one factory per built-in recipe (a CustomRecipe built from one runs the
   same numerics as that recipe), plus high_precision_factory.
-- quantizer_factory_zoo: mixed-format factories (those needing TE's HybridQuantizer raise
-  NotImplementedError).
+- quantizer_factory_zoo: mixed-format factories (TE's: HybridQuantizers with one format per
+  direction).
 - reference_current_scaling: CurrentScalingQuantizerRef, an independent torch implementation of
   per-tensor current scaling and of the FP8 GEMM, the oracle the native kernels are tested against.
 - reference_nvfp4: NVFP4QuantizerRef, an independent torch implementation of NVFP4 (1x16 / 16x16

@@ -33,6 +33,7 @@ from ..tensor import (
     MXFP8Quantizer,
     QuantizedTensor,
 )
+from ..tensor.storage.hybrid_tensor_storage import HybridQuantizedTensorStorage
 from ..cpp_extensions.nvfp4_gemm import nvfp4_tagged_gemm as _nvfp4_gemm
 from ._custom_linear import custom_linear_backward, custom_linear_forward
 from ._stored_operands import stored_block, stored_input, stored_mxfp8, stored_per_tensor
@@ -282,7 +283,9 @@ class _LinearFn(torch.autograd.Function):
             else:
                 saved = (x2 if cfg.save_original_input else xc, None, wc, None)
         elif cfg.mode == "custom":
-            out = custom_linear_forward(ctx, x2, w, bias, out_dtype, cfg, need_dgrad, need_wgrad,
+            # a hybrid weight parameter enters as stored (its directions are the GEMM operands)
+            w_in = weight if isinstance(weight, HybridQuantizedTensorStorage) else w
+            out = custom_linear_forward(ctx, x2, w_in, bias, out_dtype, cfg, need_dgrad, need_wgrad,
                                         acc, alpha)
             amax = _empty_amax(inp)
             saved = (None, None, None, None)  # the quantized operands stay on ctx

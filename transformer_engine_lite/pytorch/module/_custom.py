@@ -18,9 +18,11 @@ alpha or delay_wgrad_compute there); or per-tensor current scaling
 (Float8CurrentScalingQuantizer, any E4M3/E5M2 per operand), MXFP8 (MXFP8Quantizer, one FP8 dtype
 for input and weight) or high precision (IdentityQuantizer; a factory answering None is an error,
 as in TE); or, all three slots with equal DelayedScalingRequests, delayed scaling as under
-DelayedScaling with those settings, on the module's scale / amax history. The GEMM kernels take
-one scaling kind per GEMM, so mixing kinds within one GEMM and quantizers of other families raise
-NotImplementedError naming the slot.
+DelayedScaling with those settings, on the module's scale / amax history; or, with a
+HybridQuantizer in any slot, every operand quantized by its quantizer object and each GEMM run by
+general_gemm on the directions it contracts (_custom_linear.py, as the custom quantizers). The GEMM
+kernels take one scaling kind per GEMM, so mixing kinds within one GEMM and quantizers of other
+families raise NotImplementedError naming the slot (a hybrid's mismatched GEMM pair: ValueError).
 """
 
 from __future__ import annotations
@@ -35,6 +37,7 @@ from ..quantization import DelayedScalingRequest, QuantizerRole, QuantSpec, chec
 from ..tensor import Float8CurrentScalingQuantizer, MXFP8Quantizer
 from ..tensor.quantized_tensor import QuantizedTensorStorage, Quantizer
 from ..tensor.identity_tensor import IdentityQuantizer
+from ..tensor.hybrid_tensor import HybridQuantizer
 from ..tensor.utils import is_custom
 from ..tex import dtype_to_torch
 from ._autograd import GemmConfig
@@ -42,6 +45,16 @@ from ._autograd import GemmConfig
 __all__ = ["builtin_quantizers", "custom_gemm_config", "gemm_roles"]
 
 _SLOTS = ("input", "weight", "grad_output")
+
+
+def _object_gemm_quantizers() -> tuple[type, ...]:
+    from ..tensor import Float8BlockQuantizer, NVFP4Quantizer
+
+    return (Float8CurrentScalingQuantizer, MXFP8Quantizer, Float8BlockQuantizer, NVFP4Quantizer,
+            IdentityQuantizer)
+
+
+_OBJECT_GEMM_QUANTIZERS = _object_gemm_quantizers()
 
 
 def gemm_roles(module: Any, gemm: int) -> tuple[list[Any], list[Any]]:
@@ -177,6 +190,8 @@ def custom_gemm_config(module: Any, gemm: int, recipe: Recipe, code: int, fuse_w
                [ask(r, 2 * gemm + i) for i, r in enumerate(roles_b)])
         _store(module, gemm, recipe, *got)
     fwd, bwd = got
+    if any(isinstance(q, HybridQuantizer) for q in (fwd[0], fwd[1], bwd[0])):
+        return _hybrid_config(owner, gemm, recipe, code, (fwd[0], fwd[1], bwd[0]), opts)
     kinds = [_spec(owner, s, q) for s, q in zip(_SLOTS, (fwd[0], fwd[1], bwd[0]))]
     modes = [k[0] for k in kinds]
     if len(set(modes)) != 1:
@@ -207,6 +222,34 @@ def custom_gemm_config(module: Any, gemm: int, recipe: Recipe, code: int, fuse_w
     check_backward_override("CustomRecipe", override)
     return GemmConfig(mode, inp, weight, grad, slot_fwd=3 * gemm, slot_bwd=2 * gemm, code=code,
                       bwd_override=override, **opts)
+
+
+def _hybrid_config(owner: str, gemm: int, recipe: Recipe, code: int, qs: tuple[Any, ...],
+                   opts: dict[str, Any]) -> GemmConfig:
+    """A GEMM with a HybridQuantizer slot: every operand quantized by its quantizer object and
+    each GEMM run by general_gemm on the directions it reads (fprop: input and weight rowwise;
+    dgrad: weight columnwise, grad rowwise; wgrad: input and grad columnwise), as TE's modules."""
+    for slot, q in zip(_SLOTS, qs):
+        for sub in (q.rowwise_quantizer, q.columnwise_quantizer) if isinstance(
+                q, HybridQuantizer) else (q,):
+            if not isinstance(sub, _OBJECT_GEMM_QUANTIZERS) and not is_custom(sub):
+                raise NotImplementedError(
+                    f"{owner}: CustomRecipe {slot}: quantizer {type(sub).__name__} next to a "
+                    "HybridQuantizer is not supported in modules by transformer_engine_lite "
+                    "(expected Float8CurrentScalingQuantizer, MXFP8Quantizer, "
+                    "Float8BlockQuantizer, NVFP4Quantizer, IdentityQuantizer or a custom "
+                    "quantizer)")
+            if getattr(sub, "with_amax_reduction", False):
+                raise NotImplementedError(
+                    f"{owner}: CustomRecipe {slot} quantizer: with_amax_reduction=True is not "
+                    "implemented for custom recipes by transformer_engine_lite")
+    if recipe.backward_override is not None:
+        raise NotImplementedError(
+            f"{owner}: CustomRecipe: backward_override {recipe.backward_override!r} with a "
+            "HybridQuantizer is not implemented by transformer_engine_lite (its GEMMs read the "
+            "hybrid's quantized directions)")
+    return GemmConfig("custom", slot_fwd=3 * gemm, slot_bwd=2 * gemm, code=code, custom=qs,
+                      **opts)
 
 
 def _delayed_config(module: Any, gemm: int, recipe: Recipe, code: int, reqs: tuple[Any, ...],

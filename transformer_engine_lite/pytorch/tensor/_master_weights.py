@@ -27,6 +27,7 @@ import torch.distributed as dist
 from ..quantization import ops
 from .float8_tensor import Float8CurrentScalingQuantizer, Float8Quantizer, Float8Tensor
 from .mxfp8_tensor import MXFP8Quantizer, MXFP8Tensor
+from .hybrid_tensor import HybridQuantizedTensor
 from .quantized_tensor import QuantizedTensor, fp8_torch_dtype
 
 __all__ = ["cast_master_weights_to_fp8", "post_all_gather_processing", "quantize_master_weights"]
@@ -218,10 +219,11 @@ def _mxfp8(params: list, group: Any, manual: bool) -> None:
 
 
 def _unblock(blocks: torch.Tensor, rows: int, cols: int, columnwise: bool) -> torch.Tensor:
-    """Inverse of _block_view (padding dropped)."""
+    """Inverse of _block_view (padding dropped). The padded extents are spelled out: a -1 cannot
+    be inferred when the weight is empty (0 rows or 0 columns)."""
     if columnwise:
-        return blocks.transpose(1, 2).reshape(-1, cols)[:rows].contiguous()
-    return blocks.reshape(rows, -1)[:, :cols].contiguous()
+        return blocks.transpose(1, 2).reshape(blocks.shape[0] * _BLOCK, cols)[:rows].contiguous()
+    return blocks.reshape(rows, blocks.shape[1] * _BLOCK)[:, :cols].contiguous()
 
 
 def quantize_master_weights(
@@ -233,7 +235,8 @@ def quantize_master_weights(
     manual_post_all_gather_processing: bool = False,
 ) -> None:
     """Write each rank's master shards into its FP8 model weights (module docstring).
-    model_weights: FP8 weights (Float8Tensor of delayed or current scaling, MXFP8Tensor);
+    model_weights: FP8 weights (Float8Tensor of delayed or current scaling, MXFP8Tensor, or a
+    HybridQuantizedTensor of those / a high-precision direction, each direction written alone);
     master_weights: the flat master shard of each (None: on another rank); start_offsets: where
     each shard starts in its weight's flattened elements; group: the process group over which
     amaxes are reduced (the data-parallel group); fsdp_shard_model_weights: where to write each
@@ -252,26 +255,76 @@ def quantize_master_weights(
             f"quantize_master_weights: fsdp_shard_model_weights: expected {n} entries, got "
             f"{len(shards)}"
         )
-    buckets: dict[str, list] = {"delayed": [], "current": [], "mxfp8": []}
+    buckets: dict[str, list] = {"delayed": [], "current": [], "mxfp8": [], "identity": []}
     for w, m, s, sh in zip(model_weights, master_weights, start_offsets, shards):
         if isinstance(w, QuantizedTensor):
             w.clear_high_precision_init_val()  # no longer needed once masters exist (as TE)
         q = getattr(w, "_quantizer", None)
         if m is not None:
             m = m.detach().to(w.dtype)
-        if isinstance(w, Float8Tensor) and isinstance(q, Float8Quantizer):
+        if isinstance(w, HybridQuantizedTensor):
+            _route_hybrid(w, m, s, sh, buckets)
+        elif isinstance(w, Float8Tensor) and isinstance(q, Float8Quantizer):
             buckets["delayed"].append((w, m, s, sh))
         elif isinstance(w, Float8Tensor) and isinstance(q, Float8CurrentScalingQuantizer):
             buckets["current"].append((w, m, s, sh))
         elif isinstance(w, MXFP8Tensor) and isinstance(q, MXFP8Quantizer):
             buckets["mxfp8"].append((w, m, s, sh))
+        elif type(q).__name__ in ("Float8BlockQuantizer", "NVFP4Quantizer"):
+            # TE casts these too (block / NVFP4 partial casts); not implemented here
+            raise NotImplementedError(f"quantize_master_weights for {type(q).__name__} is not "
+                                      "implemented by transformer_engine_lite")
         else:
             what = type(q).__name__ if q is not None else type(w).__name__
             raise ValueError(f"quantize_master_weights for {what} is not supported yet")
     with torch.no_grad():
-        for name, fn in (("delayed", _delayed), ("current", _current), ("mxfp8", _mxfp8)):
+        for name, fn in (("delayed", _delayed), ("current", _current), ("mxfp8", _mxfp8),
+                         ("identity", _identity)):
             if buckets[name]:
                 fn(buckets[name], group, manual_post_all_gather_processing)
+
+
+def _route_hybrid(w: Any, m: Any, s: Any, sh: Any, buckets: dict[str, list]) -> None:
+    """A HybridQuantizedTensor: each present direction into the bucket of its own format (TE's
+    per-direction routing); the high-precision direction receives the master values."""
+    q = w._quantizer
+    if q.columnwise_source != "original" and w.columnwise_sub_storage is not None:
+        # the columnwise copy would have to come from the reduced rowwise result
+        raise NotImplementedError("quantize_master_weights: a HybridQuantizedTensor with "
+                                  "columnwise_source='rowwise_dequantized' is not supported by "
+                                  "transformer_engine_lite")
+    if sh is not None:
+        raise NotImplementedError("quantize_master_weights: fsdp_shard_model_weights with a "
+                                  "HybridQuantizedTensor is not supported by "
+                                  "transformer_engine_lite")
+    if w.rowwise_sub_storage is None and w.columnwise_sub_storage is None:
+        raise ValueError("quantize_master_weights: a HybridQuantizedTensor with neither "
+                         "direction has nothing to write")
+    for sub in (w.rowwise_sub_storage, w.columnwise_sub_storage):
+        sq = getattr(sub, "_quantizer", None)
+        if sub is None:
+            continue
+        if isinstance(sub, Float8Tensor) and isinstance(sq, Float8Quantizer):
+            buckets["delayed"].append((sub, m, s, None))
+        elif isinstance(sub, Float8Tensor) and isinstance(sq, Float8CurrentScalingQuantizer):
+            buckets["current"].append((sub, m, s, None))
+        elif isinstance(sub, MXFP8Tensor):
+            buckets["mxfp8"].append((sub, m, s, None))
+        elif not isinstance(sub, QuantizedTensor):
+            buckets["identity"].append((sub, m, s, None))
+        else:
+            raise NotImplementedError(f"quantize_master_weights: a {type(sub).__name__} "
+                                      "direction of a HybridQuantizedTensor is not supported by "
+                                      "transformer_engine_lite")
+
+
+def _identity(params: list, group: Any, manual: bool) -> None:
+    """High-precision model weights (a hybrid's unquantized direction): the master values."""
+    del group, manual
+    for w, master, start, _ in params:
+        if master is not None:
+            end = _end_offset(w, master, start)
+            w.view(-1)[start:end].copy_(master.reshape(-1))
 
 
 def cast_master_weights_to_fp8(
@@ -301,7 +354,11 @@ def post_all_gather_processing(model_weights: Any) -> None:
     if not isinstance(model_weights, list):
         model_weights = [model_weights]
     for w in model_weights:
-        if isinstance(w, Float8Tensor):
+        if isinstance(w, HybridQuantizedTensor):
+            post_all_gather_processing([sub for sub in (w.rowwise_sub_storage,
+                                                        w.columnwise_sub_storage)
+                                        if isinstance(sub, QuantizedTensor)])
+        elif isinstance(w, Float8Tensor):
             w._transpose = None
             w._transpose_invalid = True
         elif isinstance(w, MXFP8Tensor):

@@ -268,7 +268,8 @@ class MXFP8Quantizer(Quantizer):
         if tensor.dim() < 1:
             raise ValueError("MXFP8Quantizer: tensor: expected at least 1 dimension, got a scalar")
         fp8 = fp8_torch_dtype("MXFP8Quantizer", self.dtype)
-        x2 = tensor.contiguous().reshape(-1, tensor.shape[-1])
+        # leading dims spelled out: -1 cannot be inferred for an empty last dim (K = 0)
+        x2 = tensor.contiguous().reshape(math.prod(tensor.shape[:-1]), tensor.shape[-1])
         r, rs, c, cs = ops().quantize_mxfp8(x2, fp8, self.rowwise_usage, self.columnwise_usage)
         keep = lambda t, on: t if on else None
         out = MXFP8Tensor(

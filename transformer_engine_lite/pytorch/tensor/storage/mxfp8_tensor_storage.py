@@ -99,7 +99,8 @@ class MXFP8TensorStorage(QuantizedTensorStorage):
         data = self._rowwise_data if self._rowwise_data is not None else self._columnwise_data
         if data is None:
             raise RuntimeError(f"{type(self).__name__} holds no data (both usages were dropped)")
-        return data.reshape(-1, data.shape[-1]).shape if data.dim() != 2 else data.shape
+        return torch.Size((math.prod(data.shape[:-1]), data.shape[-1])) if data.dim() != 2 \
+            else data.shape
 
     def size(self, *args: Any, **kwargs: Any) -> Any:
         data = self._rowwise_data if self._rowwise_data is not None else self._columnwise_data
