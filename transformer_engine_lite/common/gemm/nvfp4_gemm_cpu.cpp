@@ -153,7 +153,7 @@ void run(const Nvfp4Operand &b, const Nvfp4Operand &a, size_t k, float *d) {
       }
     }
   });
-  if (np != n) {
+  if (np != n && n != 0) {  // n == 0: nothing to copy (and d may hold no buffer)
     for (size_t r = 0; r < m; ++r) std::memcpy(d + r * n, c + r * np, n * sizeof(float));
   }
 }
