@@ -121,6 +121,24 @@ def test_block_scaled_column_wise_copy_of_an_empty_tensor(shape, block_dim):
     assert d.shape == shape and d.dtype == torch.float32
 
 
+@pytest.mark.parametrize("shape", [(64, 0), (33, 0), (2, 3, 0), (0, 64), (0, 0)], ids=str)
+def test_mxfp8_quantize_of_an_empty_tensor(shape):
+    """MXFP8 of an empty tensor, an empty last dim with rows included ([64, 0] has 64 rows: the
+    row-wise scales are [64, 0], the column-wise ones [2, 0]); both copies dequantize to the shape.
+    A [64, 0] input used to fail: the rows were computed as numel / cols = 0."""
+    from transformer_engine_lite.pytorch import MXFP8Quantizer
+
+    t = MXFP8Quantizer(torch.float8_e4m3fn)(torch.zeros(shape, dtype=torch.bfloat16))
+    rows = 1
+    for d in shape[:-1]:
+        rows *= d
+    assert tuple(t._rowwise_scale_inv.shape) == (rows, -(-shape[-1] // 32))
+    assert tuple(t._columnwise_scale_inv.shape) == (-(-rows // 32), shape[-1])
+    assert t.dequantize().shape == shape
+    t.update_usage(rowwise_usage=False)
+    assert t.dequantize().shape == shape
+
+
 @pytest.mark.parametrize("b,s", [(0, 16), (2, 0)])
 @pytest.mark.parametrize("recipe", list(RECIPES))
 def test_transformer_layer_empty(b, s, recipe):

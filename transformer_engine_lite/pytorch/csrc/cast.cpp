@@ -18,9 +18,14 @@ constexpr int64_t kMxBlock = 32;  // MXFP8: one E8M0 scale per 32 consecutive el
 int64_t ceil_div(int64_t a, int64_t b) { return (a + b - 1) / b; }
 
 // [rows, cols] view of a tensor: leading dims flattened (the core's 2-D view).
+// The 2-D view [prod(leading dims), last dim] the core uses. The rows are the product of the
+// leading dims, not numel / cols: with an empty last dim ([64, 0]) there are still 64 rows, and the
+// MXFP8 row-wise scales must be [64, 0] as the core expects.
 std::pair<int64_t, int64_t> rows_cols(const at::Tensor &t) {
-  const int64_t cols = t.dim() == 0 ? 1 : t.size(-1);
-  return {cols == 0 ? 0 : t.numel() / cols, cols};
+  if (t.dim() == 0) return {1, 1};
+  int64_t rows = 1;
+  for (int64_t i = 0; i + 1 < t.dim(); ++i) rows *= t.size(i);
+  return {rows, t.size(-1)};
 }
 
 std::tuple<at::Tensor, at::Tensor, at::Tensor> quantize(const at::Tensor &x_,
