@@ -39,16 +39,9 @@ __device__ __forceinline__ float weight(const void *gamma, DType t, size_t j, bo
 }
 
 // ---------------------------------------------------------------- forward
-// Elements of the row each thread keeps in registers between the three passes: 16 x 512 threads
-// covers hidden sizes up to 8192 from one global read; the columns beyond (larger rows) are re-read
-// in each pass. Timed on an H200 at 8192 x 8192 bf16, reading x three times made this kernel 0.37x
-// torch's layer_norm. The passes visit each thread's columns j = tid + k * blockDim in the same
-// order either way, so every sum (and so every result) is the same as re-reading.
-constexpr int kRowCache = 16;
-
-// Three passes over the row: the mean, the centered sum of squares (accurate when |mean| >> stddev,
-// as the CPU's two-pass form), then z. Every thread of the block runs every pass: the reductions
-// contain barriers.
+// Three passes over the row (re-read from L1/L2, not staged): the mean, the centered sum of squares
+// (accurate when |mean| >> stddev, as the CPU's two-pass form), then z. Every thread of the block
+// runs every pass: the reductions contain barriers.
 template <typename IType, typename OType>
 __global__ void __launch_bounds__(kMaxThreads)
     norm_fwd_kernel(const NormFwdParams p, const OutputParams out) {
@@ -57,52 +50,28 @@ __global__ void __launch_bounds__(kMaxThreads)
   const size_t n = p.hidden;
   const float nf = static_cast<float>(n);
   const float scale = output_scale(out);
-  const size_t stride = blockDim.x;
-  const size_t cached = n < kRowCache * stride ? n : kRowCache * stride;  // columns in v[]
   float thread_amax = 0.0f;
   for (size_t row = blockIdx.x; row < p.rows; row += gridDim.x) {
     const IType *x = static_cast<const IType *>(p.x) + row * n;
-    float v[kRowCache];
-#pragma unroll
-    for (int k = 0; k < kRowCache; ++k) {
-      const size_t j = threadIdx.x + k * stride;
-      v[k] = j < cached ? to_float(x[j]) : 0.0f;
-    }
     float mean = 0.0f;
     if (centered) {
       float s = 0.0f;
-#pragma unroll
-      for (int k = 0; k < kRowCache; ++k) {
-        if (threadIdx.x + k * stride < cached) s += v[k];
-      }
-      for (size_t j = cached + threadIdx.x; j < n; j += stride) s += to_float(x[j]);
+      for (size_t j = threadIdx.x; j < n; j += blockDim.x) s += to_float(x[j]);
       mean = block_reduce<false>(s, scratch) / nf;
     }
     float sq = 0.0f;
-#pragma unroll
-    for (int k = 0; k < kRowCache; ++k) {
-      if (threadIdx.x + k * stride < cached) {
-        const float d = v[k] - mean;
-        sq += d * d;
-      }
-    }
-    for (size_t j = cached + threadIdx.x; j < n; j += stride) {
+    for (size_t j = threadIdx.x; j < n; j += blockDim.x) {
       const float d = to_float(x[j]) - mean;
       sq += d * d;
     }
     const float rs = 1.0f / sqrtf(block_reduce<false>(sq, scratch) / nf + p.epsilon);
-    auto emit = [&](size_t j, float xv) {
+    for (size_t j = threadIdx.x; j < n; j += blockDim.x) {
+      const float v = to_float(x[j]);
       const float w = weight(p.gamma, p.w_dtype, j, p.zero_centered_gamma);
-      const float z = centered ? (xv - mean) * rs * w + load_hp(p.beta, p.w_dtype, j) : xv * rs * w;
+      const float z = centered ? (v - mean) * rs * w + load_hp(p.beta, p.w_dtype, j) : v * rs * w;
       store_output<OType>(out, row, j, z, scale);
       thread_amax = abs_max_update(thread_amax, z);
-    };
-#pragma unroll
-    for (int k = 0; k < kRowCache; ++k) {
-      const size_t j = threadIdx.x + k * stride;
-      if (j < cached) emit(j, v[k]);
     }
-    for (size_t j = cached + threadIdx.x; j < n; j += stride) emit(j, to_float(x[j]));
     if (threadIdx.x == 0) {
       if (centered) p.mu[row] = mean;
       p.rsigma[row] = rs;
