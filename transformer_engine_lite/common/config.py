@@ -137,11 +137,12 @@ ENV_VARS: tuple[EnvVar, ...] = (
     EnvVar("NVTE_FUSED_ATTN_AOTRITON", None, "runtime",
            "0 disables the aotriton attention backend; unset: follows NVTE_FUSED_ATTN"),
     EnvVar("NVTE_FLASH_ATTN", "1", "runtime", "0 disables the flash attention backend"),
-    EnvVar("NVTE_GPU_FLASH_ATTN_TENSOR_CORES", "0", "runtime",
-           "1: the CUDA flash attention forward runs its QK^T and PV tile products on tensor cores "
-           "(mma.sync m16n8k16, sm_80+; bf16/fp16, head dims up to 128; P rounded to the input dtype "
-           "before P.V). Off by default until a GPU run proves it (compiled for sm_80/sm_90 and run "
-           "under gpusim only); ci/gpu_check.sh and gpusim's cuda flavour turn it on"),
+    EnvVar("NVTE_GPU_FLASH_ATTN_TENSOR_CORES", "1", "runtime",
+           "1 (default): the CUDA flash attention forward runs its QK^T and PV tile products on "
+           "tensor cores (mma.sync m16n8k16, sm_80+; bf16/fp16, head dims up to 128; P rounded to the "
+           "input dtype before P.V); proven on an H200 by ci/gpu_check.sh. 0: the fp32 FMA kernel. "
+           "AMD GPUs always run the fp32 kernel; gpusim's cuda flavour runs the tensor-core path, its "
+           "rocm flavour the fp32 kernel"),
     EnvVar("NVTE_UNFUSED_ATTN", "1", "runtime",
            "0 disables the unfused attention backend (framework math)"),
     EnvVar("NVTE_FP8_DPA_BWD", "1", "runtime",
