@@ -37,6 +37,7 @@ MODES = {  # ci/_utils.sh configure_fused_attn_env, read by the core at every ca
 }
 ATTN = (4, 2048, 16, 128)  # b, s, h, d: a training-size causal problem, bf16
 GEMM_N = 8192  # 8192^3: ~1 ms of bf16 tensor-core work on an H100, well above launch costs
+NVFP4_N = 4096  # the NVFP4 block GEMM: 4096^3 (its exactness check sums 256 block terms)
 ROWS, COLS = 8192, 8192  # quantize / LayerNorm: 128 MiB of bf16, bandwidth-bound
 # Where the cases put their tensors. "cpu" (with smaller sizes set on this module) lets a machine
 # without a GPU call each case's ours/ref/check once: a check of this file, not a timing.
@@ -188,6 +189,45 @@ def _gemm_fp8() -> Case:
 
     return Case(ours, ref, check, [f"{n}^3 E4M3 -> bf16, vs torch._scaled_mm"])
 
+def _gemm_nvfp4() -> Case:
+    from transformer_engine_lite.pytorch.cpp_extensions import nvfp4_gemm
+
+    ops, n = _ops(), NVFP4_N
+    g = torch.Generator(device=DEVICE).manual_seed(0)
+
+    def operand():  # random packed E2M1 codes and positive normal E4M3 scales near 1
+        data = torch.randint(0, 256, (n, n // 2), device=DEVICE, generator=g, dtype=torch.uint8)
+        scales = torch.randint(0x28, 0x58, (n, n // 16), device=DEVICE, generator=g,
+                               dtype=torch.uint8)
+        return data, scales
+
+    (bd, bs), (ad, as_) = operand(), operand()
+    x = torch.randn(n, n, device=DEVICE, dtype=torch.bfloat16)
+    w = torch.randn(n, n, device=DEVICE, dtype=torch.bfloat16)
+
+    def ours():
+        return ops.nvfp4_block_gemm(bd, bs, ad, as_)
+
+    def ref():
+        return torch.matmul(x, w.t())
+
+    def decoded(data, scales):  # the exact block-scaled values, [n, n] fp32
+        e2m1 = torch.tensor(nvfp4_gemm._E2M1, device=DEVICE)
+        codes = torch.stack((data & 15, data >> 4), dim=-1).reshape(n, n).long()
+        s = scales.view(E4M3).float().repeat_interleave(16, dim=1)
+        return e2m1[codes] * s
+
+    def check():
+        want = nvfp4_gemm._blocked_sum(decoded(bd, bs), decoded(ad, as_), n, n, n // 16)
+        got = ours()
+        if not torch.equal(got, want):
+            bad = (got != want).sum().item()
+            return f"NVFP4 block GEMM: {bad} of {n * n} values differ from the blocked sum"
+        return None
+
+    return Case(ours, ref, check, [f"{n}^3 NVFP4 (1x16 blocks) -> fp32, exact block terms in K "
+                                   "order, vs torch bf16 matmul of the same shape"])
+
 
 def _quantize() -> Case:
     ops = _ops()
@@ -236,6 +276,7 @@ CASES: dict[str, Callable[[], Case]] = {
     "attn_fwd_bwd_aotriton": lambda: _attention("aotriton", True),
     "gemm_bf16": _gemm_bf16,
     "gemm_fp8_vs_scaled_mm": _gemm_fp8,
+    "gemm_nvfp4_vs_bf16": _gemm_nvfp4,
     "quantize_current_e4m3": _quantize,
     "layernorm_fwd_bf16": _layernorm,
 }

@@ -1,5 +1,5 @@
-// nvte_nvfp4_block_gemm (gemm.h): the NVFP4 GEMM in the FP4 tensor core's summation order, on
-// the CPU. Both operands are decoded once to their exact block-scaled values (e2m1 * e4m3, exact in
+// nvte_nvfp4_block_gemm (gemm.h): the NVFP4 GEMM in the FP4 tensor core's summation order: the API
+// entry (checks, then the GPU launcher of nvfp4_gemm.cu for GPU tensors) and the CPU kernel. Both operands are decoded once to their exact block-scaled values (e2m1 * e4m3, exact in
 // bf16 and fp32), B's K-runs into panels of 64 columns, and the register-tiled micro-kernels of
 // platform/cpu_nvfp4_tile.h sum each 16-K block exactly and add the block terms in K order. Level
 // rule: AVX-512 BF16 dot products where the level allows (twice the fp32 FMA rate on Zen 4),
@@ -13,6 +13,7 @@
 #include "../util/api.h"
 #include "../util/parallel.h"
 #include "../util/tensor.h"
+#include "nvfp4_gemm.h"
 #include "transformer_engine_lite/gemm.h"
 
 namespace nvte {
@@ -21,13 +22,7 @@ namespace {
 using nvfp4_tile::kBlock;
 using nvfp4_tile::kPanel;
 
-// One operand: [rows, K] E2M1 codes packed two per byte (row stride K / 2 bytes) and its E4M3 scale
-// grid (row stride lds bytes, at least ceil(K / 16) used).
-struct Nvfp4Operand {
-  const uint8_t *data;
-  const uint8_t *scale;
-  size_t rows, lds;
-};
+using Nvfp4Operand = Nvfp4GemmOperand;  // nvfp4_gemm.h
 
 Nvfp4Operand operand(const Tensor &t, const char *arg, size_t *k) {
   NVTE_CHECK(t.scaling_mode == NVTE_NVFP4_1D_SCALING, "argument '", arg,
@@ -164,15 +159,11 @@ void run(const Nvfp4Operand &b, const Nvfp4Operand &a, size_t k, float *d) {
 NVTEStatus nvte_nvfp4_block_gemm(const NVTETensor B, const NVTETensor A, NVTETensor D,
                                  NVTEStream stream) {
   using namespace nvte;
-  (void)stream;  // CPU only: nothing is queued
   return guarded("nvte_nvfp4_block_gemm", [&] {
     const Tensor &b = as_tensor(B, "B");
     const Tensor &a = as_tensor(A, "A");
     const Tensor &d = as_tensor(D, "D");
     const NVTEDevice dev = check_same_device({{&b, "B"}, {&a, "A"}, {&d, "D"}});
-    NVTE_CHECK_SUPPORTED(dev == kNVTEDeviceCPU,
-                         "GPU tensors: the NVFP4 block GEMM runs on the CPU only (expected device "
-                         "cpu, got gpu)");
     size_t kb = 0, ka = 0;
     const Nvfp4Operand ob = operand(b, "B", &kb), oa = operand(a, "A", &ka);
     NVTE_CHECK(kb == ka, "arguments 'B' and 'A': expected the same K (2 x packed columns), got ",
@@ -184,13 +175,20 @@ NVTEStatus nvte_nvfp4_block_gemm(const NVTETensor B, const NVTETensor A, NVTETen
     NVTE_CHECK(d.data.has_data(), "argument 'D': expected fp32 [", m, ", ", n,
                "] data, got a null pointer");
     float *out = d.data.ptr<float>();
+    for (const auto &[o, arg] : {std::pair{&ob, "B"}, std::pair{&oa, "A"}}) {
+      NVTE_CHECK(k == 0 || o->data != nullptr, "argument '", arg,
+                 "': expected NVFP4 data, got a null pointer");
+    }
+    if (use_gpu(dev, "nvte_nvfp4_block_gemm")) {
+#ifdef NVTE_WITH_GPU
+      gpu::launch_nvfp4_block_gemm(ob, oa, k, out, stream);
+#endif
+      return;
+    }
+    (void)stream;  // the CPU path is synchronous
     if (k == 0) {  // no blocks: the sum is its starting 0
       std::fill(out, out + m * n, 0.0f);
       return;
-    }
-    for (const auto &[o, arg] : {std::pair{&ob, "B"}, std::pair{&oa, "A"}}) {
-      NVTE_CHECK(o->data != nullptr, "argument '", arg,
-                 "': expected NVFP4 data, got a null pointer");
     }
     if (tile::has_bf16_dot()) {
       run<uint16_t>(ob, oa, k, out);

@@ -13,9 +13,10 @@ is fully specified, so this GEMM and TE's reference qgemm (custom_recipes.refere
 the same bits. TE's cuBLAS path multiplies by a rounded 1 / (6 * 6 * 448 * 448) instead of
 dividing, which can move alpha by one ulp; the reference's division is what TE's tests compare to.
 
-How: on the CPU, each operand's copy whose blocks run along K (packed codes and E4M3 scales) goes
-to the core's nvte_nvfp4_block_gemm (te_lite::nvfp4_block_gemm; JAX calls the same function),
-which sums the block terms in K order in one register-tiled pass; elsewhere the copies are
+How: on the CPU, and on CUDA in a GPU build, each operand's copy whose blocks run along K (packed
+codes and E4M3 scales) goes to the core's nvte_nvfp4_block_gemm (te_lite::nvfp4_block_gemm; JAX
+calls the same function), which sums the block terms in K order in one pass (register tiles on the
+CPU, bf16 tensor-core block terms on the GPU: the same bits); elsewhere the copies are
 decoded to their exact block-scaled values (e2m1 * e4m3, no per-tensor factor) and a batched
 matmul over single blocks ([KB, M, 16] x [KB, 16, N]) gives the exact block terms (any order sums
 them exactly, as all share one scale product), and a loop of in-place adds accumulates them in K
@@ -108,13 +109,23 @@ def nvfp4_sequential_gemm(b: NVFP4KOperand, a: NVFP4KOperand, alpha: float = 1.0
         raise ValueError(f"NVFP4 GEMM: K: expected the operands to agree, got {b.k} and {a.k}")
     m, n, k = b.rows, a.rows, b.k
     # (odd K cannot be packed two per byte: the quantizer refuses it; the fallback covers it anyway)
-    if (b.data.device.type == "cpu" and k % 2 == 0
-            and hasattr(torch.ops.te_lite, "nvfp4_block_gemm")):
+    if k % 2 == 0 and _core_kernel(b.data.device):
         # the same order in one pass on the packed codes (core nvte_nvfp4_block_gemm)
         y = torch.ops.te_lite.nvfp4_block_gemm(b.data, b.scales, a.data, a.scales)
     else:
         y = _blocked_sum(b.values, a.values, m, n, -(-k // _BLOCK))
     return _scaled(y, b, a, m, n, k, alpha)
+
+
+def _core_kernel(device: torch.device) -> bool:
+    """Whether te_lite::nvfp4_block_gemm runs on `device`: the CPU always, CUDA in a GPU build of
+    the extension (gemm/nvfp4_gemm.cu, the CPU's bits); elsewhere the batched path below."""
+    if not hasattr(torch.ops.te_lite, "nvfp4_block_gemm"):
+        return False
+    if device.type == "cpu":
+        return True
+    return device.type == "cuda" and torch._C._dispatch_has_kernel_for_dispatch_key(
+        "te_lite::nvfp4_block_gemm", "CUDA")
 
 
 def _blocked_sum(p: torch.Tensor, q: torch.Tensor, m: int, n: int, kb: int) -> torch.Tensor:

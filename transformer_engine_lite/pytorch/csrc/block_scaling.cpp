@@ -140,22 +140,25 @@ void block_gemm_accumulate_(at::Tensor y, const at::Tensor &p, const at::Tensor 
 // core's nvte_nvfp4_block_gemm (gemm.h, the same call as the JAX handler): y [m, n] fp32 = sum
 // over 16-element K blocks, in K order from 0, of the exact block terms of b . a^T. b and a are
 // the NVFP4 copies whose blocks run along K: packed E2M1 data uint8 [rows, K / 2] and their E4M3
-// scale grids (uint8 or float8_e4m3fn, at least [rows, ceil(K / 16)]). Host memory only.
+// scale grids (uint8 or float8_e4m3fn, at least [rows, ceil(K / 16)]). CPU or CUDA tensors, all on
+// one device (the GPU kernel gives the CPU's bits).
 at::Tensor nvfp4_block_gemm(const at::Tensor &b_data, const at::Tensor &b_scale,
                             const at::Tensor &a_data, const at::Tensor &a_scale) {
   constexpr const char *kOp = "te_lite::nvfp4_block_gemm";
   for (const auto &[t, name] : {std::pair{&b_data, "b_data"}, std::pair{&a_data, "a_data"}}) {
-    TORCH_CHECK(t->device().is_cpu() && t->dim() == 2 && t->scalar_type() == at::kByte, kOp,
-                ": argument '", name, "': expected a 2-D uint8 CPU tensor (two E2M1 codes per "
-                "byte), got ", t->scalar_type(), " ", t->sizes(), " on ", t->device());
+    TORCH_CHECK(t->dim() == 2 && t->scalar_type() == at::kByte, kOp, ": argument '", name,
+                "': expected a 2-D uint8 tensor (two E2M1 codes per byte), got ",
+                t->scalar_type(), " ", t->sizes());
   }
   for (const auto &[t, name] : {std::pair{&b_scale, "b_scale"}, std::pair{&a_scale, "a_scale"}}) {
-    TORCH_CHECK(t->device().is_cpu() && t->dim() == 2 &&
-                    (t->scalar_type() == at::kByte ||
-                     t->scalar_type() == at::ScalarType::Float8_e4m3fn),
-                kOp, ": argument '", name, "': expected a 2-D uint8 or float8_e4m3fn CPU tensor "
-                "(E4M3 scales), got ", t->scalar_type(), " ", t->sizes(), " on ", t->device());
+    TORCH_CHECK(t->dim() == 2 && (t->scalar_type() == at::kByte ||
+                                  t->scalar_type() == at::ScalarType::Float8_e4m3fn),
+                kOp, ": argument '", name, "': expected a 2-D uint8 or float8_e4m3fn tensor "
+                "(E4M3 scales), got ", t->scalar_type(), " ", t->sizes());
+    check_same_device(kOp, b_data, "b_data", *t, name);
   }
+  check_same_device(kOp, b_data, "b_data", a_data, "a_data");
+  const DeviceContext ctx(b_data);
   const at::Tensor bd = b_data.contiguous(), bs = b_scale.contiguous();
   const at::Tensor ad = a_data.contiguous(), as = a_scale.contiguous();
   at::Tensor y = at::empty({bd.size(0), ad.size(0)}, bd.options().dtype(at::kFloat));
@@ -163,7 +166,7 @@ at::Tensor nvfp4_block_gemm(const at::Tensor &b_data, const at::Tensor &b_scale,
   tb.data(bd).scale_inv(bs, kNVTEFloat8E4M3);
   ta.data(ad).scale_inv(as, kNVTEFloat8E4M3);
   td.data(y);
-  check_nvte(nvte_nvfp4_block_gemm(tb.get(), ta.get(), td.get(), nullptr), kOp);
+  check_nvte(nvte_nvfp4_block_gemm(tb.get(), ta.get(), td.get(), ctx.stream()), kOp);
   return y;
 }
 
@@ -181,7 +184,10 @@ TORCH_LIBRARY_IMPL(te_lite, CPU, m) {
   m.impl("nvfp4_block_gemm", &te_lite::nvfp4_block_gemm);
 }
 #ifdef NVTE_TORCH_CUDA
-TORCH_LIBRARY_IMPL(te_lite, CUDA, m) { te_lite::register_impls(m); }
+TORCH_LIBRARY_IMPL(te_lite, CUDA, m) {
+  te_lite::register_impls(m);
+  m.impl("nvfp4_block_gemm", &te_lite::nvfp4_block_gemm);
+}
 #endif
 
 // Not differentiable: quantization outputs never require grad (as cast.cpp's ops).

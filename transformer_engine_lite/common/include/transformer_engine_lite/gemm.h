@@ -86,8 +86,9 @@ NVTE_API NVTEStatus nvte_cublas_gemm_scaled(const NVTETensor A, const NVTETensor
  *    block adds its K elements only. amax is not read: the per-tensor factor
  *    amax_B * amax_A / (36 * e4m3_max_B * e4m3_max_A), alpha, beta, bias and the output cast are the
  *    caller's, in fp32 after this sum (the front ends apply them alike).
- *  K = 0 gives zeros. CPU only: GPU tensors give NVTE_ERROR_UNSUPPORTED (the PyTorch front end
- *  runs its own batched-block form there). stream is unused.
+ *  K = 0 gives zeros. CPU or GPU tensors (all on one device): the GPU kernel forms each block term
+ *  with a bf16 tensor-core product (exact, see above) and adds them in the same order, so both
+ *  devices give the same bits (NaN payloads aside). stream: the GPU's queue (unused on the CPU).
  */
 NVTE_API NVTEStatus nvte_nvfp4_block_gemm(const NVTETensor B, const NVTETensor A, NVTETensor D,
                                           NVTEStream stream);
