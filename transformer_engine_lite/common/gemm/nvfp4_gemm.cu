@@ -43,48 +43,59 @@ struct Params {
   float *d = nullptr;  // [m, n]
 };
 
-// Two codes of one byte under E4M3 scale s as a bf16 pair (the lower K index in the low half).
-// The values are exact in bf16, so truncating their fp32 bits is exact (NaN stays NaN: its quiet
-// bit is in the upper half), as the CPU's decode_row.
-__device__ __forceinline__ uint32_t decode_pair(uint32_t byte, float s) {
-  const float lo = e2m1_value(static_cast<uint8_t>(byte & 0xFu)) * s;
-  const float hi = e2m1_value(static_cast<uint8_t>(byte >> 4)) * s;
-  return (float_bits(lo) >> 16) | (float_bits(hi) & 0xFFFF0000u);
+// What a thread fetches from global memory for one stage of one operand: the 16 packed bytes of
+// half a staged row (two NVFP4 blocks), how many of them lie inside the row and K (the rest are
+// zeros, whatever the scale: the CPU pads K with zero terms), and the two blocks' decoded scales.
+struct Fetched {
+  uint32_t w[kBytesPerThread / 4];
+  int valid;
+  float s0, s1;
+};
+
+// Thread i fetches half i % 2 of row row0 + i / 2, K from k0, of `op`. Issued a stage ahead of
+// its use, so the global loads overlap the previous stage's tensor-core work.
+__device__ __forceinline__ Fetched fetch(const Nvfp4GemmOperand &op, size_t row0, size_t k0,
+                                         const Params &p) {
+  const int tid = static_cast<int>(threadIdx.x);
+  const size_t row = row0 + tid / 2;
+  const size_t kbytes = p.k / 2, byte0 = k0 / 2 + (tid % 2) * kBytesPerThread;
+  Fetched f{{0u, 0u, 0u, 0u}, 0, 0.0f, 0.0f};
+  if (row >= op.rows || byte0 >= kbytes) return f;
+  const uint8_t *src = op.data + row * kbytes + byte0;
+  const size_t blk0 = byte0 * 2 / kBlk;  // the first of the two blocks
+  f.s0 = fp8_decode<FormatE4M3>(op.scale[row * op.lds + blk0]);
+  if (blk0 + 1 < p.blocks) f.s1 = fp8_decode<FormatE4M3>(op.scale[row * op.lds + blk0 + 1]);
+  if (byte0 + kBytesPerThread <= kbytes && (reinterpret_cast<uintptr_t>(src) & 15u) == 0) {
+    const uint4 v = *reinterpret_cast<const uint4 *>(src);
+    f.w[0] = v.x, f.w[1] = v.y, f.w[2] = v.z, f.w[3] = v.w;
+    f.valid = kBytesPerThread;
+    return f;
+  }
+  // The row's tail, or rows not 16-byte aligned (K not a multiple of 32): byte by byte.
+  const size_t left = kbytes - byte0;
+  f.valid = left < kBytesPerThread ? static_cast<int>(left) : kBytesPerThread;
+#pragma unroll
+  for (int j = 0; j < kBytesPerThread; ++j) {
+    if (j < f.valid) f.w[j / 4] |= static_cast<uint32_t>(src[j]) << (8 * (j % 4));
+  }
+  return f;
 }
 
-// Stages 64 K from k0 of 64 rows from row0 of `op` into dst [64][kRowWords]: thread i decodes
-// the 16 bytes (two NVFP4 blocks) of half i % 2 of row i / 2. Past the rows or K: zeros.
-__device__ __forceinline__ void stage(const Nvfp4GemmOperand &op, size_t row0, size_t k0, const Params &p,
-                                      uint32_t *dst) {
+// Decodes a fetch into its staged half row, dst [64][kRowWords] of bf16 pairs: each byte's two
+// codes times the block scale (the lower K index in the low half). e2m1 * e4m3 is exact in fp32
+// and in bf16, so truncating the fp32 bits is exact (NaN stays NaN: its quiet bit is in the upper
+// half), as the CPU's decode_row. e2m1: the 16 code values in shared memory (distinct banks).
+__device__ __forceinline__ void store(const Fetched &f, const float *e2m1, uint32_t *dst) {
   const int tid = static_cast<int>(threadIdx.x);
-  const int r = tid / 2, half = tid % 2;
-  const size_t row = row0 + r;
-  const size_t kbytes = p.k / 2, byte0 = k0 / 2 + half * kBytesPerThread;
   uint32_t w[kBytesPerThread];
-  if (row < op.rows && byte0 < kbytes) {
-    const uint8_t *src = op.data + row * kbytes + byte0;
-    const size_t blk0 = byte0 * 2 / kBlk;  // the first of this thread's two blocks
-    const float s0 = fp8_decode<FormatE4M3>(op.scale[row * op.lds + blk0]);
-    const float s1 = blk0 + 1 < p.blocks ? fp8_decode<FormatE4M3>(op.scale[row * op.lds + blk0 + 1])
-                                         : 0.0f;
-    if (byte0 + kBytesPerThread <= kbytes && (reinterpret_cast<uintptr_t>(src) & 15u) == 0) {
-      const uint4 v = *reinterpret_cast<const uint4 *>(src);
-      const uint32_t words[4] = {v.x, v.y, v.z, v.w};
 #pragma unroll
-      for (int j = 0; j < kBytesPerThread; ++j) {
-        w[j] = decode_pair((words[j / 4] >> (8 * (j % 4))) & 0xFFu, j < kBlk / 2 ? s0 : s1);
-      }
-    } else {  // the row's tail, or rows not 16-byte aligned (K not a multiple of 32)
-#pragma unroll
-      for (int j = 0; j < kBytesPerThread; ++j) {
-        w[j] = byte0 + j < kbytes ? decode_pair(src[j], j < kBlk / 2 ? s0 : s1) : 0u;
-      }
-    }
-  } else {
-#pragma unroll
-    for (int j = 0; j < kBytesPerThread; ++j) w[j] = 0u;
+  for (int j = 0; j < kBytesPerThread; ++j) {
+    const uint32_t byte = (f.w[j / 4] >> (8 * (j % 4))) & 0xFFu;
+    const float sc = j < kBlk / 2 ? f.s0 : f.s1;
+    const float lo = e2m1[byte & 0xFu] * sc, hi = e2m1[byte >> 4] * sc;
+    w[j] = j < f.valid ? (float_bits(lo) >> 16) | (float_bits(hi) & 0xFFFF0000u) : 0u;
   }
-  uint4 *out = reinterpret_cast<uint4 *>(dst + r * kRowWords + half * kBytesPerThread);
+  uint4 *out = reinterpret_cast<uint4 *>(dst + (tid / 2) * kRowWords + (tid % 2) * kBytesPerThread);
 #pragma unroll
   for (int q = 0; q < kBytesPerThread / 4; ++q) {
     out[q] = make_uint4(w[4 * q], w[4 * q + 1], w[4 * q + 2], w[4 * q + 3]);
@@ -94,6 +105,7 @@ __device__ __forceinline__ void stage(const Nvfp4GemmOperand &op, size_t row0, s
 __global__ void __launch_bounds__(kThreads) nvfp4_block_gemm_kernel(const Params p) {
   __shared__ uint4 sb_raw[kTile * kRowWords / 4];
   __shared__ uint4 sa_raw[kTile * kRowWords / 4];
+  __shared__ float e2m1[16];
   uint32_t *sb = reinterpret_cast<uint32_t *>(sb_raw);
   uint32_t *sa = reinterpret_cast<uint32_t *>(sa_raw);
   const size_t m0 = static_cast<size_t>(blockIdx.x) * kTile;
@@ -110,13 +122,22 @@ __global__ void __launch_bounds__(kThreads) nvfp4_block_gemm_kernel(const Params
 #pragma unroll
       for (int e = 0; e < 4; ++e) c[i][j][e] = 0.0f;
 
+  if (threadIdx.x < 16) e2m1[threadIdx.x] = e2m1_value(static_cast<uint8_t>(threadIdx.x));
+  __syncthreads();
+  Fetched fb = fetch(p.b, m0, 0, p), fa = fetch(p.a, n0, 0, p);
   for (size_t k0 = 0; k0 < p.k; k0 += kStageK) {
-    stage(p.b, m0, k0, p, sb);
-    stage(p.a, n0, k0, p, sa);
+    store(fb, e2m1, sb);
+    store(fa, e2m1, sa);
     __syncthreads();
+    if (k0 + kStageK < p.k) {  // the next stage's loads, in flight during this stage's products
+      fb = fetch(p.b, m0, k0 + kStageK, p);
+      fa = fetch(p.a, n0, k0 + kStageK, p);
+    }
     const size_t left = p.blocks - k0 / kBlk;  // blocks from this stage on
     const int nblk = left < kStageK / kBlk ? static_cast<int>(left) : kStageK / kBlk;
-    for (int kb = 0; kb < nblk; ++kb) {
+#pragma unroll
+    for (int kb = 0; kb < kStageK / kBlk; ++kb) {
+      if (kb >= nblk) break;
       const int kw = kb * (kBlk / 2);  // word offset of this block in a staged row
       uint32_t af[2][4], bfr[4][2];
 #pragma unroll
@@ -141,7 +162,7 @@ __global__ void __launch_bounds__(kThreads) nvfp4_block_gemm_kernel(const Params
           float term[4] = {0.0f, 0.0f, 0.0f, 0.0f};  // the block term, exact (see the top)
           mma_m16n8k16<bf16>(term, af[i], bfr[j]);
 #pragma unroll
-          for (int e = 0; e < 4; ++e) c[i][j][e] += term[e];  // K order, fp32 (--fmad=false: a plain add)
+          for (int e = 0; e < 4; ++e) c[i][j][e] += term[e];  // K order, fp32, a plain add
         }
     }
     __syncthreads();
