@@ -2,7 +2,7 @@
 // K order) against the CPU kernel, bit for bit (NaN matches NaN). The CPU kernel is pinned to an
 // independent scalar oracle at every CPU level by tests/cpp/test_nvfp4_gemm.cpp; equal bits here
 // prove the tensor core's block sums exact and the K order kept. Shapes cover output-tile tails
-// (64 x 64 tiles), K tails (a partial last 16-block, a partial last 64-K stage), rows that are not
+// (128 x 128 tiles), K tails (a partial last 16-block, a partial last 64-K stage), rows that are not
 // 16-byte aligned (K not a multiple of 32: the byte-wise staging path), several stages, padded and
 // unpadded scale grids, every E4M3 scale byte (NaN, zero, subnormal, negative), extreme terms,
 // K = 0 and empty outputs. Skipped without a GPU device.
@@ -92,12 +92,12 @@ TEST_P(Nvfp4BlockGemmGpu, EqualsCpuBits) {
 }
 
 // K: 2 (one partial block), 30 and 40 (partial last block; rows of 15 / 20 bytes, unaligned), 64
-// (one stage), 96 and 200 (a partial last stage), 1024 (16 aligned stages); m / n around the 64
-// tile and the 16 x 8 fragments.
+// (one stage), 96 and 200 (a partial last stage), 256 and 520 (several stages); m / n around the
+// 128 x 128 tile and the 16 x 8 fragments.
 INSTANTIATE_TEST_SUITE_P(Shapes, Nvfp4BlockGemmGpu,
                          ::testing::Values(Case{1, 1, 2}, Case{1, 1, 16}, Case{3, 5, 30},
                                            Case{17, 9, 40}, Case{64, 64, 64}, Case{65, 63, 96},
-                                           Case{33, 129, 200}, Case{130, 257, 1024},
+                                           Case{33, 129, 200}, Case{130, 257, 256},
                                            Case{256, 72, 520}),
                          [](const auto &info) {
                            return std::to_string(info.param.m) + "x" +

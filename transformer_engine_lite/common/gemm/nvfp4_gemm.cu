@@ -24,11 +24,14 @@ namespace gpu {
 
 namespace {
 
-// A 64 x 64 output tile per block of 4 warps; warp w owns rows (w / 2) * 32 and columns
-// (w % 2) * 32 of it: 2 x 4 fragments of 16 x 8. A shared-memory stage holds 64 K (4 NVFP4 blocks)
-// of both operands as bf16 pairs, one 32-bit word per pair of K-neighbours (one packed byte).
-constexpr int kTile = 64;
-constexpr int kThreads = 128;
+// A 128 x 128 output tile per block of 8 warps; warp w owns rows (w / 2) * 32 and columns
+// (w % 2) * 64 of it: 2 x 8 fragments of 16 x 8. A shared-memory stage holds 64 K (4 NVFP4 blocks)
+// of both operands as bf16 pairs, one 32-bit word per pair of K-neighbours (one packed byte). The
+// large tile amortises the decode (shared-memory table loads, the scale multiplies) over four
+// times the tensor-core work of a 64 x 64 one.
+constexpr int kTile = 128;
+constexpr int kThreads = 256;
+constexpr int kFragM = 2, kFragN = 8;  // 16 x 8 fragments per warp
 constexpr int kStageK = 64;
 constexpr int kBlk = 16;                    // NVFP4 block length along K
 constexpr int kStageBytes = kStageK / 2;    // packed bytes of one row per stage
@@ -36,6 +39,9 @@ constexpr int kRowWords = kStageBytes + 4;  // padded: a warp's fragment loads h
 constexpr int kBytesPerThread = kTile * kStageBytes / kThreads;  // 16: one uint4
 static_assert(kBytesPerThread == 16 && kStageBytes == 2 * kBytesPerThread,
               "a thread stages half a row (two NVFP4 blocks) of one operand");
+static_assert((kThreads / kMmaLanes) * 16 * kFragM * 8 * kFragN == kTile * kTile &&
+                  (kThreads / kMmaLanes / 2) * 16 * kFragM == kTile,
+              "the warps' fragments cover the tile: 4 warp rows x 2 warp columns");
 
 struct Params {
   Nvfp4GemmOperand b, a;  // b: the output's rows (m), a: its columns (n)
@@ -102,7 +108,7 @@ __device__ __forceinline__ void store(const Fetched &f, const float *e2m1, uint3
   }
 }
 
-__global__ void __launch_bounds__(kThreads) nvfp4_block_gemm_kernel(const Params p) {
+__global__ void __launch_bounds__(kThreads, 2) nvfp4_block_gemm_kernel(const Params p) {
   __shared__ uint4 sb_raw[kTile * kRowWords / 4];
   __shared__ uint4 sa_raw[kTile * kRowWords / 4];
   __shared__ float e2m1[16];
@@ -112,13 +118,13 @@ __global__ void __launch_bounds__(kThreads) nvfp4_block_gemm_kernel(const Params
   const size_t n0 = static_cast<size_t>(blockIdx.y) * kTile;
   const int lane = static_cast<int>(threadIdx.x) % kMmaLanes, g = lane / 4, t = lane % 4;
   const int warp = static_cast<int>(threadIdx.x) / kMmaLanes;
-  const int wm = (warp / 2) * 32, wn = (warp % 2) * 32;
+  const int wm = (warp / 2) * (16 * kFragM), wn = (warp % 2) * (8 * kFragN);
 
-  float c[2][4][4];
+  float c[kFragM][kFragN][4];
 #pragma unroll
-  for (int i = 0; i < 2; ++i)
+  for (int i = 0; i < kFragM; ++i)
 #pragma unroll
-    for (int j = 0; j < 4; ++j)
+    for (int j = 0; j < kFragN; ++j)
 #pragma unroll
       for (int e = 0; e < 4; ++e) c[i][j][e] = 0.0f;
 
@@ -139,9 +145,9 @@ __global__ void __launch_bounds__(kThreads) nvfp4_block_gemm_kernel(const Params
     for (int kb = 0; kb < kStageK / kBlk; ++kb) {
       if (kb >= nblk) break;
       const int kw = kb * (kBlk / 2);  // word offset of this block in a staged row
-      uint32_t af[2][4], bfr[4][2];
+      uint32_t af[kFragM][4];
 #pragma unroll
-      for (int i = 0; i < 2; ++i) {
+      for (int i = 0; i < kFragM; ++i) {
         const uint32_t *r0 = sb + (wm + i * 16 + g) * kRowWords + kw + t;
         const uint32_t *r8 = r0 + 8 * kRowWords;
         af[i][0] = r0[0];
@@ -149,30 +155,28 @@ __global__ void __launch_bounds__(kThreads) nvfp4_block_gemm_kernel(const Params
         af[i][2] = r0[4];
         af[i][3] = r8[4];
       }
+      // One B fragment at a time (registers: the accumulators take 64 per thread).
 #pragma unroll
-      for (int j = 0; j < 4; ++j) {
+      for (int j = 0; j < kFragN; ++j) {
         const uint32_t *col = sa + (wn + j * 8 + g) * kRowWords + kw + t;
-        bfr[j][0] = col[0];
-        bfr[j][1] = col[4];
-      }
+        const uint32_t bfr[2] = {col[0], col[4]};
 #pragma unroll
-      for (int i = 0; i < 2; ++i)
-#pragma unroll
-        for (int j = 0; j < 4; ++j) {
+        for (int i = 0; i < kFragM; ++i) {
           float term[4] = {0.0f, 0.0f, 0.0f, 0.0f};  // the block term, exact (see the top)
-          mma_m16n8k16<bf16>(term, af[i], bfr[j]);
+          mma_m16n8k16<bf16>(term, af[i], bfr);
 #pragma unroll
           for (int e = 0; e < 4; ++e) c[i][j][e] += term[e];  // K order, fp32, a plain add
         }
+      }
     }
     __syncthreads();
   }
 
   // c[i][j][0..1]: row g, columns 2t, 2t + 1 of fragment (i, j); c[i][j][2..3]: row g + 8.
 #pragma unroll
-  for (int i = 0; i < 2; ++i)
+  for (int i = 0; i < kFragM; ++i)
 #pragma unroll
-    for (int j = 0; j < 4; ++j)
+    for (int j = 0; j < kFragN; ++j)
 #pragma unroll
       for (int e = 0; e < 4; ++e) {
         const size_t row = m0 + wm + i * 16 + g + (e / 2) * 8;
