@@ -143,29 +143,30 @@ __global__ void __launch_bounds__(kThreads, 2) nvfp4_block_gemm_kernel(const Par
     const int nblk = left < kStageK / kBlk ? static_cast<int>(left) : kStageK / kBlk;
 #pragma unroll
     for (int kb = 0; kb < kStageK / kBlk; ++kb) {
-      if (kb >= nblk) break;
-      const int kw = kb * (kBlk / 2);  // word offset of this block in a staged row
-      uint32_t af[kFragM][4];
-#pragma unroll
-      for (int i = 0; i < kFragM; ++i) {
-        const uint32_t *r0 = sb + (wm + i * 16 + g) * kRowWords + kw + t;
-        const uint32_t *r8 = r0 + 8 * kRowWords;
-        af[i][0] = r0[0];
-        af[i][1] = r8[0];
-        af[i][2] = r0[4];
-        af[i][3] = r8[4];
-      }
-      // One B fragment at a time (registers: the accumulators take 64 per thread).
-#pragma unroll
-      for (int j = 0; j < kFragN; ++j) {
-        const uint32_t *col = sa + (wn + j * 8 + g) * kRowWords + kw + t;
-        const uint32_t bfr[2] = {col[0], col[4]};
+      if (kb < nblk) {  // (a guard, not a break: clang unrolls only loops without exits)
+        const int kw = kb * (kBlk / 2);  // word offset of this block in a staged row
+        uint32_t af[kFragM][4];
 #pragma unroll
         for (int i = 0; i < kFragM; ++i) {
-          float term[4] = {0.0f, 0.0f, 0.0f, 0.0f};  // the block term, exact (see the top)
-          mma_m16n8k16<bf16>(term, af[i], bfr);
+          const uint32_t *r0 = sb + (wm + i * 16 + g) * kRowWords + kw + t;
+          const uint32_t *r8 = r0 + 8 * kRowWords;
+          af[i][0] = r0[0];
+          af[i][1] = r8[0];
+          af[i][2] = r0[4];
+          af[i][3] = r8[4];
+        }
+        // One B fragment at a time (registers: the accumulators take 64 per thread).
 #pragma unroll
-          for (int e = 0; e < 4; ++e) c[i][j][e] += term[e];  // K order, fp32, a plain add
+        for (int j = 0; j < kFragN; ++j) {
+          const uint32_t *col = sa + (wn + j * 8 + g) * kRowWords + kw + t;
+          const uint32_t bfr[2] = {col[0], col[4]};
+#pragma unroll
+          for (int i = 0; i < kFragM; ++i) {
+            float term[4] = {0.0f, 0.0f, 0.0f, 0.0f};  // the block term, exact (see the top)
+            mma_m16n8k16<bf16>(term, af[i], bfr);
+#pragma unroll
+            for (int e = 0; e < 4; ++e) c[i][j][e] += term[e];  // K order, fp32, a plain add
+          }
         }
       }
     }
