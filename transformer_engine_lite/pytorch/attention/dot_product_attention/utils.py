@@ -479,12 +479,13 @@ def get_attention_backend(
         logger.debug("Disabling FlashAttention and FusedAttention due to FP8 attention (emulated "
                      "by UnfusedDotProductAttention)")
     if p.context_parallel:  # CP runs the flash kernel per chunk (context_parallel.py), or
-        # under FP8 with 'a2a' (bshd / sbhd) the unfused emulation on each rank's heads
-        fp8_a2a = _fp8_attention(p) and p.cp_comm_type == "a2a" and not p.qkv_layout.startswith("t")
+        # under FP8 (bshd / sbhd, no bias; every cp_comm_type) the unfused emulation
+        fp8_cp = (_fp8_attention(p) and not p.qkv_layout.startswith("t")
+                  and p.core_attention_bias_type == "no_bias")  # fmt: skip
         available[1] = False
-        available[2] = available[2] and fp8_a2a
+        available[2] = available[2] and fp8_cp
         logger.debug("Disabling FusedAttention%s due to CP",
-                     "" if fp8_a2a else " and UnfusedDotProductAttention")
+                     "" if fp8_cp else " and UnfusedDotProductAttention")
     for name, value in selection.PREFERENCE:
         if reasons[value]:
             logger.debug("Disabling %s due to %s", selection.BACKEND_NAMES[name], reasons[value])
