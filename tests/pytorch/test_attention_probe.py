@@ -145,6 +145,13 @@ def test_env_switches(monkeypatch, env, available, selected):
                  fp8_meta={"recipe": Float8CurrentScaling(fp8_dpa=True)}),
             [False, False, True],
         ),  # fmt: skip
+        # TE's probe names FP8 attention's input dtype as qkv_dtype (TE's CP test does)
+        (
+            dict(qkv_dtype=torch.float8_e4m3fn, context_parallel=True, cp_comm_type="all_gather",
+                 fp8=True, fp8_meta={"recipe": DelayedScaling(fp8_dpa=True)}),
+            [False, False, True],
+        ),  # fmt: skip
+        (dict(qkv_dtype=torch.float8_e4m3fn), [False, False, False]),  # not without FP8 attention
         (
             dict(context_parallel=True, fp8=True, qkv_layout="thd_thd_thd",
                  attn_mask_type="padding_causal",

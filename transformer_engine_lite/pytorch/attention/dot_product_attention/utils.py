@@ -250,6 +250,9 @@ def check_set_window_size(
     raise ValueError(f"check_set_window_size: invalid attn_mask_type {attn_mask_type!r}")
 
 
+_FP8_DTYPES = (torch.float8_e4m3fn, torch.float8_e5m2)
+
+
 def _fp8_attention(p: AttentionParams) -> bool:
     """Whether the configuration asks for FP8 attention (fp8 with an fp8_dpa / fp8_mha recipe;
     NVTE_DPA_FP8_RECIPE=F16 turns it off, as in DotProductAttention)."""
@@ -273,8 +276,13 @@ def _unsupported(p: AttentionParams) -> list[str]:
         )
     if p.fp8_output and not _fp8_attention(p):
         why.append("fp8_output without FP8 attention (recipe fp8_dpa / fp8_mha)")
-    if p.qkv_dtype not in _backends._DTYPES:
-        why.append(f"qkv_dtype = {p.qkv_dtype} (supported: float32, float16, bfloat16)")
+    if p.qkv_dtype in _FP8_DTYPES:  # TE's probe for FP8 attention names the FP8 input dtype
+        if not _fp8_attention(p):
+            why.append(f"qkv_dtype = {p.qkv_dtype} without FP8 attention (recipe fp8_dpa / "
+                       "fp8_mha)")  # fmt: skip
+    elif p.qkv_dtype not in _backends._DTYPES:
+        why.append(f"qkv_dtype = {p.qkv_dtype} (supported: float32, float16, bfloat16, and "
+                   "float8_e4m3fn / float8_e5m2 under FP8 attention)")  # fmt: skip
     if p.qkv_layout not in _LAYOUTS:
         why.append(f"qkv_layout = {p.qkv_layout!r} (supported: {', '.join(_LAYOUTS)})")
     if p.attn_mask_type not in _MASKS:
@@ -456,7 +464,8 @@ def get_attention_backend(
         mask = "padding" if mask == "no_mask" else f"padding_{mask}"
     dropout = float(p.attention_dropout) if p.is_training else 0.0
     dev = _device_code(p.device)
-    dtype = int(_backends._DTYPES[p.qkv_dtype])
+    # FP8 inputs: the emulation's nominal dtype (bf16) stands for them in the kernel selection
+    dtype = int(_backends._DTYPES[torch.bfloat16 if p.qkv_dtype in _FP8_DTYPES else p.qkv_dtype])
     sizes = (p.num_heads, p.num_gqa_groups, p.max_seqlen_q, p.max_seqlen_kv, p.head_dim_qk,
              p.head_dim_v)  # fmt: skip
     key = (dev, dtype, p.qkv_layout, p.core_attention_bias_type, mask,
