@@ -50,6 +50,8 @@ CASES = {
         ("ag_delayed_causal_sbhd", "all_gather", "delayed", "causal", None, "sbhd", False),
         ("ag_current_window_bshd", "all_gather", "current", "causal", (3, 0), "bshd", False),
         ("ag_delayed_nomask_bshd_mha", "all_gather", "delayed", "no_mask", None, "bshd", True),
+        # NVTE_FP8_DPA_BWD=0 (backward in high precision: no dO / dP / dQKV points)
+        ("p2p_delayed_causal_sbhd_f16bwd", "p2p", "delayed", "causal", None, "sbhd", False),
     ],
     4: [
         ("p2p_delayed_causal_sbhd", "p2p", "delayed", "causal", None, "sbhd", False),
@@ -83,9 +85,13 @@ def _run(case, q, k, v, dout, cp_group=None):
     torch.manual_seed(0)
     m = _module(case, cp_group)
     q, k, v = (t.clone().requires_grad_(True) for t in (q, k, v))
-    with te.fp8_autocast(fp8_recipe=_recipe(case[2])):
-        out = m(q, k, v, fp8_output=case[6])
-    out.backward(dout)
+    os.environ["NVTE_FP8_DPA_BWD"] = "0" if case[0].endswith("_f16bwd") else "1"
+    try:
+        with te.fp8_autocast(fp8_recipe=_recipe(case[2])):
+            out = m(q, k, v, fp8_output=case[6])
+        out.backward(dout)
+    finally:
+        os.environ.pop("NVTE_FP8_DPA_BWD")
     if case[6]:  # the Float8Tensor: its values, and its scale (O's, the group amax's)
         scale_inv = out._scale_inv.clone()
         out = out.dequantize()
@@ -182,6 +188,8 @@ def test_fp8_cp_close_to_one_process_and_fp64(world, cp_results):
             if recipe == "delayed":  # QKV and dO: the same tensors as one process's
                 assert torch.equal(hist[0][0, META_QKV], hist1[0][0, META_QKV]), f"QKV amax {name}"
                 assert torch.equal(hist[1][0, META_DO], hist1[1][0, META_DO]), f"dO amax {name}"
+                if name.endswith("_f16bwd"):  # no backward point ran
+                    assert not hist[1].any(), f"backward amax history of {name}"
             if fp8_output:  # O's scale: the group amax of the output (current: close to 1 proc's)
                 assert torch.equal(scale_inv, outs[0][3]), f"O scale of {name}: rank {r}"
                 if recipe == "delayed":
