@@ -153,6 +153,11 @@ def test_env_switches(monkeypatch, env, available, selected):
         ),  # fmt: skip
         (dict(qkv_dtype=torch.float8_e4m3fn), [False, False, False]),  # not without FP8 attention
         (
+            dict(qkv_dtype=torch.float8_e4m3fn, qkv_type=type("Float8Tensor", (torch.Tensor,), {}),
+                 fp8=True, fp8_meta={"recipe": Float8CurrentScaling(fp8_mha=True)}),
+            [False, False, True],
+        ),  # fmt: skip
+        (
             dict(context_parallel=True, fp8=True, qkv_layout="thd_thd_thd",
                  attn_mask_type="padding_causal",
                  fp8_meta={"recipe": Float8CurrentScaling(fp8_dpa=True)}),

@@ -251,6 +251,7 @@ def check_set_window_size(
 
 
 _FP8_DTYPES = (torch.float8_e4m3fn, torch.float8_e5m2)
+_FP8_TYPES = ("Float8Tensor", "Float8TensorStorage")  # by name: utils.py is imported before them
 
 
 def _fp8_attention(p: AttentionParams) -> bool:
@@ -266,9 +267,12 @@ def _unsupported(p: AttentionParams) -> list[str]:
     """Why DotProductAttention runs this configuration on no backend at all (empty: it may)."""
     why = []
     recipe = (p.fp8_meta or {}).get("recipe") if p.fp8 else None
-    if p.qkv_type is not torch.Tensor:
-        name = getattr(p.qkv_type, "__name__", p.qkv_type)
-        why.append(f"qkv_type = {name} (FP8 attention is not supported)")
+    name = getattr(p.qkv_type, "__name__", p.qkv_type)
+    if p.qkv_type is not torch.Tensor and not (name in _FP8_TYPES and _fp8_attention(p)):
+        # FP8 attention takes q, k, v as Float8Tensors (TE's fp8_mha hand-off): their values
+        # enter its QKV point; other tensor types are not inputs of any backend here
+        why.append(f"qkv_type = {name} (supported: torch.Tensor, and Float8Tensor / "
+                   "Float8TensorStorage under FP8 attention)")  # fmt: skip
     if _fp8_attention(p) and not (recipe.delayed() or recipe.float8_current_scaling()):
         why.append(
             f"FP8 attention (recipe fp8_dpa / fp8_mha) under {type(recipe).__name__} (emulated "
