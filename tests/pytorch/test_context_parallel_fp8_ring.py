@@ -13,8 +13,8 @@ different FP8 roundings of the same mathematics, so outputs and gradients are ch
 against one process's FP8 attention, normwise within the table's "fp8" tolerance (TE's E4M3
 pair), and (b) against fp64 attention without FP8 at least as tightly as one process's FP8
 attention is, up to a factor 1.5 (TE's CP runner accepts FP8 CP results with 0.15 RMSE).
-Measured (relative norm errors vs fp64, CP / one process): out 0.049-0.062 / 0.046-0.062, dq,
-dk 0.095-0.119 / 0.096-0.112, dv 0.074-0.089 / 0.075-0.089. Under DelayedScaling the
+Measured (relative norm errors vs fp64, CP / one process): out 0.043-0.062 / 0.046-0.062, dq,
+dk up to 0.119 / 0.112, dv up to 0.089 / 0.089; CP vs one process at most 0.099 (rtol 0.125). Under DelayedScaling the
 all-gather's every point has one process's scale and every query row meets the same keys: its
 results are one process's FP8 values up to summation order (assert_fp8_close; measured: equal).
 The ring's forward is also checked against an fp64 oracle of TE's ring algorithm (each step's S
@@ -220,7 +220,7 @@ def _ring_oracle(case, world: int, rank: int, q, k, v) -> torch.Tensor:
     rows against the K / V chunks of rank src = (rank - step) % cp (causal: its own chunks
     causally, an earlier rank's first chunk with all of q, a later rank's both chunks with q's
     second half), step-local softmax, S cast, P V, the step's O cast; the steps merged through
-    their LSEs; the result rounded to bf16 and cast by O."""
+    their LSEs; the result rounded to bf16 (TE's out_f16, returned without fp8_output)."""
     _, _, _, mask, _, fmt, _ = case
     sdim = 1 if fmt == "bshd" else 0
     e4m3, one = torch.float8_e4m3fn, torch.ones(())
@@ -254,7 +254,7 @@ def _ring_oracle(case, world: int, rank: int, q, k, v) -> torch.Tensor:
         out[:, :, rows] = (out[:, :, rows] * torch.exp(lse[:, :, rows] - new).unsqueeze(-1)
                            + o * torch.exp(l_ - new).unsqueeze(-1))  # fmt: skip
         lse[:, :, rows] = new
-    out = emulate_cast(out.to(torch.bfloat16), e4m3, one)
+    out = out.to(torch.bfloat16)  # TE's out_f16: cast by O only under fp8_output
     out = out.permute(0, 2, 1, 3) if fmt == "bshd" else out.permute(2, 0, 1, 3)
     return out.reshape(*out.shape[:2], H * D)
 
@@ -264,7 +264,7 @@ def test_fp8_ring_forward_equals_fp64_oracle(world, cp_results):
     """The ring's output is TE's algorithm's (each step's S and O quantized, the LSE merge), to
     fp32 level but for the odd element one FP8 step away (summation order at a rounding tie)."""
     for case in CASES[world]:
-        if case[1] != "p2p" or case[2] != "delayed":
+        if case[1] != "p2p" or case[2] != "delayed" or case[6]:
             continue
         q, k, v, _ = _inputs(case, SEQ[world])
         for r in range(world):

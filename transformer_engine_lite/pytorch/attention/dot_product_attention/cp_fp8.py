@@ -15,8 +15,10 @@ TE's context_parallel.py quantizes:
   per-step points take the rank's own amax (TE: "per_step tensors are not reduced").
 - The step's output: under DelayedScaling quantized with O's scale (TE's per-step kernel writes
   FP8 O), under current scaling rounded to the input dtype (TE's kernel writes F16 O there); the
-  steps are combined through their LSEs in fp32 (cp_comm.merge), rounded to the input dtype and
-  quantized once more by O (group amax) -- the returned output, FP8 values as one process's.
+  steps are combined through their LSEs in fp32 (cp_comm.merge) and rounded to the input dtype:
+  the returned output (TE's out_f16). With fp8_output it is quantized by O once more (group
+  amax) and returned as FP8 values (a Float8Tensor); without it, under DelayedScaling, O's amax
+  is still recorded (TE quantizes out_f16 for its FP8 backward).
 - Backward: dO quantized once on the output gradient (group amax), dQKV once on the rank's
   accumulated dq, dk, dv (group amax). TE's ring quantizes each step's dq / dk / dv with dQKV
   before its fp32 accumulation and recomputes each step with the global LSE and the final O;
@@ -190,7 +192,8 @@ def fp8_cp_attention(q, k, v, fmt, causal, window, scale, comm_type, cp_group, c
                      plan: FP8AttentionPlan) -> torch.Tensor:  # noqa: ANN001
     """FP8 attention of this rank's q rows (the module docstring) for comm_type 'p2p',
     'all_gather' or 'a2a+p2p'; q, k, v [b, 2c, h, d] / [2c, b, h, d]; returns [.., h, d_v] in
-    q's dtype (FP8 values). plan.amax_group: the CP group (a2a+p2p: both of its groups)."""
+    q's dtype (FP8 values under plan.fp8_output). plan.amax_group: the CP group (a2a+p2p: both
+    of its groups)."""
     dtype = q.dtype
     sdim = 1 if fmt == "bshd" else 0
     if plan.mode == "delayed" and torch.is_grad_enabled() and plan.backward_fp8:
@@ -211,8 +214,17 @@ def fp8_cp_attention(q, k, v, fmt, causal, window, scale, comm_type, cp_group, c
         else:
             o = _all_gather(pts, qb, kb, vb, causal, window, scale, cp_group, dtype)
         o = _from_bhsd(o, fmt)
-    # the merged output in the input dtype, quantized by O (group amax): dO in the backward
-    out = plan.output(o.to(dtype), dtype)
+    # The merged output in the input dtype (TE's out_f16), quantized by O (group amax) into the
+    # returned FP8 values only under fp8_output; under DelayedScaling TE quantizes it anyway for
+    # its FP8 backward (O's amax is recorded, the values stay). dO in the backward either way.
+    out = o.to(dtype)
+    if plan.fp8_output:
+        out = plan.output(out, dtype)
+    else:
+        if plan.mode == "delayed" and plan.backward_fp8:
+            with torch.no_grad():
+                plan.o.round_trip(out)
+        out = _FP8Point.apply(None, plan.do, None, out)[0]
     if plan.mode == "delayed":
         _reduce_row(plan, True)
     return out

@@ -141,6 +141,9 @@ class FP8AttentionPlan:
     # each point's amax is their max, so scales and the amax history equal one process's.
     # 'a2a+p2p': [a2a_group, p2p_group], the max over one then the other (the CP grid's).
     amax_group: Any = None
+    # fp8_output of the forward (context parallelism's ring / all-gather return the merged
+    # output unquantized without it, cp_fp8.py)
+    fp8_output: bool = False
 
     def reduce_amax(self, amax: torch.Tensor) -> torch.Tensor:
         if self.amax_group is None:
