@@ -134,7 +134,7 @@ def test_env_switches(monkeypatch, env, available, selected):
                  core_attention_bias_type="post_scale_bias"),
             [False, False, False],
         ),  # fmt: skip
-        # FP8 attention with CP: the unfused emulation with 'a2a' (bshd / sbhd) only
+        # FP8 attention with CP: the unfused emulation, every cp_comm_type, bshd / sbhd only
         (
             dict(context_parallel=True, cp_comm_type="a2a", fp8=True,
                  fp8_meta={"recipe": DelayedScaling(fp8_dpa=True)}),
@@ -142,6 +142,24 @@ def test_env_switches(monkeypatch, env, available, selected):
         ),  # fmt: skip
         (
             dict(context_parallel=True, fp8=True,
+                 fp8_meta={"recipe": Float8CurrentScaling(fp8_dpa=True)}),
+            [False, False, True],
+        ),  # fmt: skip
+        # TE's probe names FP8 attention's input dtype as qkv_dtype (TE's CP test does)
+        (
+            dict(qkv_dtype=torch.float8_e4m3fn, context_parallel=True, cp_comm_type="all_gather",
+                 fp8=True, fp8_meta={"recipe": DelayedScaling(fp8_dpa=True)}),
+            [False, False, True],
+        ),  # fmt: skip
+        (dict(qkv_dtype=torch.float8_e4m3fn), [False, False, False]),  # not without FP8 attention
+        (
+            dict(qkv_dtype=torch.float8_e4m3fn, qkv_type=type("Float8Tensor", (torch.Tensor,), {}),
+                 fp8=True, fp8_meta={"recipe": Float8CurrentScaling(fp8_mha=True)}),
+            [False, False, True],
+        ),  # fmt: skip
+        (
+            dict(context_parallel=True, fp8=True, qkv_layout="thd_thd_thd",
+                 attn_mask_type="padding_causal",
                  fp8_meta={"recipe": Float8CurrentScaling(fp8_dpa=True)}),
             [False, False, False],
         ),  # fmt: skip

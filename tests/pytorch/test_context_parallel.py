@@ -177,18 +177,18 @@ def _worker(rank: int, world: int, init_file: str, out_dir: str) -> None:
         layer.set_context_parallel_group(groups, None, None, LAYER_COMM[world])
         x, dy = (_shard(t, 1, world, rank) for t in (x, dy))
         results["layer"] = _run_layer(layer, x, dy, freqs)
-        # FP8 attention with the ring (emulated with 'a2a' only, test_context_parallel_fp8.py):
-        # refused, never silently run in high precision
+        # FP8 attention with the ring on thd (TE's FP8 CP takes bshd / sbhd only; the FP8 CP
+        # itself: test_context_parallel_fp8*.py): refused, never silently run in high precision
         from transformer_engine_lite.common.recipe import DelayedScaling
 
-        case = CASES_2[0]
-        q, k, v, _, _ = _inputs(case, SEQ[world])
-        q, k, v = (_shard(t, 1, world, rank) for t in (q, k, v))
+        case = next(c for c in CASES_2 if c[0] == "p2p_causal_thd_f32")
+        q, k, v, _, _ = _inputs(case, int(_cu(world)[-1]))
+        q, k, v = (_shard(t, 0, world, rank, True) for t in (q, k, v))
         try:
             with te.fp8_autocast(fp8_recipe=DelayedScaling(fp8_dpa=True)):
-                _module(case, dist.group.WORLD, "p2p")(q, k, v)
+                _run(_module(case, dist.group.WORLD, "p2p"), q, k, v, None, None, _cu(world))
             results["fp8_refused"] = ""
-        except NotImplementedError as e:
+        except ValueError as e:
             results["fp8_refused"] = str(e)
         torch.save(results, os.path.join(out_dir, f"rank{rank}.pt"))
     finally:
@@ -320,7 +320,7 @@ def test_get_batch_on_this_cp_rank_layout(monkeypatch):
 def test_fp8_attention_with_cp_is_refused(world, cp_results):
     for r in cp_results[world]:
         msg = r["fp8_refused"]
-        assert "FP8 attention" in msg and "cp_comm_type='p2p'" in msg
+        assert "FP8 attention" in msg and "qkv_format='thd'" in msg
         assert "context parallelism" in msg
 
 

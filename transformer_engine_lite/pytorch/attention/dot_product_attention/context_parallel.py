@@ -17,10 +17,11 @@ every chunk (cp_layout.ThdLayout), padding rows get zero output and gradients. A
 (bshd / sbhd, the rank's query rows over all keys, TE's sharding) with 'p2p': each ring step
 adds its slice and dbias sums the steps in fp32 (TE: no bias with thd or padding masks, nor with
 'a2a+p2p' -> ValueError). FP8 attention (DotProductAttention under fp8_dpa / fp8_mha,
-DelayedScaling or Float8CurrentScaling) with 'a2a', bshd / sbhd: every rank runs the unfused FP8
-emulation on its heads with each point's amax reduced over the CP group, bit for bit one
-process's (TE's FP8 CP takes no thd and no bias -> ValueError).
-Not supported (NotImplementedError): FP8 with 'p2p' / 'all_gather' / 'a2a+p2p', a bias with
+DelayedScaling or Float8CurrentScaling), bshd / sbhd, every cp_comm_type: with 'a2a' every rank
+runs the unfused FP8 emulation on its heads with each point's amax reduced over the CP group, bit
+for bit one process's; 'p2p', 'all_gather', 'a2a+p2p' quantize per ring step / query chunk as
+TE's CP does (cp_fp8.py) (TE's FP8 CP takes no thd and no bias -> ValueError).
+Not supported (NotImplementedError): a bias with
 'all_gather' / 'a2a', padding with 'all_gather', cross attention, padding masks for bshd / sbhd,
 dropout, return_max_logit, and sliding windows except with 'a2a' (any window) and 'all_gather'
 (causal, left window); attention sinks with 'a2a' only.
@@ -41,6 +42,7 @@ from .cp_batch import (
     get_cu_seqlens_on_cp_rank,
     pad_thd_sequences_for_cp,
 )
+from .cp_fp8 import fp8_cp_attention
 from .cp_layout import DenseLayout, ThdLayout, thd_a2a_perm
 
 __all__ = [
@@ -220,6 +222,10 @@ def attn_forward_func_with_cp(
                 )
         if cp_comm_type == "a2a+p2p" and not full:
             raise _unsupported(f"window_size={window!r} with cp_comm_type='a2a+p2p'")
+        if _fp8_plan is not None and cp_comm_type == "a2a+p2p":
+            out = fp8_cp_attention(q, k, v, qkv_format, causal, window, scale, cp_comm_type,
+                                   cp_group, None, _fp8_plan)  # fmt: skip
+            return out.reshape(*out.shape[:-2], out.shape[-2] * out.shape[-1])
         perm = layout = None
         if thd:
             local = cu // cp
@@ -257,6 +263,10 @@ def attn_forward_func_with_cp(
     elif cp_comm_type == "p2p":
         if not full:
             raise _unsupported(f"window_size={window!r} with cp_comm_type='p2p'")
+        if _fp8_plan is not None:
+            out = fp8_cp_attention(q, k, v, qkv_format, causal, window, scale, cp_comm_type,
+                                   cp_group, cp_global_ranks, _fp8_plan)  # fmt: skip
+            return out.reshape(*out.shape[:-2], out.shape[-2] * out.shape[-1])
         ranks = comm.global_ranks(cp_group, cp_global_ranks)
         r = comm.group_rank(cp_group)
         layout = ThdLayout(cu // cp, real, r, cp) if thd else DenseLayout(qkv_format, s)
@@ -268,7 +278,11 @@ def attn_forward_func_with_cp(
     else:  # all_gather
         if thd:
             raise _unsupported("qkv_format='thd' with cp_comm_type='all_gather'")
-        out = _all_gather_attention(q, k, v, qkv_format, causal, window, scale, cp_group)
+        if _fp8_plan is not None:
+            out = fp8_cp_attention(q, k, v, qkv_format, causal, window, scale, cp_comm_type,
+                                   cp_group, None, _fp8_plan)  # fmt: skip
+        else:
+            out = _all_gather_attention(q, k, v, qkv_format, causal, window, scale, cp_group)
     return out.reshape(*out.shape[:-2], out.shape[-2] * out.shape[-1])
 
 
@@ -307,17 +321,14 @@ def _thd_offsets(cu_q, cu_kv, cu_q_padded, cu_kv_padded):  # noqa: ANN001, ANN20
 
 
 def _check_fp8(comm_type, fmt, bias_type) -> None:  # noqa: ANN001
-    """FP8 attention with CP: emulated with 'a2a' (bshd / sbhd), where every rank runs one
-    process's FP8 attention on its heads; TE's FP8 CP takes no thd and no bias."""
+    """FP8 attention with CP, every cp_comm_type (TE's four): 'a2a' runs one process's FP8
+    emulation on every rank's heads, the others cp_fp8.py's; TE's FP8 CP takes bshd / sbhd and
+    no bias (its backend selection refuses thd and a bias under FP8 with CP)."""
+    del comm_type
     if fmt == "thd" or bias_type != "no_bias":
         raise ValueError(
             f"{_OWNER}: FP8 attention with qkv_format={fmt!r}, attn_bias_type={bias_type!r}: "
             "TE's context parallelism takes FP8 attention with bshd / sbhd and no bias"
-        )
-    if comm_type != "a2a":
-        raise _unsupported(
-            f"FP8 attention (fp8_dpa / fp8_mha) with cp_comm_type={comm_type!r} (emulated with "
-            "'a2a' only: its per-chunk FP8 kernels are not emulated for the ring / all-gather)"
         )
 
 

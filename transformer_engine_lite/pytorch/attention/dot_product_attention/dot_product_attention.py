@@ -320,6 +320,8 @@ class DotProductAttention(TransformerEngineBaseModule):
             )  # fmt: skip
             return scatter_rows(out, iq, q.shape[0])
         if self.cp_size > 1:
+            if fp8 is not None:  # the ring / all-gather return O in FP8 only when asked (TE's)
+                fp8.fp8_output = fp8_output
             out = forward_with_cp(
                 self, q, k, v, fmt, mask, window, attention_mask, inference_params,
                 core_attention_bias_type, core_attention_bias, alibi_slopes,

@@ -68,8 +68,10 @@ META_DP = FP8BwdTensorIdx.GRAD_INPUT3
 class _Point:
     """One quantization point: FP8 round trip of one or more tensors with one shared scale."""
 
-    def __init__(self, plan: FP8AttentionPlan, forward: bool, slot: int) -> None:
-        self.plan, self.forward, self.slot = plan, forward, slot
+    def __init__(self, plan: FP8AttentionPlan, forward: bool, slot: int, local: bool = False
+                 ) -> None:
+        # local: the amax is this rank's alone (context parallelism's per-step points, cp_fp8.py)
+        self.plan, self.forward, self.slot, self.local = plan, forward, slot, local
         self.dtype = plan.fwd_dtype if forward else plan.bwd_dtype
         self.last_scale: torch.Tensor | None = None  # the scale of the last round trip
 
@@ -82,7 +84,8 @@ class _Point:
             amax = te.compute_amax(xs[0])
             for x in xs[1:]:
                 amax = torch.maximum(amax, te.compute_amax(x))
-            amax = plan.reduce_amax(amax)
+            if not self.local:
+                amax = plan.reduce_amax(amax)
             pow2, eps = plan.qparams[self.forward]
             scale, _ = te.compute_scale_from_amax(amax, self.dtype, eps, pow2)
         else:
@@ -94,7 +97,8 @@ class _Point:
             outs.append(te.dequantize(data, scale_inv, out_dtype or x.dtype))
             amaxes.append(a.reshape(1))
         if plan.mode == "delayed":
-            plan.record(self.forward, self.slot, plan.reduce_amax(torch.stack(amaxes).amax(0)))
+            amax = torch.stack(amaxes).amax(0)
+            plan.record(self.forward, self.slot, amax if self.local else plan.reduce_amax(amax))
         return tuple(outs)
 
 
@@ -135,7 +139,11 @@ class FP8AttentionPlan:
     qparams: dict[bool, tuple[bool, float]]
     # Context parallelism: the CP group whose ranks each hold a part of every point's tensor;
     # each point's amax is their max, so scales and the amax history equal one process's.
+    # 'a2a+p2p': [a2a_group, p2p_group], the max over one then the other (the CP grid's).
     amax_group: Any = None
+    # fp8_output of the forward (context parallelism's ring / all-gather return the merged
+    # output unquantized without it, cp_fp8.py)
+    fp8_output: bool = False
 
     def reduce_amax(self, amax: torch.Tensor) -> torch.Tensor:
         if self.amax_group is None:
@@ -143,7 +151,9 @@ class FP8AttentionPlan:
         import torch.distributed as dist  # noqa: PLC0415
 
         amax = amax.clone()
-        dist.all_reduce(amax, op=dist.ReduceOp.MAX, group=self.amax_group)
+        groups = self.amax_group if isinstance(self.amax_group, (list, tuple)) else [self.amax_group]
+        for group in groups:
+            dist.all_reduce(amax, op=dist.ReduceOp.MAX, group=group)
         return amax
 
     def __post_init__(self) -> None:

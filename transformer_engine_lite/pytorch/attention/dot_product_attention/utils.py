@@ -250,6 +250,10 @@ def check_set_window_size(
     raise ValueError(f"check_set_window_size: invalid attn_mask_type {attn_mask_type!r}")
 
 
+_FP8_DTYPES = (torch.float8_e4m3fn, torch.float8_e5m2)
+_FP8_TYPES = ("Float8Tensor", "Float8TensorStorage")  # by name: utils.py is imported before them
+
+
 def _fp8_attention(p: AttentionParams) -> bool:
     """Whether the configuration asks for FP8 attention (fp8 with an fp8_dpa / fp8_mha recipe;
     NVTE_DPA_FP8_RECIPE=F16 turns it off, as in DotProductAttention)."""
@@ -263,9 +267,12 @@ def _unsupported(p: AttentionParams) -> list[str]:
     """Why DotProductAttention runs this configuration on no backend at all (empty: it may)."""
     why = []
     recipe = (p.fp8_meta or {}).get("recipe") if p.fp8 else None
-    if p.qkv_type is not torch.Tensor:
-        name = getattr(p.qkv_type, "__name__", p.qkv_type)
-        why.append(f"qkv_type = {name} (FP8 attention is not supported)")
+    name = getattr(p.qkv_type, "__name__", p.qkv_type)
+    if p.qkv_type is not torch.Tensor and not (name in _FP8_TYPES and _fp8_attention(p)):
+        # FP8 attention takes q, k, v as Float8Tensors (TE's fp8_mha hand-off): their values
+        # enter its QKV point; other tensor types are not inputs of any backend here
+        why.append(f"qkv_type = {name} (supported: torch.Tensor, and Float8Tensor / "
+                   "Float8TensorStorage under FP8 attention)")  # fmt: skip
     if _fp8_attention(p) and not (recipe.delayed() or recipe.float8_current_scaling()):
         why.append(
             f"FP8 attention (recipe fp8_dpa / fp8_mha) under {type(recipe).__name__} (emulated "
@@ -273,8 +280,13 @@ def _unsupported(p: AttentionParams) -> list[str]:
         )
     if p.fp8_output and not _fp8_attention(p):
         why.append("fp8_output without FP8 attention (recipe fp8_dpa / fp8_mha)")
-    if p.qkv_dtype not in _backends._DTYPES:
-        why.append(f"qkv_dtype = {p.qkv_dtype} (supported: float32, float16, bfloat16)")
+    if p.qkv_dtype in _FP8_DTYPES:  # TE's probe for FP8 attention names the FP8 input dtype
+        if not _fp8_attention(p):
+            why.append(f"qkv_dtype = {p.qkv_dtype} without FP8 attention (recipe fp8_dpa / "
+                       "fp8_mha)")  # fmt: skip
+    elif p.qkv_dtype not in _backends._DTYPES:
+        why.append(f"qkv_dtype = {p.qkv_dtype} (supported: float32, float16, bfloat16, and "
+                   "float8_e4m3fn / float8_e5m2 under FP8 attention)")  # fmt: skip
     if p.qkv_layout not in _LAYOUTS:
         why.append(f"qkv_layout = {p.qkv_layout!r} (supported: {', '.join(_LAYOUTS)})")
     if p.attn_mask_type not in _MASKS:
@@ -456,7 +468,8 @@ def get_attention_backend(
         mask = "padding" if mask == "no_mask" else f"padding_{mask}"
     dropout = float(p.attention_dropout) if p.is_training else 0.0
     dev = _device_code(p.device)
-    dtype = int(_backends._DTYPES[p.qkv_dtype])
+    # FP8 inputs: the emulation's nominal dtype (bf16) stands for them in the kernel selection
+    dtype = int(_backends._DTYPES[torch.bfloat16 if p.qkv_dtype in _FP8_DTYPES else p.qkv_dtype])
     sizes = (p.num_heads, p.num_gqa_groups, p.max_seqlen_q, p.max_seqlen_kv, p.head_dim_qk,
              p.head_dim_v)  # fmt: skip
     key = (dev, dtype, p.qkv_layout, p.core_attention_bias_type, mask,
@@ -479,12 +492,13 @@ def get_attention_backend(
         logger.debug("Disabling FlashAttention and FusedAttention due to FP8 attention (emulated "
                      "by UnfusedDotProductAttention)")
     if p.context_parallel:  # CP runs the flash kernel per chunk (context_parallel.py), or
-        # under FP8 with 'a2a' (bshd / sbhd) the unfused emulation on each rank's heads
-        fp8_a2a = _fp8_attention(p) and p.cp_comm_type == "a2a" and not p.qkv_layout.startswith("t")
+        # under FP8 (bshd / sbhd, no bias; every cp_comm_type) the unfused emulation
+        fp8_cp = (_fp8_attention(p) and not p.qkv_layout.startswith("t")
+                  and p.core_attention_bias_type == "no_bias")  # fmt: skip
         available[1] = False
-        available[2] = available[2] and fp8_a2a
+        available[2] = available[2] and fp8_cp
         logger.debug("Disabling FusedAttention%s due to CP",
-                     "" if fp8_a2a else " and UnfusedDotProductAttention")
+                     "" if fp8_cp else " and UnfusedDotProductAttention")
     for name, value in selection.PREFERENCE:
         if reasons[value]:
             logger.debug("Disabling %s due to %s", selection.BACKEND_NAMES[name], reasons[value])
