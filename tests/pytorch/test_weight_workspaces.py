@@ -129,15 +129,20 @@ def test_refresh_requantizes_in_place(module, recipe):
     """is_first_microbatch=True after a weight update re-quantizes into the same buffers: each
     data / scale_inv tensor keeps its address and holds the new weight's bytes."""
     rec = RECIPES[recipe]()
-    m = _build(module)
+    m, plain = _build(module), _build(module)
     x = torch.randn(32, HIDDEN, dtype=BF16)
     _step(m, rec, x, True)
+    _step(m, rec, x, False)
     before = _snapshot(m)
     with torch.no_grad():
         for name in MODULES[module][1]:
-            getattr(m, name).mul_(1.5).add_(0.01)
-    _step(m, rec, x, True)
+            for mod in (m, plain):
+                getattr(mod, name).mul_(1.5).add_(0.01)
+    y, dx = _step(m, rec, x, True)
     after = _snapshot(m)
+    if recipe != "delayed":  # the GEMMs read the refreshed cast: the uncached results
+        y_ref, dx_ref = _step(plain, rec, x, None)
+        assert torch.equal(y, y_ref) and torch.equal(dx, dx_ref)
     assert sorted(after) == sorted(before)
     changed = False
     for key, bufs in before.items():
@@ -256,3 +261,22 @@ def test_fp8_parameters_are_not_cached():
         m = te.Linear(HIDDEN, FFN, params_dtype=BF16)
     _step(m, RECIPES["current"](), torch.randn(32, HIDDEN, dtype=BF16), True)
     assert m._fp8_workspaces == {}
+
+
+@pytest.mark.parametrize("recipe", ["current", "mxfp8", "block", "nvfp4"])
+def test_gemm_reads_the_cached_tensor(recipe):
+    """The GEMM operands come from the cached tensor's current bytes: re-quantizing it directly
+    (TE's ws.quantize_) is seen by the next is_first_microbatch=False forward, which then equals
+    an uncached forward of the new weight (the operands derived from it are not kept stale)."""
+    rec = RECIPES[recipe]()
+    cached, plain = _build("Linear"), _build("Linear")
+    x = torch.randn(32, HIDDEN, dtype=BF16)
+    _step(cached, rec, x, True)
+    _step(cached, rec, x, False)  # the derived operands are in use
+    with torch.no_grad():
+        for m in (cached, plain):
+            m.weight.mul_(0.5).add_(0.03)
+    cached._fp8_workspaces["weight"].quantize_(cached.weight.detach())
+    y, dx = _step(cached, rec, x, False)
+    y_ref, dx_ref = _step(plain, rec, x, None)
+    assert torch.equal(y, y_ref) and torch.equal(dx, dx_ref)

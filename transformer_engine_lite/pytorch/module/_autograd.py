@@ -37,7 +37,7 @@ from ..tensor.storage.hybrid_tensor_storage import HybridQuantizedTensorStorage
 from ..cpp_extensions.nvfp4_gemm import nvfp4_tagged_gemm as _nvfp4_gemm
 from ._custom_linear import custom_linear_backward, custom_linear_forward
 from ._stored_operands import stored_block, stored_input, stored_mxfp8, stored_per_tensor
-from ._weight_workspace import WeightCast
+from ._weight_workspace import WeightCast, workspace_operands
 
 
 class GemmConfig(NamedTuple):
@@ -177,8 +177,9 @@ class _LinearFn(torch.autograd.Function):
             # the module's cached weight (_fp8_workspaces) enters as an FP8 parameter would
             ws = w_cast.tensor
             w_op = stored_per_tensor(ws, cfg) if per_tensor else None
-            w_mx = (stored_mxfp8(ws, cfg, w_col) if cfg.mode == "mxfp8"
-                    else stored_block(ws, cfg, w_col) if cfg.mode == "block" else None)
+            if cfg.mode in ("mxfp8", "block"):
+                w_mx = workspace_operands(ws, cfg, w_col, stored_mxfp8 if cfg.mode == "mxfp8"
+                                          else stored_block)
             if w_op is None and w_mx is None:
                 raise RuntimeError(f"linear: the cached weight {type(ws).__name__} does not fit "
                                    f"the {cfg.mode!r} cast (module/_weight_workspace.py)")

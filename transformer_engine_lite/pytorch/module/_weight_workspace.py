@@ -12,6 +12,9 @@ BasicLinear), "fc1_weight" / "fc2_weight" (LayerNormMLP), "weight{i}" (GroupedLi
 
 The GEMMs read the cached tensor as they read an FP8 weight parameter (module/_stored_operands.py:
 its bytes, or its copies dequantized exactly), so a cached step gives the bits of an uncached one.
+The block-scaled GEMM operands (the dequantized copies) are derived from the cached tensor once and
+kept on it, stamped with its buffers' identities and version counters, so any in-place write to
+the buffers (a refresh, a user's quantize_) makes the next GEMM derive them again.
 MXFP8 and NVFP4 workspaces hold GEMM-swizzled scales where TE's _enable_weight_preswizzle asks for
 them (MXFP8 always; NVFP4 for the shapes TE's fused kernels swizzle, as on the SM 100 GPUs this
 recipe is emulated as): the GEMM operands read the scales through _scale_grid, which unswizzles.
@@ -19,6 +22,7 @@ recipe is emulated as): the GEMM operands read the scales through _scale_grid, w
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import TYPE_CHECKING, Any, NamedTuple
 
 import torch
@@ -117,3 +121,18 @@ def get_weight_workspace(
         q.amax.zero_()  # Float8Quantizer folds a running max into amax: this cast's alone
     ws.quantize_(src)
     return WeightCast(ws, q.amax.clone() if delayed else None)
+
+
+def workspace_operands(ws: QuantizedTensor, cfg: GemmConfig, columnwise: bool,
+                       derive: Callable[[Any, GemmConfig, bool], Any]) -> Any:
+    """derive(ws, cfg, columnwise) (a module/_stored_operands.py reader), computed once per
+    content of ws: reused while ws's buffers are the same tensors, unwritten since."""
+    bufs = [getattr(ws, n) for n in ws._inner_names()]
+    stamp = (cfg.mode, cfg.inp, cfg.weight, columnwise,
+             tuple(None if t is None else (id(t), t.data_ptr(), t._version) for t in bufs))
+    memo = ws.__dict__.get("_te_lite_operands")
+    if memo is not None and memo[0] == stamp:
+        return memo[1]
+    out = derive(ws, cfg, columnwise)
+    ws.__dict__["_te_lite_operands"] = (stamp, out)
+    return out
