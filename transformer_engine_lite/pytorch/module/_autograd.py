@@ -16,7 +16,6 @@ import torch
 from ..fp8 import FP8GlobalStateManager
 from ..quantized_tensor import SavedFloat8, SavedFloat8Block, SavedMXFP8, SavedNVFP4
 from ..quantization import (
-    Operand,
     nvfp4_quantizer,
     QuantSpec,
     block_dequantized,
