@@ -16,7 +16,6 @@ import torch
 from ..fp8 import FP8GlobalStateManager
 from ..quantized_tensor import SavedFloat8, SavedFloat8Block, SavedMXFP8, SavedNVFP4
 from ..quantization import (
-    Operand,
     nvfp4_quantizer,
     QuantSpec,
     block_dequantized,
@@ -37,6 +36,7 @@ from ..tensor.storage.hybrid_tensor_storage import HybridQuantizedTensorStorage
 from ..cpp_extensions.nvfp4_gemm import nvfp4_tagged_gemm as _nvfp4_gemm
 from ._custom_linear import custom_linear_backward, custom_linear_forward
 from ._stored_operands import stored_block, stored_input, stored_mxfp8, stored_per_tensor
+from ._weight_workspace import WeightCast, workspace_operands
 
 
 class GemmConfig(NamedTuple):
@@ -171,14 +171,22 @@ class _LinearFn(torch.autograd.Function):
         w_mx = (stored_mxfp8(weight, cfg, w_col) if cfg.mode == "mxfp8"
                 else stored_block(weight, cfg, w_col) if cfg.mode == "block" else None)
         cast_amax = None
-        if w_cast is not None and w_op is None and w_mx is None:
-            w_op = w_cast.operand if per_tensor else None
-            w_mx = w_cast.mx if cfg.mode in ("mxfp8", "block") else None
+        cached = w_cast is not None and w_op is None and w_mx is None
+        if cached:
+            # the module's cached weight (_fp8_workspaces) enters as an FP8 parameter would
+            ws = w_cast.tensor
+            w_op = stored_per_tensor(ws, cfg) if per_tensor else None
+            if cfg.mode in ("mxfp8", "block"):
+                w_mx = workspace_operands(ws, cfg, w_col, stored_mxfp8 if cfg.mode == "mxfp8"
+                                          else stored_block)
+            if w_op is None and w_mx is None:
+                raise RuntimeError(f"linear: the cached weight {type(ws).__name__} does not fit "
+                                   f"the {cfg.mode!r} cast (module/_weight_workspace.py)")
             cast_amax = w_cast.amax
         w = weight
         if isinstance(weight, QuantizedTensor) and w_op is None and w_mx is None:
             w = weight.dequantize(dtype=out_dtype if cfg.mode in ("hp", "calibrate") else None)
-        elif w_op is None and w_mx is None:
+        elif cached or (w_op is None and w_mx is None):
             w = weight.contiguous()
         need_dgrad, need_wgrad = ctx.needs_input_grad[0], ctx.needs_input_grad[1]
         need_wgrad = need_wgrad or cfg.fuse_wgrad
@@ -209,8 +217,10 @@ class _LinearFn(torch.autograd.Function):
                             alpha)
             amax = torch.cat([x_amax, w_amax]) if delayed else _empty_amax(inp)
             if hp_bwd:
-                # an FP8 weight is saved as its bytes and dequantized by the backward
-                w_saved = (wq.data, wq.scale_inv) if w_op is not None else (w, None)
+                # an FP8 weight is saved as its bytes and dequantized by the backward (a cached
+                # cast is not the weight: the weight itself is saved, as uncached)
+                stored = w_op is not None and not cached
+                w_saved = (wq.data, wq.scale_inv) if stored else (w, None)
                 saved = (x2, None, *w_saved)
             elif cfg.save_original_input and cfg.bwd_override is None:
                 # ("dequantized" ignores save_original_input: the backward must consume the
@@ -235,7 +245,7 @@ class _LinearFn(torch.autograd.Function):
             w_rows = None
             if w_mx is not None:
                 wr, wc = w_mx
-                w = wr  # what hp_bwd uses: the parameter's (exact) values
+                w = w if cached else wr  # what hp_bwd uses: the parameter's (exact) values
             elif deq:
                 w_rows = te.quantize_mxfp8(w.contiguous(), dt, True, False)[:2]
                 wr, wc = te.dequantize_mxfp8(*w_rows, False, torch.bfloat16), None
@@ -266,7 +276,7 @@ class _LinearFn(torch.autograd.Function):
             w_blk = None
             if w_mx is not None:
                 wr, wc = w_mx
-                w = wr
+                w = w if cached else wr
             elif deq:
                 w_blk = block_rowwise(w, cfg.weight)
                 wr, wc = block_rowwise_values(w_blk, cfg.weight), None
@@ -466,30 +476,6 @@ def _expose_backward_state(
         s = cfg.slot_bwd
         q = Float8Quantizer(bwd_scale[s : s + 1], bwd_hist[0, s : s + 1], cfg.grad.dtype)
     ctx.grad_output_quantizer = q
-
-
-class WeightCast(NamedTuple):
-    """A weight cast the module cached across microbatches (TE's is_first_microbatch): the
-    per-tensor operand, or the MXFP8 (row-wise, column-wise) copies dequantized to bf16; amax: the
-    weight's amax to record (delayed scaling, first microbatch), else None."""
-
-    operand: Operand | None
-    mx: tuple[torch.Tensor, torch.Tensor] | None
-    amax: torch.Tensor | None
-
-
-def cast_weight(w: torch.Tensor, cfg: GemmConfig, scale: torch.Tensor | None) -> WeightCast:
-    """The weight's FP8 cast under cfg, as the forward would make it (scale: delayed scaling's
-    weight scale, a [1] view)."""
-    with torch.no_grad():
-        if cfg.mode == "mxfp8":
-            r, c = mx_dequantized(w.reshape(-1, w.shape[-1]), cfg.inp.dtype, True, True)
-            return WeightCast(None, (r, c), None)
-        if cfg.mode == "block":
-            r, c = block_dequantized(w.reshape(-1, w.shape[-1]), cfg.weight, True, True)
-            return WeightCast(None, (r, c), None)
-        op, amax = quantize_per_tensor(w, cfg.weight, scale if cfg.mode == "delayed" else None)
-        return WeightCast(op, None, amax if cfg.mode == "delayed" else None)
 
 
 class _DelayedWgrad:

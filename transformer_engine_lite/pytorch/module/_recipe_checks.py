@@ -61,7 +61,7 @@ def check_recipe_change(module: Any, recipe: Recipe) -> None:
         warnings.warn(
             f"{type(module).__name__}: Recipe type changed from {type(previous).__name__} to "
             f"{type(recipe).__name__}. This may affect model behavior.", stacklevel=4)
-        module._weight_cast_cache.clear()
+        module._fp8_workspaces.clear()  # TE's: casts of the old recipe
     fp8_params = [(n, p) for n, p in module._parameters.items()
                   if isinstance(p, QuantizedTensor) and p._quantizer is not None]
     if not fp8_params:

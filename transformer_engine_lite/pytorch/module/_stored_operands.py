@@ -36,11 +36,12 @@ def stored_per_tensor(weight: torch.Tensor, cfg: GemmConfig) -> Operand | None:
 def stored_mxfp8(
     weight: torch.Tensor, cfg: GemmConfig, columnwise: bool
 ) -> tuple[torch.Tensor, torch.Tensor | None] | None:
-    """An MXFP8Tensor weight with both block copies, each dequantized to bf16 for the GEMM
-    (exact, as mx_dequantized): the same operands as quantizing the weight in the forward."""
+    """An MXFP8Tensor weight's block copies (the column-wise one when asked for), each
+    dequantized to bf16 for the GEMM (exact, as mx_dequantized): the same operands as quantizing
+    the weight in the forward."""
     if not isinstance(weight, MXFP8Tensor) or weight._fp8_dtype != to_dtype_enum(cfg.inp.dtype):
         return None
-    if weight._rowwise_data is None or weight._columnwise_data is None:
+    if weight._rowwise_data is None or (columnwise and weight._columnwise_data is None):
         return None
     te, dt = ops(), cfg.inp.dtype
     r = te.dequantize_mxfp8(

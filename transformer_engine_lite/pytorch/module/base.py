@@ -42,10 +42,11 @@ from .._extra_state import EXTRA_STATE_VERSION
 from ._extra_state_hooks import ExtraStateMixin
 from ..utils import get_default_init_method
 from .._recipe_state import build_fp8_meta
-from ._autograd import GemmConfig, WeightCast, cast_weight, linear
+from ._autograd import GemmConfig, linear
 from ._custom import builtin_quantizers, custom_gemm_config
 from ._params import _moved, materialize_params, weight_param_quantizer  # noqa: F401
 from ._recipe_checks import check_recipe_change
+from ._weight_workspace import WeightCast, get_weight_workspace
 from .userbuffers import (  # noqa: F401 (TE's home of the Userbuffers entry points)
     UserBufferQuantizationMode, destroy_ub, get_ub, initialize_ub, is_ub_initialized,
 )
@@ -136,8 +137,8 @@ class TransformerEngineBaseModule(ExtraStateMixin, torch.nn.Module):
         self._preserve_init = FP8GlobalStateManager.preserve_high_precision_init_val()
         # delay_wgrad_compute: weight gradients queued by the backward, run by backward_dw()
         self._wgrad_store: list[Any] = []
-        # is_first_microbatch: GEMM index -> (key, cached weight cast); see _weight_cast
-        self._weight_cast_cache: dict[int, tuple[Any, WeightCast]] = {}
+        # is_first_microbatch: TE's cached weight casts, name -> quantized weight (_weight_cast)
+        self._fp8_workspaces: dict[str, QuantizedTensor] = {}
         FP8GlobalStateManager.register_module(self)
 
     _FP8_META_BUFFERS = (
@@ -177,7 +178,7 @@ class TransformerEngineBaseModule(ExtraStateMixin, torch.nn.Module):
         # copy.deepcopy and unpickling build modules without __init__: register the copy too, or
         # its delayed-scaling state would never be updated.
         super().__setstate__(state)
-        self.__dict__.setdefault("_weight_cast_cache", {})
+        self.__dict__.setdefault("_fp8_workspaces", {})
         FP8GlobalStateManager.register_module(self)
 
     # ------------------------------------------------------------------ split backward
@@ -397,7 +398,8 @@ class TransformerEngineBaseModule(ExtraStateMixin, torch.nn.Module):
         row = tp.size > 1 and parallel_mode == "row"
         b = bias if (add_bias and not row and bias is not None) else None
         w, b, meta, cfg, w_cast = self._linear_args(
-            w, b, dtype, gemm, fp8, main_grad, is_first_microbatch
+            w, b, dtype, gemm, fp8, main_grad, is_first_microbatch,
+            torch.is_grad_enabled() and x.requires_grad,
         )
         y, amax = linear(x, w, b, meta, main_grad, cfg, self._wgrad_store, w_cast, acc, alpha)
         self._linear_done(cfg, amax, weight)
@@ -413,8 +415,10 @@ class TransformerEngineBaseModule(ExtraStateMixin, torch.nn.Module):
 
     def _linear_args(self, w: torch.Tensor, b: torch.Tensor | None, dtype: torch.dtype,
                      gemm: int, fp8: tuple[str, Recipe | None, int],
-                     main_grad: torch.Tensor | None, is_first_microbatch: bool | None) -> tuple:
-        """GEMM `gemm`'s (weight, bias in the activation dtype, FP8 meta, config, weight cast)."""
+                     main_grad: torch.Tensor | None, is_first_microbatch: bool | None,
+                     columnwise: bool = True) -> tuple:
+        """GEMM `gemm`'s (weight, bias in the activation dtype, FP8 meta, config, weight cast).
+        columnwise: the backward computes dgrad (the input requires grad)."""
         mode, recipe, code = fp8
         if b is not None and b.dtype != dtype:
             b = b.to(dtype)
@@ -423,7 +427,7 @@ class TransformerEngineBaseModule(ExtraStateMixin, torch.nn.Module):
         if cfg.mode == "delayed":
             # activation recompute: the recompute quantizes with the forward's scales
             meta = (stash_scales(self, meta[0]), *meta[1:])
-        w_cast = self._weight_cast(gemm, w, cfg, meta[0], is_first_microbatch)
+        w_cast = self._weight_cast(gemm, w, cfg, meta[0], is_first_microbatch, columnwise)
         return w, b, meta, cfg, w_cast
 
     def _linear_done(self, cfg: GemmConfig, amax: torch.Tensor, weight: torch.Tensor) -> None:
@@ -434,6 +438,13 @@ class TransformerEngineBaseModule(ExtraStateMixin, torch.nn.Module):
             if cfg.mode == "delayed" and isinstance(q, Float8Quantizer):
                 q.update_scale()  # an FP8 parameter's recipe update (see there)
 
+    # TE's _fp8_workspaces keys, by GEMM index (see _weight_workspace.py)
+    _WORKSPACE_NAMES: tuple[str, ...] = ("weight",)
+
+    def _workspace_name(self, gemm: int) -> str:
+        names = self._WORKSPACE_NAMES
+        return names[gemm] if gemm < len(names) else f"weight{gemm}"
+
     def _weight_cast(
         self,
         gemm: int,
@@ -441,13 +452,16 @@ class TransformerEngineBaseModule(ExtraStateMixin, torch.nn.Module):
         cfg: GemmConfig,
         fwd_scale: torch.Tensor,
         is_first_microbatch: bool | None,
+        columnwise: bool = True,
     ) -> WeightCast | None:
-        """TE's weight-cast cache for gradient accumulation: is_first_microbatch=True casts the
-        weight and keeps the cast; False reuses it (the weight must not have changed in between:
-        TE's contract), so a step of n microbatches casts each weight once instead of n times;
-        None: no cache. FP8 parameters need no cast. Eager only (a compiled forward casts).
-        A graphed callable with cache_quantized_params sets the manager's skip flag from its
-        call's is_first_microbatch; modules inside it receive no argument and follow the flag."""
+        """TE's weight-cast cache for gradient accumulation (module._fp8_workspaces, see
+        _weight_workspace.py): is_first_microbatch=True quantizes the weight into its cached
+        tensor (in place once it exists); False reuses it (the weight must not have changed in
+        between: TE's contract), so a step of n microbatches casts each weight once instead of n
+        times; None: no cache. FP8 parameters need no cast. Eager only (a compiled forward
+        casts). A graphed callable with cache_quantized_params sets the manager's skip flag from
+        its call's is_first_microbatch; modules inside it receive no argument and follow the
+        flag. columnwise: the backward needs the weight's column-wise copy (dgrad)."""
         if is_first_microbatch is None and not torch.compiler.is_compiling():
             skip = FP8GlobalStateManager.get_skip_fp8_weight_update_tensor()
             is_first_microbatch = None if skip is None else not bool(skip)
@@ -458,14 +472,11 @@ class TransformerEngineBaseModule(ExtraStateMixin, torch.nn.Module):
             or torch.compiler.is_compiling()
         ):
             return None
-        key = (cfg.mode, cfg.inp, cfg.weight, w.dtype, tuple(w.shape), w.device)
-        entry = self._weight_cast_cache.get(gemm)
-        if is_first_microbatch or entry is None or entry[0] != key:
-            scale = fwd_scale[cfg.slot_fwd + 1 : cfg.slot_fwd + 2]
-            cast = cast_weight(w.detach(), cfg, scale)
-            self._weight_cast_cache[gemm] = (key, cast._replace(amax=None))
-            return cast  # the first microbatch records the weight's amax (delayed scaling)
-        return entry[1]
+        scale = fwd_scale[cfg.slot_fwd + 1 : cfg.slot_fwd + 2]
+        return get_weight_workspace(
+            self._fp8_workspaces, self._workspace_name(gemm), w, cfg, scale,
+            bool(is_first_microbatch), columnwise and cfg.bwd_override is None,
+        )
 
     @staticmethod
     def _main_grad(owner: str, fuse_wgrad: bool, weight: torch.Tensor) -> torch.Tensor | None:

@@ -163,6 +163,12 @@ class GroupedLinear(TransformerEngineBaseModule):
     return_bias: returns (out, [bias_i]) without adding the biases.
     """
 
+    def _workspace_name(self, gemm: int) -> str:
+        # TE's _fp8_workspaces key of expert `gemm`'s weight. (TE's single_grouped_weight caches
+        # one grouped tensor under "weight"; here that weight's experts are sliced and cast one
+        # by one, so each keeps its own entry.)
+        return f"weight{gemm}"
+
     _role_module_type = "grouped_linear"  # CustomRecipe roles (module/_custom.py)
 
     def __init__(
@@ -415,8 +421,9 @@ class GroupedLinear(TransformerEngineBaseModule):
             keep = weight.dtype == dtype or isinstance(weight, QuantizedTensor)
             w = weight if keep else weight.to(dtype)
             b = biases[g] if not self.return_bias else None
-            w, b, meta, cfg, w_cast = self._linear_args(w, b, dtype, g, fp8, main_grad,
-                                                        is_first_microbatch)
+            w, b, meta, cfg, w_cast = self._linear_args(
+                w, b, dtype, g, fp8, main_grad, is_first_microbatch,
+                torch.is_grad_enabled() and x2.requires_grad)
             groups.append((meta, main_grad, cfg, self._wgrad_store, w_cast))
             ws.append(w)
             bs.append(b)

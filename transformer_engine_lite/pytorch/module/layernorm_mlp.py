@@ -111,6 +111,8 @@ class LayerNormMLP(TransformerEngineBaseModule):
     Returns out, then fc2's bias if return_bias, then the norm output if return_layernorm_output.
     """
 
+    _WORKSPACE_NAMES = ("fc1_weight", "fc2_weight")  # TE's _fp8_workspaces keys
+
     _role_gemm_names = ("fc1", "fc2")  # CustomRecipe role names "<name>.fc1" (module/_custom.py)
 
     def __init__(

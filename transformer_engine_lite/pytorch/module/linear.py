@@ -70,7 +70,8 @@ class Linear(TransformerEngineBaseModule):
     parallel_mode: None, "column" or "row"; tp_group / tp_size: tensor-parallel group;
         sequence_parallel: sequence-sharded activations around the GEMM (see distributed.py).
     get_rng_state_tracker, rng_tracker_name: RNG tracker forked around weight initialization.
-    The forward accepts TE's is_first_microbatch (True: cast the weight to FP8 and cache the cast;
+    The forward accepts TE's is_first_microbatch (True: cast the weight to FP8 and cache the cast in
+    _fp8_workspaces["weight"], re-quantized in place on later first microbatches;
     False: reuse it, for the later microbatches of a gradient-accumulation step; None: no cache),
     fp8_output and fp8_grad (FP8 outputs: not supported).
     """

@@ -1,0 +1,138 @@
+"""TE's cached weight casts (`module._fp8_workspaces`, TE's quantize_weight in module/base.py):
+per module, name -> the weight quantized for the active recipe as TE's tensor type
+(Float8Tensor, MXFP8Tensor, Float8BlockwiseQTensor, NVFP4Tensor), kept across microbatches.
+
+When (TE's rules): a forward with is_first_microbatch True or False caches (None: no cache);
+True re-quantizes the cached tensor IN PLACE (quantize_: the data and scale_inv buffers keep
+their addresses, so anything captured against them, e.g. a CUDA graph, stays valid); False reuses
+it as it is (the weight must not have changed: TE's contract); a miss (no entry yet, or one that
+no longer fits: other format, shape, dtype, device, or a missing column-wise copy the backward
+needs) quantizes a new tensor and stores it. Keys: "weight" (Linear, LayerNormLinear,
+BasicLinear), "fc1_weight" / "fc2_weight" (LayerNormMLP), "weight{i}" (GroupedLinear).
+
+The GEMMs read the cached tensor as they read an FP8 weight parameter (module/_stored_operands.py:
+its bytes, or its copies dequantized exactly), so a cached step gives the bits of an uncached one.
+The block-scaled GEMM operands (the dequantized copies) are derived from the cached tensor once and
+kept on it, stamped with its buffers' identities and version counters, so any in-place write to
+the buffers (a refresh, a user's quantize_) makes the next GEMM derive them again.
+MXFP8 and NVFP4 workspaces hold GEMM-swizzled scales where TE's _enable_weight_preswizzle asks for
+them (MXFP8 always; NVFP4 for the shapes TE's fused kernels swizzle, as on the SM 100 GPUs this
+recipe is emulated as): the GEMM operands read the scales through _scale_grid, which unswizzles.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import TYPE_CHECKING, Any, NamedTuple
+
+import torch
+
+from ..quantization import nvfp4_quantizer
+from ..tensor import (
+    Float8BlockQuantizer,
+    Float8CurrentScalingQuantizer,
+    Float8Quantizer,
+    MXFP8Quantizer,
+    QuantizedTensor,
+    Quantizer,
+)
+
+if TYPE_CHECKING:
+    from ._autograd import GemmConfig
+
+
+class WeightCast(NamedTuple):
+    """What a forward's GEMM gets from the module's workspace cache: the cached quantized weight
+    and, when this forward (re)quantized it under delayed scaling, the weight's amax to record
+    (None otherwise: a reused cast records nothing new)."""
+
+    tensor: QuantizedTensor
+    amax: torch.Tensor | None
+
+
+def _quantizer(cfg: GemmConfig, w: torch.Tensor, scale: torch.Tensor) -> Quantizer:
+    """The weight quantizer of cfg, producing the bytes the uncached forward would make
+    (module/_autograd.py's casts: quantize_per_tensor, mx_dequantized, block_dequantized)."""
+    spec = cfg.weight
+    if cfg.mode == "delayed":
+        # the module's weight scale (a [1] view); a private amax: the forward records it
+        return Float8Quantizer(scale, torch.zeros(1, dtype=torch.float32, device=w.device),
+                               spec.dtype)
+    if cfg.mode == "current":
+        return Float8CurrentScalingQuantizer(spec.dtype, w.device, force_pow_2_scales=spec.pow2,
+                                             amax_epsilon=spec.eps)
+    if cfg.mode == "mxfp8":
+        q: Quantizer = MXFP8Quantizer(cfg.inp.dtype)  # the forward casts MXFP8 weights so
+        q.optimize_for_gemm = True  # TE's _enable_weight_preswizzle: always for MXFP8
+        return q
+    if spec.mode == "nvfp4":
+        q = nvfp4_quantizer(spec)
+        q.optimize_for_gemm = True  # TE: only where its fused kernels emit swizzled scales
+        q.optimize_for_gemm = q.emits_swizzled_scales_in_kernel(w.shape)
+        return q
+    return Float8BlockQuantizer(spec.dtype, rowwise=True, columnwise=True, amax_epsilon=spec.eps,
+                                force_pow_2_scales=spec.pow2, block_scaling_dim=spec.block_dim)
+
+
+def _fits(ws: Any, key: tuple, columnwise: bool) -> bool:
+    """TE's _is_weight_workspace_valid plus what TE's quantizer identity implies: the same cast
+    (recipe mode and specs) of a weight of the same dtype, shape and device; a block-scaled
+    workspace holds the column-wise copy when the backward needs it."""
+    if getattr(ws, "_te_lite_workspace_key", None) != key:
+        return False
+    if columnwise and hasattr(ws, "_columnwise_data") and ws._columnwise_data is None:
+        return False
+    return True
+
+
+@torch.no_grad()
+def get_weight_workspace(
+    workspaces: dict[str, QuantizedTensor],
+    name: str,
+    w: torch.Tensor,
+    cfg: GemmConfig,
+    scale: torch.Tensor,
+    update: bool,
+    columnwise: bool,
+) -> WeightCast:
+    """workspaces[name] for weight w under cfg: reused (update=False), re-quantized in place
+    (update=True) or created on a miss. scale: delayed scaling's weight scale ([1] view)."""
+    key = (cfg.mode, cfg.inp, cfg.weight, w.dtype, tuple(w.shape), w.device)
+    src = w.detach()
+    ws = workspaces.get(name)
+    if ws is not None and not _fits(ws, key, columnwise):
+        ws = None
+    delayed = cfg.mode == "delayed"
+    if ws is None:
+        q = _quantizer(cfg, w, scale)
+        # TE's usages: the column-wise copy only when the backward's dgrad needs it (a later
+        # microbatch that needs it finds the entry unfit and replaces it); they stay the
+        # workspace's own, so a refresh rewrites the copies it holds
+        q.set_usage(rowwise=True, columnwise=columnwise)
+        ws = q.quantize(src)
+        ws._te_lite_workspace_key = key
+        workspaces[name] = ws
+        return WeightCast(ws, q.amax.clone() if delayed else None)
+    if not update:
+        return WeightCast(ws, None)
+    q = ws._quantizer
+    if delayed:
+        q.scale = scale  # this forward's scale (a recompute's stashed one)
+        q.amax.zero_()  # Float8Quantizer folds a running max into amax: this cast's alone
+    ws.quantize_(src)
+    return WeightCast(ws, q.amax.clone() if delayed else None)
+
+
+def workspace_operands(ws: QuantizedTensor, cfg: GemmConfig, columnwise: bool,
+                       derive: Callable[[Any, GemmConfig, bool], Any]) -> Any:
+    """derive(ws, cfg, columnwise) (a module/_stored_operands.py reader), computed once per
+    content of ws: reused while ws's buffers are the same tensors, unwritten since."""
+    bufs = [getattr(ws, n) for n in ws._inner_names()]
+    stamp = (cfg.mode, cfg.inp, cfg.weight, columnwise,
+             tuple(None if t is None else (id(t), t.data_ptr(), t._version) for t in bufs))
+    memo = ws.__dict__.get("_te_lite_operands")
+    if memo is not None and memo[0] == stamp:
+        return memo[1]
+    out = derive(ws, cfg, columnwise)
+    ws.__dict__["_te_lite_operands"] = (stamp, out)
+    return out
