@@ -8,7 +8,10 @@ autocast exited) and the backward may run outside any autocast:
 - a module running delayed scaling stashes a copy of its forward scales in the forward
   (`stash_scales`) and quantizes with that copy in the recompute (`recompute_scales`), which also
   records no amax and marks nothing "ran" (the step was already counted);
-- autocasts opened inside the recompute restore state without running delayed-scaling updates.
+- autocasts opened inside the recompute restore state without running delayed-scaling updates;
+- checkpoints nest (DotProductAttention's checkpoint_core_attention inside te.checkpoint): an inner
+  forward that runs inside an outer recompute takes the outer forward's scales and records nothing.
+FP8 attention's delayed-scaling points follow the same rules (fp8_attention.py).
 `is_fp8_activation_recompute_enabled()` is true inside a checkpointed callable while FP8 is on;
 `in_fp8_activation_recompute_phase()` additionally only during the recompute.
 
@@ -66,14 +69,24 @@ def in_fp8_activation_recompute_phase() -> bool:
 
 
 def stash_scales(module: Any, scale: torch.Tensor) -> torch.Tensor:
-    """Forward-time scales of a delayed-scaling GEMM: in a checkpointed forward, a copy is kept
-    for the recompute; in the recompute, the copy is returned instead (see module docstring)."""
-    if not _regions:
+    """Forward-time scales of a delayed-scaling GEMM (or FP8 attention point): in a checkpointed
+    forward, a copy is kept for the recompute; in the recompute, the copy is returned instead
+    (see module docstring)."""
+    return _stash(len(_regions) - 1, module, scale)
+
+
+def _stash(level: int, module: Any, scale: torch.Tensor) -> torch.Tensor:
+    """stash_scales for the region at `level` of the stack. A region's forward keeps (and uses)
+    the scales its enclosing regions give: a checkpoint nested in another's recompute (e.g.
+    checkpoint_core_attention inside te.checkpoint) runs its forward in that recompute, with the
+    outer forward's scales, which its own recompute must then see again."""
+    if level < 0:
         return scale
-    region = _regions[-1]
+    region = _regions[level]
     if region.fifo:
         queue = _fifos.setdefault(module, deque())
         if not region.recompute:
+            scale = _stash(level - 1, module, scale)
             queue.append(scale.detach().clone())
             return scale
         if not queue:
@@ -94,13 +107,15 @@ def stash_scales(module: Any, scale: torch.Tensor) -> torch.Tensor:
             )
         region.cursor[key] = i + 1
         return stashed[i]
+    scale = _stash(level - 1, module, scale)
     region.stash.setdefault(key, []).append(scale.detach().clone())
     return scale
 
 
 def recomputing() -> bool:
-    """In the recompute phase of a checkpointed callable (FP8 or not): no amax is recorded."""
-    return bool(_regions) and _regions[-1].recompute
+    """In the recompute phase of a checkpointed callable (FP8 or not), or in a checkpointed
+    forward nested in one: no forward amax is recorded (the forward already did)."""
+    return any(region.recompute for region in _regions)
 
 
 @contextlib.contextmanager

@@ -44,6 +44,7 @@ from .cp_batch import (
 )
 from .cp_fp8 import fp8_cp_attention
 from .cp_layout import DenseLayout, ThdLayout, thd_a2a_perm
+from .fp8_attention import checkpoint_attention
 
 __all__ = [
     "CP_COMM_TYPES",
@@ -481,7 +482,5 @@ def forward_with_cp(
     if fp8 is not None:
         fp8.amax_group = dpa.cp_group
     if checkpoint_core_attention and torch.is_grad_enabled():
-        from torch.utils.checkpoint import checkpoint  # noqa: PLC0415
-
-        return checkpoint(run, q, k, v, bias, use_reentrant=False)
+        return checkpoint_attention(fp8, run, q, k, v, bias)
     return run(q, k, v, bias)

@@ -221,10 +221,10 @@ def fp8_cp_attention(q, k, v, fmt, causal, window, scale, comm_type, cp_group, c
     if plan.fp8_output:
         out = plan.output(out, dtype)
     else:
-        if plan.mode == "delayed" and plan.backward_fp8:
+        if plan.mode == "delayed" and plan.backward_fp8 and plan.records(True):
             with torch.no_grad():
                 plan.o.round_trip(out)
         out = _FP8Point.apply(None, plan.do, None, out)[0]
-    if plan.mode == "delayed":
+    if plan.mode == "delayed" and plan.records(True):  # not again in a recompute
         _reduce_row(plan, True)
     return out

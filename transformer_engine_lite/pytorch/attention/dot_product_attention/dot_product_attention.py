@@ -16,7 +16,6 @@ from collections.abc import Callable
 from typing import Any
 
 import torch
-from torch.utils.checkpoint import checkpoint
 
 from ...distributed import get_distributed_world_size
 from ...jit import no_torch_dynamo
@@ -29,7 +28,7 @@ from ..backends import (
     select_backend,
 )
 from ..inference import attention_inputs, check_inference_params
-from .fp8_attention import fp8_attention_plan
+from .fp8_attention import checkpoint_attention, fp8_attention_plan
 from ..inputs import (
     QKV_FORMATS,
     check_bias,
@@ -230,7 +229,8 @@ class DotProductAttention(TransformerEngineBaseModule):
         max_seqlen_*: thd only (default: computed from cu_seqlens, a host sync). Bias:
         core_attention_bias [1 or b, 1 or h, s_q, s_kv] in q's dtype for pre/post_scale_bias;
         alibi_slopes fp32 [h] or [b, h] for 'alibi' (None: TE's default slopes).
-        checkpoint_core_attention recomputes the attention in the backward.
+        checkpoint_core_attention recomputes the attention in the backward (FP8 attention
+        there with the forward's scales, fp8_attention.checkpoint_attention).
         cu_seqlens_q/kv_padded (thd): TE's offsets with padding between sequences (each
         sequence's real tokens first, then its padding; output rows of the padding are 0);
         pad_between_seqs (TE's hint: None = detect) is read off the offsets. fast_zero_fill: TE's
@@ -440,7 +440,7 @@ class DotProductAttention(TransformerEngineBaseModule):
             )
 
         if checkpoint_core_attention and torch.is_grad_enabled():
-            out = checkpoint(core, q, k, v, bias, slopes, use_reentrant=False)
+            out = checkpoint_attention(fp8, core, q, k, v, bias, slopes)
         else:
             out = core(q, k, v, bias, slopes)
         out = out if restore is None else restore(out)

@@ -25,6 +25,12 @@ Scales follow the recipe:
   together), TE's recipe QParams (power-of-two scales, amax epsilon) for forward and backward.
   TE's fused (cuDNN) path keeps delayed scaling for S and dP under this recipe; its unfused
   emulation (this one) scales them currently too. No state is kept.
+Activation recompute (checkpoint_core_attention, te.checkpoint, activation_recompute_forward):
+the recompute runs in the backward, after the autocast's update changed the delayed-scaling
+scales; the forward points then quantize with the scales the forward used (checkpoint.stash_scales,
+the mechanism of the modules' GEMMs) and record no amax again (checkpoint.recomputing), so the
+recompute is the forward's arithmetic bit for bit. Current scaling recomputes its scales from the
+same tensors.
 Other recipes raise NotImplementedError (TE's fused FP8 attention takes these two; MXFP8
 attention is TE main's newest addition and is not emulated here).
 
@@ -40,7 +46,9 @@ from dataclasses import dataclass
 from typing import Any
 
 import torch
+import torch.utils.checkpoint as torch_checkpoint
 
+from ...checkpoint import checkpoint, recomputing, stash_scales
 from ...constants import FP8BwdTensorIdx, FP8FwdTensorIdx
 from ...fp8 import FP8GlobalStateManager, get_fp8_torch_dtype
 from ...quantization import ops
@@ -53,6 +61,7 @@ __all__ = [
     "META_QKV",
     "META_S",
     "FP8AttentionPlan",
+    "checkpoint_attention",
     "fp8_attention_enabled",
     "fp8_attention_plan",
 ]
@@ -96,7 +105,7 @@ class _Point:
             data, a, scale_inv = te.quantize(x, scale, self.dtype)
             outs.append(te.dequantize(data, scale_inv, out_dtype or x.dtype))
             amaxes.append(a.reshape(1))
-        if plan.mode == "delayed":
+        if plan.mode == "delayed" and plan.records(self.forward):
             amax = torch.stack(amaxes).amax(0)
             plan.record(self.forward, self.slot, amax if self.local else plan.reduce_amax(amax))
         return tuple(outs)
@@ -166,7 +175,19 @@ class FP8AttentionPlan:
         self.dp = _Point(self, False, META_DP) if bwd else None
 
     def scale(self, forward: bool) -> torch.Tensor:
-        return self.module.fp8_meta_tensors(forward)[1]
+        """The module's delayed-scaling scales. Under activation recompute (checkpoint_core_
+        attention, te.checkpoint, activation_recompute_forward) the forward ones go through
+        checkpoint.stash_scales, as a Linear's do: the recompute, which runs after the
+        autocast's update changed them, quantizes with the scales the forward used."""
+        scale = self.module.fp8_meta_tensors(forward)[1]
+        return stash_scales(self.module, scale) if forward else scale
+
+    @staticmethod
+    def records(forward: bool) -> bool:
+        """Whether a point records its amax: not the forward points of a recompute (the
+        forward recorded them; a backward running inside activation_recompute_forward's
+        recompute phase records its own)."""
+        return not (forward and recomputing())
 
     def record(self, forward: bool, slot: int, amax: torch.Tensor) -> None:
         hist, _, ran = self.module.fp8_meta_tensors(forward)
@@ -272,3 +293,14 @@ def fp8_attention_plan(module: Any, owner: str) -> FP8AttentionPlan | None:
         backward_fp8=bwd == "1",
         qparams=qparams,
     )
+
+
+def checkpoint_attention(plan: FP8AttentionPlan | None, fn: Any, *args: Any) -> Any:
+    """checkpoint_core_attention's recompute of fn(*args) (non-reentrant: q, k, v may need no
+    gradient, only softmax_offset, say). Under FP8 attention te.checkpoint, TE's choice too: the
+    recompute quantizes with the forward's delayed-scaling scales and records no amax again
+    (FP8AttentionPlan.scale / records). Otherwise torch's: nothing to keep, and traceable by
+    torch.compile(fullgraph=True), which te.checkpoint's bookkeeping is not."""
+    if plan is None:
+        return torch_checkpoint.checkpoint(fn, *args, use_reentrant=False)
+    return checkpoint(fn, *args, use_reentrant=False)
