@@ -14,7 +14,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from .base import FFIOp
+from .base import FFIOp, custom_calls_enabled
 from .misc import (
     FP8_DTYPES,
     HIGH_PRECISION,
@@ -209,12 +209,25 @@ AmaxPrimitive = FFIOp(
 )
 
 
+class _AmaxReference:
+    """The amax reference as an op for the amax sharding rule (see calculate_amax)."""
+
+    @staticmethod
+    def ffi(x, **params):
+        return AmaxPrimitive.reference(x, **params)
+
+
 def calculate_amax(x, amax_scope=None, transpose_batch_sequence=False):
     """max|x| as float32 [1] (NaN propagates). Under sharding: with amax_scope None, the max over
     the whole tensor; with an AmaxScope, TE-JAX's: per shard (LOCAL), or max-reduced over the
     tpsp (TPSP, when x's sequence dim is sharded over it) or fsdp (FSDP) resource only."""
-    return AmaxPrimitive(x, amax_scope=amax_scope,
-                         transpose_batch_sequence=bool(transpose_batch_sequence))[0]
+    params = {"amax_scope": amax_scope, "transpose_batch_sequence": bool(transpose_batch_sequence)}
+    if amax_scope is not None and not custom_calls_enabled(AmaxPrimitive.name):
+        # The pure-JAX reference under the primitive's sharding rule, so that a scoped amax is
+        # per shard there too (plain jnp.max would be the whole tensor's under jit).
+        AmaxPrimitive.abstract(jax.ShapeDtypeStruct(x.shape, x.dtype), **params)
+        return AmaxPrimitive.partition.wrap(_AmaxReference, params, 1)(x)[0]
+    return AmaxPrimitive(x, **params)[0]
 
 
 def _scale_abstract(amax, *, fp8_dtype, epsilon, force_pow_2_scales):
