@@ -58,29 +58,40 @@ def rand(key, shape, dtype=F32, scale=1.0):
     return (scale * jax.random.normal(jax.random.PRNGKey(key), shape, F32)).astype(dtype)
 
 
-def assert_same(out, ref, what=""):
-    """FP8 / integer leaves bit-identical, float leaves within TOLS."""
-    lo, lr = jax.tree.leaves(out), jax.tree.leaves(ref)
+def assert_same(out, ref, what="", summed=None, shards=1):
+    """FP8 / integer leaves bit-identical, float leaves within TOLS.
+
+    summed(path) marks the norm weight gradients (dgamma / dbeta) of a step whose rows are split
+    over `shards` devices: each shard's float32 partial sum is rounded to the parameter dtype
+    before the all-reduce (TE-JAX's rule and volume), so a bf16 / fp16 result carries up to one
+    rounding per shard that the unsharded kernel does not (partials are of the order of the
+    largest element, more under cancellation): atol widens by `shards` units in the last place of
+    the largest reference element."""
+    lo = jax.tree_util.tree_leaves_with_path(out)
+    lr = jax.tree.leaves(ref)
     assert len(lo) == len(lr), f"{what}: {len(lo)} leaves, expected {len(lr)}"
-    for i, (o, r) in enumerate(zip(lo, lr)):
+    for i, ((path, o), r) in enumerate(zip(lo, lr)):
         o, r = np.asarray(o), np.asarray(r)
         name = f"{what}[{i}] {r.dtype} {r.shape}"
         assert o.shape == r.shape and o.dtype == r.dtype, f"{name}: got {o.dtype} {o.shape}"
         if r.dtype.name in TOLS:
             atol, rtol = TOLS[r.dtype.name]
+            if summed is not None and summed(jax.tree_util.keystr(path)) and r.itemsize < 4:
+                ulp = 2.0 ** -jnp.finfo(r.dtype).nmant * np.abs(r.astype(np.float64)).max()
+                atol = max(atol, shards * ulp)
             np.testing.assert_allclose(o.astype(np.float64), r.astype(np.float64), atol=atol,
                                        rtol=rtol, err_msg=name)
         else:  # FP8, integer, bool: the bytes
             np.testing.assert_array_equal(o.view(np.uint8), r.view(np.uint8), err_msg=name)
 
 
-def check(fn, args, specs, mesh, what=""):
+def check(fn, args, specs, mesh, what="", summed=None, shards=1):
     """fn(*args) jitted on one device vs on the inputs placed by `specs` (None: left as is)."""
     f = jax.jit(fn)
     ref = f(*args)
     sharded = [a if s is None else put(mesh, a, s) for a, s in zip(args, specs)]
     out = f(*sharded)
-    assert_same(out, ref, what)
+    assert_same(out, ref, what, summed, shards)
     return f, sharded
 
 
@@ -125,8 +136,10 @@ def test_norm(mesh_name, spec, norm, fp8):
     x = rand(1, (8, 16, 64), BF16).at[0, 3].mul(30.0)
     gamma, beta = rand(2, (64,), BF16, 0.5) + 1, rand(3, (64,), BF16, 0.1)
     dz = rand(4, (8, 16, 64), BF16)
+    # results: the forward's, then (dx, dgamma[, dbeta]): paths "[1][1]" and "[1][2]"
+    shards = int(np.prod([mesh.shape[a] for a in spec]))
     f, args = check(_norm_case(norm, fp8), (x, gamma, beta, dz), (spec, None, None, spec), mesh,
-                    norm)
+                    norm, lambda path: path in ("[1][1]", "[1][2]"), shards)
     if mesh_name == "dp" and not fp8:
         gathers = all_gathers(f, args)
         assert not gathers, f"{norm} fwd+bwd on P('dp'): all-gathers {gathers}"
@@ -287,7 +300,8 @@ def test_functional(name, mesh_name, recipe):
         ps = {k: put(mesh, v, specs[k]) for k, v in p.items()}
         out = f(ps, qsets)
         new_qsets = out[1][1]
-        assert_same(out, ref, f"{name} {recipe} on {mesh_name}")
+        assert_same(out, ref, f"{name} {recipe} on {mesh_name}",
+                    lambda path: "'gamma'" in path or "'beta'" in path, mesh.shape.get("dp", 1))
         if recipe == "delayed":  # the new fp8_metas: amax reduced across the mesh
             leaves = [np.asarray(v) for v in jax.tree.leaves(new_qsets)]
             assert any(v.shape != (1,) and v.max() > 0 for v in leaves), "no amax recorded"
@@ -369,7 +383,8 @@ def test_flax_layernorm_mlp(recipe):
     assert_same(v, v_ref, "init")
     wi = v["params"]["wi_kernel"]
     assert getattr(wi, "value", wi).sharding.spec == P(None, None, "tp"), "wi_kernel not TP-sharded"
-    assert_same(out, out_ref, f"LayerNormMLP {recipe}")
+    assert_same(out, out_ref, f"LayerNormMLP {recipe}",
+                lambda path: "'scale'" in path or "'ln_bias'" in path, mesh.shape.get("dp", 1))
 
 
 @pytest.mark.parametrize("act", [("gelu",), ("gelu", "linear")])

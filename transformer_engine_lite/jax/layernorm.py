@@ -23,9 +23,12 @@ def canonicalize_norm_type(norm_type: str) -> str:
     return n
 
 
-def norm_fwd(x, gamma, beta, norm_type, zero_centered_gamma, epsilon, quantizer, flatten_axis=-1):
+def norm_fwd(x, gamma, beta, norm_type, zero_centered_gamma, epsilon, quantizer, flatten_axis=-1,
+             amax_scope=None):
     """(z, mu, rsigma): z high precision, or quantized by `quantizer` (delayed scaling: fused into
-    the norm kernel, amax fed to the quantizer's update; other recipes: quantized after)."""
+    the norm kernel, amax fed to the quantizer's update; other recipes: quantized after).
+    amax_scope: where current scaling takes its amax under sharding (tex.AmaxScope, TE-JAX's
+    rule; None: over the whole tensor)."""
     if norm_type == "layernorm" and beta is None:
         beta = jnp.zeros_like(gamma)
     g = gamma.astype(x.dtype) if gamma.dtype != x.dtype else gamma
@@ -39,7 +42,10 @@ def norm_fwd(x, gamma, beta, norm_type, zero_centered_gamma, epsilon, quantizer,
         return quantizer._wrap(t, None, None), mu, rs
     z, mu, rs, _, _ = tex.normalization_fwd(x, g, b, norm_type, epsilon, zero_centered_gamma)
     if quantizer is not None:
-        z = quantizer.quantize(z, flatten_axis=flatten_axis, dq_dtype=x.dtype)
+        scoped = {}
+        if amax_scope is not None and quantizer.scaling_mode == ScalingMode.CURRENT_TENSOR_SCALING:
+            scoped = {"amax_scope": amax_scope}
+        z = quantizer.quantize(z, flatten_axis=flatten_axis, dq_dtype=x.dtype, **scoped)
     return z, mu, rs
 
 
@@ -71,7 +77,10 @@ def _layernorm(x, gamma, beta, norm_type, zero_centered_gamma, epsilon, quantize
 
 
 def _fwd(x, gamma, beta, norm_type, zero_centered_gamma, epsilon, quantizer):
-    z, mu, rs = norm_fwd(x, gamma, beta, norm_type, zero_centered_gamma, epsilon, quantizer)
+    # TE-JAX's layernorm takes a current-scaling amax per shard (normalization_fwd's default
+    # AmaxScope.LOCAL): no collective, each shard quantizes with its own scale.
+    z, mu, rs = norm_fwd(x, gamma, beta, norm_type, zero_centered_gamma, epsilon, quantizer,
+                         amax_scope=tex.AmaxScope.LOCAL)
     if quantizer is not None:
         z = z.dequantize(x.dtype)
     return z, (x, mu, rs, gamma, beta, quantizer)

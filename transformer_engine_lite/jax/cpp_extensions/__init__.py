@@ -41,6 +41,7 @@ from .normalization import (  # noqa: F401
     rmsnorm_fwd,
 )
 from .nvfp4 import dequantize_nvfp4, quantize_nvfp4  # noqa: F401
+from .amax import AmaxScope  # noqa: F401
 from .quantization import (  # noqa: F401
     _jax_quantize_scaled,
     calculate_amax,

@@ -110,10 +110,19 @@ def _attrs(params):
     return {k: v for k, v in params.items() if k != "out_dtype"}
 
 
+def _fwd_amax_axes(params, resource, mesh, x_spec):
+    """TE-JAX's fused-FP8 (delayed scaling) norm: the amax max-reduced over every mesh axis but
+    the pipeline one (all_reduce_max_along_all_axes_except_PP)."""
+    del params, x_spec
+    pp = getattr(resource, "pp_resource", None)
+    return tuple(a for a in mesh.axis_names if a != pp)
+
+
 LayerNormFwdPrimitive = FFIOp(
     "NormFwdPrimitive", "te_lite_layernorm_fwd_ffi", _ln_fwd_abstract, _ln_fwd_ref,
     attrs=_attrs, row_args=(0,), reducing_results=(3,),
-    partition=RowRule(("x", "rep", "rep", "rep"), ("x", "row", "row", "amax", "rep")),
+    partition=RowRule(("x", "rep", "rep", "rep"), ("x", "row", "row", "amax", "rep"),
+                      amax_axes=_fwd_amax_axes),
 )
 
 
@@ -171,7 +180,9 @@ def _jax_ln_bwd(dz, x, mu, rsigma, gamma, zero_centered_gamma):
 LayerNormBwdPrimitive = FFIOp(
     "NormBwdPrimitive", "te_lite_layernorm_bwd_ffi", _ln_bwd_abstract, _jax_ln_bwd,
     row_args=(0, 1, 2, 3), reducing_results=(1, 2),
-    partition=RowRule(("x", "x", "row", "row", "rep"), ("x", "sum", "sum"), f32_args=(4,)),
+    # dgamma / dbeta: TE-JAX's all-reduce (partitioning.RowRule te_sum), float32 partial sums.
+    partition=RowRule(("x", "x", "row", "row", "rep"), ("x", "sum", "sum"), f32_args=(4,),
+                      te_sum=True),
 )
 
 
@@ -196,7 +207,7 @@ def _rms_fwd_ref(x, gamma, scale, eps, zero_centered_gamma, out_dtype):
 RMSNormFwdPrimitive = FFIOp(
     "RMSNormFwdPrimitive", "te_lite_rmsnorm_fwd_ffi", _rms_fwd_abstract, _rms_fwd_ref,
     attrs=_attrs, row_args=(0,), reducing_results=(2,),
-    partition=RowRule(("x", "rep", "rep"), ("x", "row", "amax", "rep")),
+    partition=RowRule(("x", "rep", "rep"), ("x", "row", "amax", "rep"), amax_axes=_fwd_amax_axes),
 )
 
 
@@ -240,7 +251,7 @@ def _jax_rms_bwd(dz, x, rsigma, gamma, zero_centered_gamma):
 RMSNormBwdPrimitive = FFIOp(
     "RMSNormBwdPrimitive", "te_lite_rmsnorm_bwd_ffi", _rms_bwd_abstract, _jax_rms_bwd,
     row_args=(0, 1, 2), reducing_results=(1,),
-    partition=RowRule(("x", "x", "row", "rep"), ("x", "sum"), f32_args=(3,)),
+    partition=RowRule(("x", "x", "row", "rep"), ("x", "sum"), f32_args=(3,), te_sum=True),
 )
 
 

@@ -5,8 +5,8 @@ Two rule families cover every handler:
   leading dims of the token arguments keep their sharding, the trailing `trailing` dims (the hidden
   / feature dims the kernel reduces or mixes over) are gathered, weights and scalars are replicated.
   Results that reduce over rows are combined across the mesh axes that shard the rows: `amax` with a
-  max (TE: all_reduce_max_along_all_axes_except_PP), `sum` (dgamma, dbeta) with a sum (TE:
-  all_reduce_sum_along_dp_fsdp).
+  max (or over the axes an op names: TE's all_reduce_max_along_all_axes_except_PP, AmaxScope),
+  `sum` (dgamma, dbeta) with a sum (the norms: TE's all_reduce_sum_along_dp_fsdp_tpsp, `te_sum`).
 - `GemmRule` for D = op(lhs) @ op(rhs): M dims follow lhs, N dims follow rhs, a sharded contracting
   dim is kept sharded on both sides and the partial products are summed (row-parallel TP; TE psums
   the GEMM output over the TP axis), with bias and GELU applied after the sum.
@@ -115,12 +115,24 @@ class RowRule:
         "x" tensor one dim shorter or longer than argument 0 lacks / has an extra dim -2 (gated
         activations: [..., 2, I] in, [..., I] out, the pair dim gathered, I kept sharded).
     f32_args: arguments cast to float32 on a sharded run (the weight whose dtype the "sum" results
-        take: gamma of a norm backward), so that the partial sums are float32 and the sum over
-        the shards is rounded once, as the unsharded kernel's is; results keep their dtypes.
+        take: gamma of a norm backward), so that each shard's partial sum is float32 and is
+        rounded once, to the result's dtype, before the all-reduce.
+    te_sum: the "sum" results are all-reduced as TE-JAX's norm backward does
+        (all_reduce_sum_along_dp_fsdp_tpsp): in the result's (parameter) dtype, over the mesh's
+        dp, fsdp and tpsp resources as well as the axes sharding the rows, so a TE user sees TE's
+        collective (one all-reduce of [H] in the parameter dtype) also where x is replicated
+        over such an axis. There only the copy at index 0 of the axis contributes (the others add
+        zeros): summing the replicas as TE does would count the gradient once per replica.
+    amax_axes: `(params, resource, mesh, x_spec) -> axes` for the "amax" results, in place of the
+        row axes (TE's per-recipe amax reductions: all axes but pp for delayed scaling, the
+        AmaxScope of current scaling); resource is the MeshResource active at lowering or None.
     """
 
     def __init__(self, arg_roles: Sequence[str], result_roles: Sequence[str], trailing: int = 1,
-                 f32_args: Sequence[int] = (), gather: Sequence[int] = (), row_block: int = 1):
+                 f32_args: Sequence[int] = (), gather: Sequence[int] = (), row_block: int = 1,
+                 te_sum: bool = False, amax_axes=None):
+        self.te_sum = te_sum
+        self.amax_axes = amax_axes
         self.gather = tuple(gather)
         self.row_block = row_block
         self.arg_roles = tuple(arg_roles)
@@ -206,12 +218,24 @@ class RowRule:
         return f"{lhs} -> {rhs}"
 
     # -- custom_partitioning
+    def _sum_axes(self, resource, mesh, axes) -> tuple[tuple[str, ...], tuple[str, ...]]:
+        """(axes the "sum" results are all-reduced over, those of them replicating x)."""
+        if not self.te_sum or resource is None:
+            return axes, ()
+        te = [getattr(resource, f) for f in ("tpsp_resource", "dp_resource", "fsdp_resource")]
+        extra = tuple(a for a in te if a is not None and a in mesh.axis_names and a not in axes)
+        return tuple(axes) + extra, extra
+
     def wrap(self, op, params: dict, nargs: int):
+        from ..sharding import _GLOBAL_MESH_RESOURCE
+
         def impl(*args):
             return op.ffi(*args, **params)
 
         cp = custom_partitioning(impl)
         context = lowering_mesh()
+        # The MeshResource of the lowering's context: partition() may run after it is left.
+        resource = _GLOBAL_MESH_RESOURCE[0]
 
         def infer(mesh, arg_shapes, result_shape):
             mesh, arg_shapes = named_shapes(mesh, arg_shapes, context)
@@ -220,17 +244,28 @@ class RowRule:
         def partition(mesh, arg_shapes, result_shape):
             mesh, arg_shapes = named_shapes(mesh, arg_shapes, context)
             args, results, axes = self.shardings(mesh, arg_shapes, result_shape)
+            sum_axes, replicated = self._sum_axes(resource, mesh, axes)
+            amax_axes = axes
+            if self.amax_axes is not None:
+                amax_axes = tuple(self.amax_axes(params, resource, mesh,
+                                                 spec_of(arg_shapes[0], len(arg_shapes[0].shape))))
 
             def lower(*local):
-                if axes and "sum" in self.result_roles:
+                if sum_axes and "sum" in self.result_roles:
                     local = [a.astype(jnp.float32) if i in self.f32_args else a
                              for i, a in enumerate(local)]
                 outs = list(op.ffi(*local, **params))
                 for i, role in enumerate(self.result_roles):
-                    if axes and role == "amax":
-                        outs[i] = jax.lax.pmax(outs[i], axes)
-                    elif axes and role == "sum":
-                        outs[i] = jax.lax.psum(outs[i], axes)
+                    if amax_axes and role == "amax" and outs[i].size:
+                        outs[i] = jax.lax.pmax(outs[i], amax_axes)
+                    elif sum_axes and role == "sum":
+                        # Rounded to the result's dtype before the all-reduce (TE's volume).
+                        part = outs[i].astype(result_shape[i].dtype)
+                        if replicated:
+                            first = jnp.logical_and.reduce(jnp.stack(
+                                [jax.lax.axis_index(a) == 0 for a in replicated]))
+                            part = jnp.where(first, part, jnp.zeros_like(part))
+                        outs[i] = jax.lax.psum(part, sum_axes)
                     elif axes and role == "gather0" and outs[i].size:
                         outs[i] = jax.lax.all_gather(outs[i], axes, axis=0, tiled=True)
                     outs[i] = outs[i].astype(result_shape[i].dtype)

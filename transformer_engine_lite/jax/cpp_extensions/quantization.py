@@ -14,7 +14,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from .base import FFIOp
+from .base import FFIOp, custom_calls_enabled
 from .misc import (
     FP8_DTYPES,
     HIGH_PRECISION,
@@ -26,7 +26,8 @@ from .misc import (
     fp8_dtype_of,
     fp8_max,
 )
-from .partitioning import RowRule
+from .amax import AmaxScope
+from .partitioning import RowRule, mesh_axes_of
 
 __all__ = [
     "MX_BLOCK",
@@ -181,22 +182,52 @@ def dequantize(data, scale_inv, out_dtype=jnp.float32):
     return out
 
 
-def _amax_abstract(x):
+def _amax_abstract(x, *, amax_scope=None, transpose_batch_sequence=False):
+    del transpose_batch_sequence
     check_dtype("compute_amax", "x", x.dtype, HIGH_PRECISION)
+    if amax_scope is not None and not isinstance(amax_scope, AmaxScope):
+        raise ValueError(f"calculate_amax: argument 'amax_scope': expected an AmaxScope or None, "
+                         f"got {amax_scope!r}")
     return (_sds((1,), _F32),)
+
+
+def _amax_axes(params, resource, mesh, x_spec):
+    """No scope: the max over the whole tensor (the axes sharding x); else the scope's axes."""
+    scope = params.get("amax_scope")
+    if scope is None:
+        return mesh_axes_of(x_spec)
+    axes = scope.axes(resource, x_spec, params.get("transpose_batch_sequence", False))
+    return tuple(a for a in axes if a in mesh.axis_names)
 
 
 AmaxPrimitive = FFIOp(
     "AmaxCalculationPrimitive", "te_lite_compute_amax_ffi", _amax_abstract,
-    lambda x: (jnp.max(jnp.abs(x.astype(_F32))).reshape(1) if x.size else jnp.zeros((1,), _F32),),
-    reducing_results=(0,),
-    partition=RowRule(("x",), ("amax",), trailing=0),
+    lambda x, **_: (jnp.max(jnp.abs(x.astype(_F32))).reshape(1) if x.size
+                    else jnp.zeros((1,), _F32),),
+    attrs=lambda params: {}, reducing_results=(0,),
+    partition=RowRule(("x",), ("amax",), trailing=0, amax_axes=_amax_axes),
 )
 
 
-def calculate_amax(x):
-    """max|x| as float32 [1] (NaN propagates); across the mesh under sharding."""
-    return AmaxPrimitive(x)[0]
+class _AmaxReference:
+    """The amax reference as an op for the amax sharding rule (see calculate_amax)."""
+
+    @staticmethod
+    def ffi(x, **params):
+        return AmaxPrimitive.reference(x, **params)
+
+
+def calculate_amax(x, amax_scope=None, transpose_batch_sequence=False):
+    """max|x| as float32 [1] (NaN propagates). Under sharding: with amax_scope None, the max over
+    the whole tensor; with an AmaxScope, TE-JAX's: per shard (LOCAL), or max-reduced over the
+    tpsp (TPSP, when x's sequence dim is sharded over it) or fsdp (FSDP) resource only."""
+    params = {"amax_scope": amax_scope, "transpose_batch_sequence": bool(transpose_batch_sequence)}
+    if amax_scope is not None and not custom_calls_enabled(AmaxPrimitive.name):
+        # The pure-JAX reference under the primitive's sharding rule, so that a scoped amax is
+        # per shard there too (plain jnp.max would be the whole tensor's under jit).
+        AmaxPrimitive.abstract(jax.ShapeDtypeStruct(x.shape, x.dtype), **params)
+        return AmaxPrimitive.partition.wrap(_AmaxReference, params, 1)(x)[0]
+    return AmaxPrimitive(x, **params)[0]
 
 
 def _scale_abstract(amax, *, fp8_dtype, epsilon, force_pow_2_scales):

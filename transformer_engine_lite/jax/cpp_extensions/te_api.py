@@ -23,6 +23,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
+from .amax import AmaxScope
 from .base import reference_mode
 
 _F32 = jnp.float32
@@ -70,14 +71,18 @@ def _dbias(x, dtype, flatten_axis, op):
 def quantize_te(x, quantizer, flatten_axis=-1, amax_scope=None, transpose_batch_sequence=False):
     """x (array or NoScaleTensor) quantized by `quantizer` (NoScaleTensor for None).
 
-    amax_scope / transpose_batch_sequence only steer TE's cross-device amax reduction: a sharded
-    current-scaling quantize here reduces amax over the whole tensor whatever they say (the
-    partitioning rule of the amax primitive), so they select nothing and are accepted as given."""
-    del amax_scope, transpose_batch_sequence
+    amax_scope / transpose_batch_sequence steer a sharded current-scaling amax as in TE (an
+    AmaxScope: see calculate_amax); left None, the amax is the whole tensor's (one scale, as
+    unsharded). Other recipes take no amax here (TE ignores them there too)."""
+    from ..quantize.scaling_modes import ScalingMode
+
     _check_quantizer("quantize", quantizer)
     x = _unwrap(x)
     if quantizer is None:
         return _no_scale(x)
+    if quantizer.scaling_mode == ScalingMode.CURRENT_TENSOR_SCALING and amax_scope is not None:
+        return quantizer.quantize(x, flatten_axis=flatten_axis, amax_scope=amax_scope,
+                                  transpose_batch_sequence=bool(transpose_batch_sequence))
     return quantizer.quantize(x, flatten_axis=flatten_axis)
 
 
@@ -206,7 +211,8 @@ def is_norm_zero_centered_gamma_in_weight_dtype(scaling_mode) -> bool:
     return False
 
 
-def _norm_te(kind, x, gamma, beta, zero_centered_gamma, epsilon, quantizer):
+def _norm_te(kind, x, gamma, beta, zero_centered_gamma, epsilon, quantizer, amax_scope=None,
+             transpose_batch_sequence=False):
     """(output, mu or None, rsigma) through the handlers."""
     from ..quantize.scaling_modes import ScalingMode
     from ..quantize.tensor import ScaledTensor1x
@@ -230,30 +236,35 @@ def _norm_te(kind, x, gamma, beta, zero_centered_gamma, epsilon, quantizer):
         return _no_scale(z), mu, rs
     # Other recipes: the float32 norm output is quantized (no rounding to x's dtype between).
     z, mu, rs, _, _ = run(np.dtype(np.float32))
-    return quantizer.quantize(z, dq_dtype=x.dtype, flatten_axis=-1), mu, rs
+    scoped = {}
+    if quantizer.scaling_mode == ScalingMode.CURRENT_TENSOR_SCALING:
+        # TE-JAX takes the current-scaling amax of a norm output as its AmaxScope says.
+        scoped = {"amax_scope": amax_scope, "transpose_batch_sequence": transpose_batch_sequence}
+    return quantizer.quantize(z, dq_dtype=x.dtype, flatten_axis=-1, **scoped), mu, rs
 
 
 def layernorm_fwd_te(x, gamma, beta, zero_centered_gamma, epsilon, quantizer=None,
-                     amax_scope=None, transpose_batch_sequence=False,
+                     amax_scope=AmaxScope.LOCAL, transpose_batch_sequence=False,
                      output_amax_when_no_scaling=False):
-    del amax_scope, transpose_batch_sequence
+    """amax_scope / transpose_batch_sequence: where a current-scaling amax is reduced (TE's
+    defaults: LOCAL here, TPSP for rmsnorm_fwd)."""
     if output_amax_when_no_scaling:
         raise NotImplementedError("layernorm_fwd: output_amax_when_no_scaling=True is not "
                                   "implemented by transformer_engine_lite")
     if beta is None:
         beta = jnp.zeros_like(gamma)
     return _norm_te("layernorm", x, gamma, beta, bool(zero_centered_gamma), float(epsilon),
-                    quantizer)
+                    quantizer, amax_scope, bool(transpose_batch_sequence))
 
 
-def rmsnorm_fwd_te(x, gamma, zero_centered_gamma, epsilon, quantizer=None, amax_scope=None,
-                   transpose_batch_sequence=False, output_amax_when_no_scaling=False):
-    del amax_scope, transpose_batch_sequence
+def rmsnorm_fwd_te(x, gamma, zero_centered_gamma, epsilon, quantizer=None,
+                   amax_scope=AmaxScope.TPSP, transpose_batch_sequence=False,
+                   output_amax_when_no_scaling=False):
     if output_amax_when_no_scaling:
         raise NotImplementedError("rmsnorm_fwd: output_amax_when_no_scaling=True is not "
                                   "implemented by transformer_engine_lite")
     out, _, rs = _norm_te("rmsnorm", x, gamma, None, bool(zero_centered_gamma), float(epsilon),
-                          quantizer)
+                          quantizer, amax_scope, bool(transpose_batch_sequence))
     return out, rs
 
 

@@ -115,15 +115,19 @@ class CurrentScaleQuantizer(Quantizer):
     power_2_scale: bool = False
     amax_epsilon: float = 0.0
 
-    def _scale(self, x):
-        amax = tex.calculate_amax(x)
+    def _scale(self, x, amax_scope=None, transpose_batch_sequence=False):
+        amax = tex.calculate_amax(x, amax_scope, transpose_batch_sequence)
         scale, _ = tex.compute_scale_from_amax(amax, self.q_dtype, self.amax_epsilon,
                                                self.power_2_scale)
         return scale
 
-    def quantize(self, x, is_rowwise=None, is_colwise=None, dq_dtype=None, flatten_axis=-1):
+    def quantize(self, x, is_rowwise=None, is_colwise=None, dq_dtype=None, flatten_axis=-1,
+                 amax_scope=None, transpose_batch_sequence=False):
+        """amax_scope (an AmaxScope) takes the amax as TE-JAX's scoped reduction does (LOCAL: each
+        shard its own); None: over the whole tensor."""
         del flatten_axis
-        q, amax, scale_inv = tex.quantize(x, self._scale(x), self.q_dtype)
+        scale = self._scale(x, amax_scope, transpose_batch_sequence)
+        q, amax, scale_inv = tex.quantize(x, scale, self.q_dtype)
         t = ScaledTensor1x(q, scale_inv, self.scaling_mode, dq_dtype or x.dtype, False, amax)
         return self._wrap(t, is_rowwise, is_colwise)
 
