@@ -23,7 +23,9 @@ namespace {
 // Logits of one row, x = scale s + bias, masked to the kept range [lo, hi) with -inf, written back
 // over s; returns the row max. W-lane vectors of the clone (NVTE_CPU_DISPATCH_LANES); the bias add
 // and the mask are compiled in or out per row (a row that keeps all 64 columns, every row of a tile
-// below the causal diagonal, needs no mask; `x + 0` would change no bits: s is never -0).
+// below the causal diagonal, needs no mask). Without bias the former `x + 0` is gone: it changed only
+// a -0 logit (scale s underflowing from below) into +0, and a zero's sign reaches no output but the
+// sign of an LSE that is exactly 0; every clone drops it alike.
 template <int W, bool kBias, bool kMask>
 NVTE_CPU_KERNEL float logits_row(float *s, const float *bias, float scale, int lo, int hi) {
   using V = typename Lanes<W>::f;
