@@ -17,6 +17,7 @@
 #include <vector>
 
 #include "../platform/cpu_isa.h"
+#include "../platform/cpu_lanes.h"
 #include "../platform/cpu_tile_gemm.h"
 #include "../platform/host_device.h"
 #include "../util/half.h"
@@ -33,50 +34,11 @@ constexpr float kNegInf = -std::numeric_limits<float>::infinity();
 // load takes a fault-suppression microcode assist: 3x slower than the GEMMs around it.)
 alignas(64) inline constexpr float kZeroRow[kBlockKV] = {};
 
-// 16-lane vectors (GCC vector extensions: portable, lowered per ISA clone).
-using tile::v16f;
-typedef int32_t v16i __attribute__((vector_size(64)));
-constexpr v16i kLane = {0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15};
-
-// Max and sum of 16 lanes as fixed trees (lanes i and i + 8, then + 4, + 2, + 1): the same order
-// in every ISA clone, a 4-deep dependency chain instead of 16, and no trip through memory (the
-// halves are register shuffles).
-using tile::v4f;
-using tile::v8f;
-NVTE_CPU_KERNEL float hmax16(const v16f &v) {
-  const v8f a = __builtin_shufflevector(v, v, 0, 1, 2, 3, 4, 5, 6, 7);
-  const v8f b = __builtin_shufflevector(v, v, 8, 9, 10, 11, 12, 13, 14, 15);
-  const v8f m8 = b > a ? b : a;
-  const v4f c = __builtin_shufflevector(m8, m8, 0, 1, 2, 3);
-  const v4f d = __builtin_shufflevector(m8, m8, 4, 5, 6, 7);
-  const v4f m4 = d > c ? d : c;
-  const float x0 = m4[2] > m4[0] ? m4[2] : m4[0], x1 = m4[3] > m4[1] ? m4[3] : m4[1];
-  return x1 > x0 ? x1 : x0;
-}
-NVTE_CPU_KERNEL float hsum16(const v16f &v) {
-  const v8f s8 = __builtin_shufflevector(v, v, 0, 1, 2, 3, 4, 5, 6, 7) +
-                 __builtin_shufflevector(v, v, 8, 9, 10, 11, 12, 13, 14, 15);
-  const v4f s4 = __builtin_shufflevector(s8, s8, 0, 1, 2, 3) +
-                 __builtin_shufflevector(s8, s8, 4, 5, 6, 7);
-  return (s4[0] + s4[2]) + (s4[1] + s4[3]);
-}
-
-// x where lo <= idx < hi, else -inf, in integer arithmetic on the lanes: GCC 12 lowers vector
-// comparisons of int lanes (and `?:` on them) for AVX-512 lane by lane, with a test and a branch or
-// cmov per lane; that was the hottest code of the forward. Here the sign bits of idx - lo and
-// hi - 1 - idx say whether a lane is outside, spread over the lane by an arithmetic shift.
-// Lanes are columns c0 .. c0 + 15. Vectors pass by reference: a 64-byte vector argument or return
-// value changes the ABI between the AVX-512 and the other clones (-Wpsabi).
-NVTE_CPU_KERNEL void mask_outside(v16f &x, int c0, int lo, int hi) {
-  const v16i idx = kLane + c0;
-  const v16i keep = ~(((idx - lo) | ((hi - 1) - idx)) >> 31);  // all ones inside, zero outside
-  v16i xb, ninf;
-  const v16f ninf_f = kNegInf - v16f{};
-  std::memcpy(&xb, &x, sizeof(xb));
-  std::memcpy(&ninf, &ninf_f, sizeof(ninf));
-  xb = (xb & keep) | (ninf & ~keep);
-  std::memcpy(&x, &xb, sizeof(x));
-}
+// The softmax on the clone's native vectors (platform/cpu_lanes.h, NVTE_CPU_DISPATCH_LANES).
+using lanes::hmax_group;
+using lanes::hsum_group;
+using lanes::Lanes;
+using lanes::mask_outside;
 
 inline int64_t round_up(int64_t x, int64_t m) { return (x + m - 1) / m * m; }
 inline int64_t ceil_div(int64_t x, int64_t m) { return (x + m - 1) / m; }
@@ -175,6 +137,25 @@ void pack_b_rows_as_columns(E *dst, int kpad, const T *src, const int64_t *row_o
 template <typename E, typename T>
 void pack_b_rows_as_k(E *dst, int kpad, const T *src, const int64_t *row_off, int n, int cols) {
   const int64_t panels = ceil_div(cols, tile::kPanel);
+  if constexpr (std::is_same<E, float>::value) {
+    // fp32 panels are row-major [kpad][64]: each source row converts into contiguous runs
+    // (vectorized), and only the padding is zeroed (a full block has none).
+    for (int64_t p = 0; p < panels; ++p) {
+      const int c0 = static_cast<int>(p) * tile::kPanel;
+      const int w = std::min(tile::kPanel, cols - c0);
+      float *panel = dst + p * kpad * tile::kPanel;
+      for (int kk = 0; kk < n; ++kk) {
+        const T *s = src + row_off[kk] + c0;
+        float *d = panel + static_cast<size_t>(kk) * tile::kPanel;
+        for (int c = 0; c < w; ++c) d[c] = Compute<E>::load(s[c]);
+        if (w < tile::kPanel) std::memset(d + w, 0, sizeof(float) * (tile::kPanel - w));
+      }
+      if (n < kpad)
+        std::memset(panel + static_cast<size_t>(n) * tile::kPanel, 0,
+                    sizeof(float) * (kpad - n) * tile::kPanel);
+    }
+    return;
+  }
   std::memset(dst, 0, sizeof(E) * kpad * tile::kPanel * panels);
   for (int kk = 0; kk < n; ++kk) {
     const T *s = src + row_off[kk];

@@ -5,6 +5,7 @@
 // no S x S matrix exists at any point.
 #include <algorithm>
 #include <cmath>
+#include <memory>
 #include <vector>
 
 #include "../util/dtype_dispatch.h"
@@ -19,6 +20,36 @@ namespace flash_cpu {
 
 namespace {
 
+// Logits of one row, x = scale s + bias, masked to the kept range [lo, hi) with -inf, written back
+// over s; returns the row max. W-lane vectors of the clone (NVTE_CPU_DISPATCH_LANES); the bias add
+// and the mask are compiled in or out per row (a row that keeps all 64 columns, every row of a tile
+// below the causal diagonal, needs no mask). Without bias the former `x + 0` is gone: it changed only
+// a -0 logit (scale s underflowing from below) into +0, and a zero's sign reaches no output but the
+// sign of an LSE that is exactly 0; every clone drops it alike.
+template <int W, bool kBias, bool kMask>
+NVTE_CPU_KERNEL float logits_row(float *s, const float *bias, float scale, int lo, int hi) {
+  using V = typename Lanes<W>::f;
+  constexpr int kG = 16 / W;  // native vectors per 16-lane group
+  V gmax[kG];
+  for (int u = 0; u < kG; ++u) gmax[u] = kNegInf - V{};
+  for (int c16 = 0; c16 < kBlockKV; c16 += 16)
+    for (int u = 0; u < kG; ++u) {
+      const int c0 = c16 + u * W;
+      V x;
+      std::memcpy(&x, s + c0, sizeof(x));
+      x = x * scale;
+      if constexpr (kBias) {
+        V bv;
+        std::memcpy(&bv, bias + c0, sizeof(bv));
+        x = x + bv;
+      }
+      if constexpr (kMask) mask_outside<W>(x, c0, lo, hi);
+      std::memcpy(s + c0, &x, sizeof(x));
+      gmax[u] = x > gmax[u] ? x : gmax[u];
+    }
+  return hmax_group<W>(gmax);
+}
+
 // Online-softmax step of a tile, in three passes so that nothing runs scalar per element:
 //  1. per row: logits x = scale s + bias, masked to the kept range [a[r], b[r]) (relative to j0) with
 //     -inf, and the block's row max;
@@ -26,28 +57,27 @@ namespace {
 //     factor that rescales the output accumulator and the running sum;
 //  3. per row: e = exp(x - m_new), its sum into l, P = e (x dropout keep-scale) in the compute type,
 //     and the accumulator row rescaled by corr.
-// Reductions are fixed trees over 16 lanes (util: hmax16/hsum16), so the result does not depend on
-// the ISA clone. A row whose logits are all masked (or -inf) keeps m, l and its accumulator, and
+// Reductions are fixed trees over 16 lanes (hmax_group/hsum_group), so the result does not depend
+// on the ISA clone. A row whose logits are all masked (or -inf) keeps m, l and its accumulator, and
 // gets P = 0.
-template <typename E>
+template <int W, typename E>
 NVTE_CPU_KERNEL void softmax_step(int rows, float *S, const float *bias, const int *a, const int *b,
                                   float scale, const float *keep, float *m, float *l, float *mx,
                                   float *corr, E *P, float *O, int ldo, int dv) {
+  using V = typename Lanes<W>::f;
+  constexpr int kG = 16 / W;
   for (int r = 0; r < rows; ++r) {
     float *s = S + r * kBlockKV;
-    const float *bb = bias ? bias + r * kBlockKV : kZeroRow;
     const int lo = a[r], hi = b[r];
-    v16f mx16 = kNegInf - v16f{};
-    for (int c0 = 0; c0 < kBlockKV; c0 += 16) {
-      v16f x, bv;
-      std::memcpy(&x, s + c0, sizeof(x));
-      std::memcpy(&bv, bb + c0, sizeof(bv));
-      x = x * scale + bv;
-      mask_outside(x, c0, lo, hi);
-      std::memcpy(s + c0, &x, sizeof(x));
-      mx16 = x > mx16 ? x : mx16;
+    const bool mask = lo > 0 || hi < kBlockKV;
+    if (bias) {
+      const float *bb = bias + r * kBlockKV;
+      mx[r] = mask ? logits_row<W, true, true>(s, bb, scale, lo, hi)
+                   : logits_row<W, true, false>(s, bb, scale, lo, hi);
+    } else {
+      mx[r] = mask ? logits_row<W, false, true>(s, nullptr, scale, lo, hi)
+                   : logits_row<W, false, false>(s, nullptr, scale, lo, hi);
     }
-    mx[r] = hmax16(mx16);
   }
   for (int r = 0; r < rows; ++r) {  // vectorized across rows
     const float m_new = mx[r] > m[r] ? mx[r] : m[r];
@@ -63,20 +93,29 @@ NVTE_CPU_KERNEL void softmax_step(int rows, float *S, const float *bias, const i
       for (int c = 0; c < kBlockKV; ++c) pr[c] = Compute<E>::from_f32(0.0f);
       continue;
     }
-    for (int c = 0; c < kBlockKV; ++c) s[c] = exp_softmax_f32(s[c] - m_new);  // masked: 0
-    v16f sum16 = v16f{};
-    for (int c0 = 0; c0 < kBlockKV; c0 += 16) {
-      v16f e;
-      std::memcpy(&e, s + c0, sizeof(e));
-      sum16 += e;
+    // e = exp(x - m_new), straight into P where P is fp32 and nothing is dropped (no copy), else
+    // over the logits for the conversion. A plain loop: GCC vectorizes exp_softmax_f32 at each
+    // clone's width (an explicit vector exp with FMA as inline assembly measured 1-2% slower).
+    float *e = s;
+    if constexpr (std::is_same<E, float>::value) {
+      if (!keep) e = pr;
     }
+    for (int c = 0; c < kBlockKV; ++c) e[c] = exp_softmax_f32(s[c] - m_new);  // masked: 0
+    V gsum[kG];
+    for (int u = 0; u < kG; ++u) gsum[u] = V{};
+    for (int c16 = 0; c16 < kBlockKV; c16 += 16)
+      for (int u = 0; u < kG; ++u) {
+        V x;
+        std::memcpy(&x, e + c16 + u * W, sizeof(x));
+        gsum[u] += x;
+      }
     if (keep) {
       const float *kr = keep + r * kBlockKV;
-      for (int c = 0; c < kBlockKV; ++c) pr[c] = Compute<E>::from_f32(s[c] * kr[c]);
-    } else {
-      for (int c = 0; c < kBlockKV; ++c) pr[c] = Compute<E>::from_f32(s[c]);
+      for (int c = 0; c < kBlockKV; ++c) pr[c] = Compute<E>::from_f32(e[c] * kr[c]);
+    } else if constexpr (!std::is_same<E, float>::value) {
+      for (int c = 0; c < kBlockKV; ++c) pr[c] = Compute<E>::from_f32(e[c]);
     }
-    l[r] = l[r] * corr[r] + hsum16(sum16);
+    l[r] = l[r] * corr[r] + hsum_group<W>(gsum);
     m[r] = m_new;
     if (corr[r] != 1.0f) {
       float *o = O + static_cast<size_t>(r) * ldo;
@@ -92,16 +131,18 @@ struct PackedKV {
   int64_t kpad = 0, k_block = 0, v_block = 0;
   std::vector<int64_t> first_block;  // per sequence: index of its first block (x h_kv heads)
   std::vector<int64_t> nblocks;      // per sequence
-  std::vector<E> k, v;
+  // Not value-initialized (std::vector would zero ~the size of K and V first): every block is
+  // written in full by the packing, padding included.
+  std::unique_ptr<E[]> k, v;
 
   int64_t block_index(const AttnParams &p, int64_t bi, int64_t g) const {
     return first_block[bi] * p.h_kv + g * nblocks[bi];
   }
   const E *k_at(const AttnParams &p, int64_t bi, int64_t g, int64_t blk) const {
-    return k.data() + (block_index(p, bi, g) + blk) * k_block;
+    return k.get() + (block_index(p, bi, g) + blk) * k_block;
   }
   const E *v_at(const AttnParams &p, int64_t bi, int64_t g, int64_t blk) const {
-    return v.data() + (block_index(p, bi, g) + blk) * v_block;
+    return v.get() + (block_index(p, bi, g) + blk) * v_block;
   }
 };
 
@@ -119,8 +160,8 @@ PackedKV<E> pack_kv(const AttnParams &p) {
     kv.nblocks[bi] = ceil_div(p.len_kv(bi), kBlockKV);
     total += kv.nblocks[bi];
   }
-  kv.k.resize(static_cast<size_t>(total * p.h_kv * kv.k_block));
-  kv.v.resize(static_cast<size_t>(total * p.h_kv * kv.v_block));
+  kv.k.reset(new E[static_cast<size_t>(total * p.h_kv * kv.k_block)]);
+  kv.v.reset(new E[static_cast<size_t>(total * p.h_kv * kv.v_block)]);
   const T *K = static_cast<const T *>(p.k);
   const T *V = static_cast<const T *>(p.v);
   parallel_for(static_cast<size_t>(p.b * p.h_kv), 1, [&](size_t begin, size_t end) {
@@ -133,9 +174,9 @@ PackedKV<E> pack_kv(const AttnParams &p) {
         token_offsets_kv(p, p.sk_, bi, g, blk * kBlockKV, n, koff);
         token_offsets_kv(p, p.sv_, bi, g, blk * kBlockKV, n, voff);
         const int64_t idx = kv.block_index(p, bi, g) + blk;
-        pack_b_rows_as_columns<E, T>(kv.k.data() + idx * kv.k_block, static_cast<int>(kv.kpad), K,
+        pack_b_rows_as_columns<E, T>(kv.k.get() + idx * kv.k_block, static_cast<int>(kv.kpad), K,
                                      koff, n, static_cast<int>(p.d_qk));
-        pack_b_rows_as_k<E, T>(kv.v.data() + idx * kv.v_block, kBlockKV, V, voff, n,
+        pack_b_rows_as_k<E, T>(kv.v.get() + idx * kv.v_block, kBlockKV, V, voff, n,
                                static_cast<int>(p.d_v));
       }
     }
@@ -198,10 +239,11 @@ void fwd(const AttnParams &p) {
         const bool hb = has_bias && load_bias_tile<T>(p, tk.bi, tk.hi, tk.q0, rows, j0, sq, skv,
                                                       bias.data());
         if (p.dropout > 0) dropout_tile(p, tk.bi, tk.hi, tk.q0, rows, j0, keep.data());
-        NVTE_CPU_DISPATCH(softmax_step<E>(rows, S.data(), hb ? bias.data() : nullptr, a, b,
-                                          p.scale, p.dropout > 0 ? keep.data() : nullptr, m, l,
-                                          mx, corr, pbuf.data(), acc.data(), ldo,
-                                          static_cast<int>(p.d_v)));
+        NVTE_CPU_DISPATCH_LANES(
+            L, softmax_step<decltype(L)::value, E>(
+                   rows, S.data(), hb ? bias.data() : nullptr, a, b, p.scale,
+                   p.dropout > 0 ? keep.data() : nullptr, m, l, mx, corr, pbuf.data(), acc.data(),
+                   ldo, static_cast<int>(p.d_v)));
         Compute<E>::gemm(rows, static_cast<int>(p.d_v), kBlockKV, pbuf.data(), kBlockKV,
                          kv.v_at(p, tk.bi, g, blk), static_cast<size_t>(kBlockKV * tile::kPanel),
                          acc.data(), ldo, true);

@@ -10,7 +10,14 @@
 //   NVTE_CPU_DISPATCH(add_row(acc, v, n));           // or: x = NVTE_CPU_DISPATCH(sum_row(v, n));
 // The expression is wrapped in an always-inline lambda and instantiated in three functions compiled
 // for the three targets; inlining puts the loop inside each, so each is vectorized for its ISA.
+// Kernels written on explicit vectors (GCC vector extensions) take the clone's native width instead:
+//   NVTE_CPU_DISPATCH_LANES(L, kernel<decltype(L)::value>(args));
+// passes L = std::integral_constant<int, 16 / 8 / 4> (fp32 lanes of a zmm / ymm / xmm register) to
+// the v4 / v3 / baseline clone. A vector wider than the clone's registers is split by GCC through
+// the stack (a 16-lane vector in AVX2 code ran 4x slower than two 8-lane ones).
 #pragma once
+
+#include <type_traits>
 
 namespace nvte {
 
@@ -88,15 +95,41 @@ inline auto run(F f) {
   if (isa >= CpuIsa::kAvx2) return run_v3(f);
   return run_v1(f);
 }
+template <class F>
+__attribute__((target("arch=x86-64-v4"))) auto lanes_v4(F &f) {
+  return f(std::integral_constant<int, 16>{});
+}
+template <class F>
+__attribute__((target("arch=x86-64-v3"))) auto lanes_v3(F &f) {
+  return f(std::integral_constant<int, 8>{});
+}
+template <class F>
+auto lanes_v1(F &f) {
+  return f(std::integral_constant<int, 4>{});
+}
+template <class F>
+inline auto run_lanes(F f) {
+  const CpuIsa isa = cpu_isa_level();
+  if (isa >= CpuIsa::kAvx512Core) return lanes_v4(f);
+  if (isa >= CpuIsa::kAvx2) return lanes_v3(f);
+  return lanes_v1(f);
+}
 }  // namespace cpu_dispatch
 }  // namespace nvte
 
 #define NVTE_CPU_DISPATCH(...) \
   ::nvte::cpu_dispatch::run([&]() __attribute__((always_inline)) { return __VA_ARGS__; })
+#define NVTE_CPU_DISPATCH_LANES(L, ...)                                    \
+  ::nvte::cpu_dispatch::run_lanes([&](auto L) __attribute__((always_inline)) { \
+    return __VA_ARGS__;                                                    \
+  })
 
 #else  // other compilers / architectures: one plain version
 
 #define NVTE_CPU_KERNEL inline
 #define NVTE_CPU_DISPATCH(...) (__VA_ARGS__)
+// One generic build: 4 lanes (16-byte vectors: SSE2, NEON).
+#define NVTE_CPU_DISPATCH_LANES(L, ...) \
+  ([&](auto L) { return __VA_ARGS__; }(std::integral_constant<int, 4>{}))
 
 #endif
