@@ -177,4 +177,8 @@ def test_flax_transformer_layer(recipe):
     assert "tp" in tuple(getattr(wi, "value", wi).sharding.spec), "wi_kernel not TP-sharded"
     # the loss sums 8192 bf16 outputs; partial sums rounded once per shard move it by ~1e-3
     np.testing.assert_allclose(float(out[0]), float(out_ref[0]), rtol=2e-3)
-    assert_same(out[1], out_ref[1], f"TransformerLayer {recipe} gradients")
+    # The LayerNorm weight gradients (ln_bias, scale) are dp-sharded row sums rounded to bf16 per
+    # shard before the all-reduce (TE-JAX's rule, test_distributed.assert_same): 2 dp shards.
+    norm_grad = lambda path: path.endswith(("['ln_bias'].value", "['scale'].value"))
+    assert_same(out[1], out_ref[1], f"TransformerLayer {recipe} gradients", norm_grad,
+                mesh.shape["dp"])
