@@ -195,12 +195,14 @@ def _worker(rank: int, world: int, init_file: str, out_dir: str) -> None:
         dist.destroy_process_group()
 
 
-def _spawn(world: int):
+def _spawn(world: int, worker=_worker):
+    """worker(rank, world, init_file, out_dir) in `world` forked processes, each saving
+    out_dir/rank{r}.pt: the ranks' results (the other context-parallel test files pass theirs)."""
     with tempfile.TemporaryDirectory() as d:
         # fork: the workers inherit the imported torch / library (an import costs seconds on a
         # busy 2-core runner); this runs before the parent computes anything (no OpenMP pool yet).
         mp.start_processes(
-            _worker,
+            worker,
             args=(world, os.path.join(d, "pg"), d),
             nprocs=world,
             join=True,

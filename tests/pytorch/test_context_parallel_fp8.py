@@ -11,14 +11,12 @@ scale, hence every FP8 byte, equals one process's: output, dq / dk / dv, the Flo
 from __future__ import annotations
 
 import os
-import tempfile
 import zlib
 
 import pytest
 import torch
 import torch.distributed as dist
-import torch.multiprocessing as mp
-from test_context_parallel import _shard
+from test_context_parallel import _shard, _spawn
 
 import transformer_engine_lite.pytorch as te
 from transformer_engine_lite.common.recipe import DelayedScaling, Float8CurrentScaling
@@ -79,13 +77,7 @@ def _worker(rank: int, world: int, init_file: str, out_dir: str) -> None:
 
 @pytest.fixture(scope="module")
 def cp_results():
-    out = {}
-    for world in (2, 4):
-        with tempfile.TemporaryDirectory() as d:
-            mp.start_processes(_worker, args=(world, os.path.join(d, "pg"), d), nprocs=world,
-                               join=True, start_method="fork")  # fmt: skip
-            out[world] = [torch.load(os.path.join(d, f"rank{r}.pt")) for r in range(world)]
-    return out
+    return {world: _spawn(world, _worker) for world in (2, 4)}
 
 
 @pytest.mark.parametrize("world", [2, 4])

@@ -25,14 +25,12 @@ element one FP8 step away (leaving out either per-step cast makes 19-29% of the 
 from __future__ import annotations
 
 import os
-import tempfile
 import zlib
 
 import pytest
 import torch
 import torch.distributed as dist
-import torch.multiprocessing as mp
-from test_context_parallel import _groups, _shard
+from test_context_parallel import _groups, _shard, _spawn
 from utils import assert_close, assert_fp8_close, emulate_cast
 
 import transformer_engine_lite.pytorch as te
@@ -120,13 +118,7 @@ def _worker(rank: int, world: int, init_file: str, out_dir: str) -> None:
 
 @pytest.fixture(scope="module")
 def cp_results():
-    out = {}
-    for world in (2, 4):
-        with tempfile.TemporaryDirectory() as d:
-            mp.start_processes(_worker, args=(world, os.path.join(d, "pg"), d), nprocs=world,
-                               join=True, start_method="fork")  # fmt: skip
-            out[world] = [torch.load(os.path.join(d, f"rank{r}.pt")) for r in range(world)]
-    return out
+    return {world: _spawn(world, _worker) for world in (2, 4)}
 
 
 def _reference(case, q, k, v, dout):

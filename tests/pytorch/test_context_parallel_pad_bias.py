@@ -17,8 +17,7 @@ import zlib
 import pytest
 import torch
 import torch.distributed as dist
-import torch.multiprocessing as mp
-from test_context_parallel import _groups, _shard
+from test_context_parallel import _groups, _shard, _spawn
 from utils import assert_close
 
 import transformer_engine_lite.pytorch as te
@@ -124,13 +123,7 @@ def _worker(rank: int, world: int, init_file: str, out_dir: str) -> None:
 
 @pytest.fixture(scope="module")
 def cp_results():
-    out = {}
-    for world in (2, 4):
-        with tempfile.TemporaryDirectory() as d:
-            mp.start_processes(_worker, args=(world, os.path.join(d, "pg"), d), nprocs=world,
-                               join=True, start_method="fork")  # fmt: skip
-            out[world] = [torch.load(os.path.join(d, f"rank{r}.pt")) for r in range(world)]
-    return out
+    return {world: _spawn(world, _worker) for world in (2, 4)}
 
 
 @pytest.mark.parametrize("world", [2, 4])
