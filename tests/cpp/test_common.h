@@ -20,6 +20,22 @@ namespace test {
 
 // ------------------------------------------------------------------ independent conversions
 inline uint32_t fbits(float f) { uint32_t u; std::memcpy(&u, &f, 4); return u; }
+
+// got == want bit for bit, NaN matching any NaN (payloads are the device's); the first 3
+// differences in the message.
+inline ::testing::AssertionResult same_float_bits(const std::vector<float> &got,
+                                                  const std::vector<float> &want) {
+  size_t bad = 0;
+  std::string first;
+  for (size_t i = 0; i < want.size(); ++i) {
+    const bool ok = (std::isnan(got[i]) && std::isnan(want[i])) || fbits(got[i]) == fbits(want[i]);
+    if (!ok && bad++ < 3)
+      first += " [" + std::to_string(i) + "] got " + std::to_string(got[i]) + " want " +
+               std::to_string(want[i]);
+  }
+  if (bad == 0) return ::testing::AssertionSuccess();
+  return ::testing::AssertionFailure() << bad << " of " << want.size() << " differ:" << first;
+}
 inline float bitsf(uint32_t u) { float f; std::memcpy(&f, &u, 4); return f; }
 
 // bf16 <-> float. Round to nearest even done on the double value with an explicit tie rule.

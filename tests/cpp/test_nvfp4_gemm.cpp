@@ -17,6 +17,7 @@
 namespace {
 
 using test::TestTensor;
+using test::same_float_bits;
 
 constexpr double kE2M1[16] = {0.0,  0.5,  1.0,  1.5,  2.0,  3.0,  4.0,  6.0,
                               -0.0, -0.5, -1.0, -1.5, -2.0, -3.0, -4.0, -6.0};
@@ -87,21 +88,6 @@ Operand random_operand(std::mt19937 &rng, size_t rows, size_t k, bool any_scale)
   return o;
 }
 
-::testing::AssertionResult same_bits(const std::vector<float> &got,
-                                     const std::vector<float> &want) {
-  size_t bad = 0;
-  std::string first;
-  for (size_t i = 0; i < want.size(); ++i) {
-    const bool ok = (std::isnan(got[i]) && std::isnan(want[i])) ||
-                    test::fbits(got[i]) == test::fbits(want[i]);
-    if (!ok && bad++ < 3)
-      first += " [" + std::to_string(i) + "] got " + std::to_string(got[i]) + " want " +
-               std::to_string(want[i]);
-  }
-  if (bad == 0) return ::testing::AssertionSuccess();
-  return ::testing::AssertionFailure() << bad << " of " << want.size() << " differ:" << first;
-}
-
 std::vector<float> run(const Operand &b, const Operand &a, bool padded = true) {
   TestTensor tb = to_tensor(b, padded), ta = to_tensor(a, !padded);
   TestTensor d({b.rows, a.rows}, kNVTEFloat32);
@@ -126,7 +112,7 @@ TEST_P(Nvfp4BlockGemm, RandomMatchesOracle) {
   for (bool any_scale : {false, true}) {
     const Operand b = random_operand(rng, c.m, c.k, any_scale);
     const Operand a = random_operand(rng, c.n, c.k, any_scale);
-    EXPECT_TRUE(same_bits(run(b, a, any_scale), oracle(b, a))) << "any_scale " << any_scale;
+    EXPECT_TRUE(same_float_bits(run(b, a, any_scale), oracle(b, a))) << "any_scale " << any_scale;
   }
 }
 
@@ -160,7 +146,7 @@ TEST(Nvfp4BlockGemmEdges, ExtremeTermsAndCancellation) {
   b.scales[1 * 6 + 3] = 0x00;  // row 1 block 3: zero scale
   b.scales[2 * 6 + 4] = 0xFF;  // row 2 block 4: NaN scale
   for (size_t j = 0; j < 16; ++j) b.codes[1 * k + j] = 8;  // row 1 block 0: -0 codes
-  EXPECT_TRUE(same_bits(run(b, a), oracle(b, a)));
+  EXPECT_TRUE(same_float_bits(run(b, a), oracle(b, a)));
 }
 
 TEST(Nvfp4BlockGemmEdges, EmptyOperands) {
@@ -169,7 +155,7 @@ TEST(Nvfp4BlockGemmEdges, EmptyOperands) {
   for (const Case &c : {Case{3, 5, 0}, Case{0, 5, 32}, Case{4, 0, 32}}) {
     const Operand b = random_operand(rng, c.m, c.k, false);
     const Operand a = random_operand(rng, c.n, c.k, false);
-    EXPECT_TRUE(same_bits(run(b, a), std::vector<float>(c.m * c.n, 0.0f)));
+    EXPECT_TRUE(same_float_bits(run(b, a), std::vector<float>(c.m * c.n, 0.0f)));
   }
 }
 

@@ -2,9 +2,9 @@
 // K order) against the CPU kernel, bit for bit (NaN matches NaN). The CPU kernel is pinned to an
 // independent scalar oracle at every CPU level by tests/cpp/test_nvfp4_gemm.cpp; equal bits here
 // prove the tensor core's block sums exact and the K order kept. Shapes cover output-tile tails
-// (128 x 128 tiles), K tails (a partial last 16-block, a partial last 64-K stage), rows that are not
-// 16-byte aligned (K not a multiple of 32: the byte-wise staging path), several stages, padded and
-// unpadded scale grids, every E4M3 scale byte (NaN, zero, subnormal, negative), extreme terms,
+// (128 x 128 tiles), K tails (a partial last 16-block, a partial last 64-K stage), rows that are
+// not 16-byte aligned (K not a multiple of 32: the byte-wise staging path), several stages,
+// padded and unpadded scale grids, every E4M3 scale byte (NaN, zero, subnormal, negative), extreme terms,
 // K = 0 and empty outputs. Skipped without a GPU device.
 #include <cstring>
 #include <random>
@@ -18,6 +18,7 @@ namespace {
 
 using test::GpuTensor;
 using test::TestTensor;
+using test::same_float_bits;
 
 size_t up(size_t a, size_t m) { return (a + m - 1) / m * m; }
 
@@ -45,21 +46,6 @@ std::vector<float> values(TestTensor &d) {
   return out;
 }
 
-::testing::AssertionResult same_bits(const std::vector<float> &got,
-                                     const std::vector<float> &want) {
-  size_t bad = 0;
-  std::string first;
-  for (size_t i = 0; i < want.size(); ++i) {
-    const bool ok = (std::isnan(got[i]) && std::isnan(want[i])) ||
-                    test::fbits(got[i]) == test::fbits(want[i]);
-    if (!ok && bad++ < 3)
-      first += " [" + std::to_string(i) + "] gpu " + std::to_string(got[i]) + " cpu " +
-               std::to_string(want[i]);
-  }
-  if (bad == 0) return ::testing::AssertionSuccess();
-  return ::testing::AssertionFailure() << bad << " of " << want.size() << " differ:" << first;
-}
-
 // The GEMM on both devices; the GPU's output starts as garbage (every element must be written).
 ::testing::AssertionResult gpu_equals_cpu(const TestTensor &b, const TestTensor &a, size_t m,
                                           size_t n) {
@@ -71,7 +57,7 @@ std::vector<float> values(TestTensor &d) {
   if (nvte_nvfp4_block_gemm(gb, ga, gd, nullptr) != NVTE_SUCCESS)
     return ::testing::AssertionFailure() << "GPU: " << nvte_get_last_error();
   gd.download_all(d_gpu);
-  return same_bits(values(d_gpu), values(d_cpu));
+  return same_float_bits(values(d_gpu), values(d_cpu));
 }
 
 struct Case {
