@@ -4,8 +4,8 @@
 // prove the tensor core's block sums exact and the K order kept. Shapes cover output-tile tails
 // (128 x 128 tiles), K tails (a partial last 16-block, a partial last 64-K stage), rows that are
 // not 16-byte aligned (K not a multiple of 32: the byte-wise staging path), several stages,
-// padded and unpadded scale grids, every E4M3 scale byte (NaN, zero, subnormal, negative), extreme terms,
-// K = 0 and empty outputs. Skipped without a GPU device.
+// padded and unpadded scale grids, every E4M3 scale byte (NaN, zero, subnormal, negative),
+// extreme terms, K = 0 and empty outputs. Skipped without a GPU device.
 #include <cstring>
 #include <random>
 #include <string>
