@@ -93,6 +93,20 @@ def f32(v: float) -> torch.Tensor:
     return torch.tensor([v], dtype=torch.float32)
 
 
+def fp8_operand(shape, dtype=torch.float8_e4m3fn, seed=0) -> tuple[torch.Tensor, torch.Tensor]:
+    """Random FP8 bytes of `shape` (per-tensor scale 4) and their scale_inv (op test inputs)."""
+    q, _, scale_inv = ops.quantize(randn(*shape, seed=seed), f32(4.0), dtype)
+    return q, scale_inv
+
+
+def mxfp8_operand(shape, columnwise: bool) -> tuple[torch.Tensor, torch.Tensor]:
+    """Random MXFP8 bytes of `shape` and their E8M0 scales, rowwise or columnwise."""
+    row, row_s, col, col_s = ops.quantize_mxfp8(
+        randn(*shape), torch.float8_e4m3fn, not columnwise, columnwise
+    )
+    return (col, col_s) if columnwise else (row, row_s)
+
+
 def _has_fp8_input(args: tuple) -> bool:
     return any(isinstance(a, torch.Tensor) and a.dtype in FP8 for a in args)
 
