@@ -280,3 +280,246 @@ def test_gemm_reads_the_cached_tensor(recipe):
     y, dx = _step(cached, rec, x, False)
     y_ref, dx_ref = _step(plain, rec, x, None)
     assert torch.equal(y, y_ref) and torch.equal(dx, dx_ref)
+
+
+# ----------------------------------------------------------------- single grouped weight
+def _single(monkeypatch, seed=0, **kw):
+    monkeypatch.setenv("NVTE_GROUPED_LINEAR_SINGLE_PARAM", "1")
+    torch.manual_seed(seed)
+    with pytest.warns(UserWarning, match="experimental"):
+        return te.GroupedLinear(3, HIDDEN, FFN, params_dtype=BF16, single_grouped_weight=True,
+                                **kw)
+
+
+def _grouped_bufs(ws):
+    names = ("rowwise_data", "columnwise_data", "scale_inv", "columnwise_scale_inv", "amax")
+    return {n: getattr(ws, n) for n in names if getattr(ws, n) is not None}
+
+
+def _call3(m, x, first):
+    return m(x, [16, 32, x.shape[0] - 48], is_first_microbatch=first)
+
+
+def _step3(m, rec, x, first):
+    x = x.detach().clone().requires_grad_(True)
+    with te.autocast(recipe=rec):
+        y = _call3(m, x, first)
+    y.float().square().sum().backward()
+    return y.detach(), x.grad
+
+
+@pytest.mark.parametrize("recipe", list(RECIPES))
+def test_single_grouped_weight_caches_one_grouped_tensor(monkeypatch, recipe):
+    """TE's key "weight": one GroupedTensor for all experts (its members: the recipe's tensor
+    type); a refresh after a weight update rewrites its buffers in place (same addresses, new
+    bytes), a reuse leaves them as they are."""
+    from transformer_engine_lite.pytorch.tensor import GroupedTensor
+
+    rec = RECIPES[recipe]()
+    m = _single(monkeypatch)
+    x = torch.randn(64, HIDDEN, dtype=BF16)
+    _step3(m, rec, x, None)
+    assert m._fp8_workspaces == {}
+    _step3(m, rec, x, True)
+    assert list(m._fp8_workspaces) == ["weight"]
+    ws = m._fp8_workspaces["weight"]
+    assert isinstance(ws, GroupedTensor) and ws.num_tensors == 3
+    assert all(type(t) is TENSOR_TYPE[recipe] for t in ws.quantized_tensors)
+    before = {n: (t.data_ptr(), t.clone()) for n, t in _grouped_bufs(ws).items()}
+    with torch.no_grad():
+        m.weight.mul_(0.5).add_(0.03)
+    _step3(m, rec, x, False)  # reuse: the old bytes stay
+    assert m._fp8_workspaces["weight"] is ws
+    for n, t in _grouped_bufs(ws).items():
+        assert torch.equal(t, before[n][1]), n
+    _step3(m, rec, x, True)  # refresh: in place
+    assert m._fp8_workspaces["weight"] is ws
+    after = _grouped_bufs(ws)
+    assert {n: t.data_ptr() for n, t in after.items()} == {n: p for n, (p, _) in before.items()}
+    assert not torch.equal(after["rowwise_data"], before["rowwise_data"][1])
+
+
+@pytest.mark.parametrize("recipe", list(RECIPES))
+def test_single_grouped_weight_cached_equals_uncached(monkeypatch, recipe):
+    """Each expert's member holds exactly its own cast (delayed scaling: its own scale): outputs
+    and gradients of cached microbatches equal uncached ones bit for bit."""
+    rec = RECIPES[recipe]()
+    cached, plain = _single(monkeypatch), _single(monkeypatch)
+    xs = [torch.randn(64, HIDDEN, dtype=BF16) for _ in range(3)]
+    outs = {}
+    for tag, m in (("cached", cached), ("plain", plain)):
+        with te.autocast(recipe=rec):
+            outs[tag] = [_step3(m, rec, x, (i == 0) if tag == "cached" else None)
+                         for i, x in enumerate(xs)]
+    for i, ((y, dx), (y_ref, dx_ref)) in enumerate(zip(outs["cached"], outs["plain"])):
+        assert torch.equal(y, y_ref) and torch.equal(dx, dx_ref), f"microbatch {i}"
+    assert torch.equal(cached.weight.grad, plain.weight.grad)
+
+
+def test_single_grouped_fp8_primary_weight_is_not_cached(monkeypatch):
+    """TE: a primary FP8 grouped weight bypasses the workspace (no "weight" entry)."""
+    with te.quantized_model_init(enabled=True, recipe=RECIPES["mxfp8"]()):
+        m = _single(monkeypatch)
+    _step3(m, RECIPES["mxfp8"](), torch.randn(64, HIDDEN, dtype=BF16), True)
+    assert m._fp8_workspaces == {}
+
+
+# ----------------------------------------------------------------- CustomRecipe / hybrid
+def _hybrid_factory(role):
+    """Weights and inputs: HybridQuantizer (MXFP8 row-wise, FP8 current scaling column-wise);
+    grads: FP8 E5M2 current scaling (each GEMM's operands share a format)."""
+    from transformer_engine_lite.pytorch.tensor import (
+        Float8CurrentScalingQuantizer,
+        HybridQuantizer,
+        MXFP8Quantizer,
+    )
+
+    e4m3, e5m2 = te.DType.kFloat8E4M3, te.DType.kFloat8E5M2
+    if role is not None and role.tensor_type in ("input", "weight"):
+        return HybridQuantizer(rowwise_quantizer=MXFP8Quantizer(e4m3),
+                               columnwise_quantizer=Float8CurrentScalingQuantizer(e4m3))
+    if role is not None and role.tensor_type == "grad_output":
+        return Float8CurrentScalingQuantizer(e5m2)
+    return MXFP8Quantizer(e4m3)
+
+
+def _ref_factory(role):
+    """Custom (reference) quantizers in every slot: their GEMMs run the reference qgemm."""
+    from transformer_engine_lite.pytorch.custom_recipes.reference_current_scaling import (
+        CurrentScalingQuantizerRef,
+    )
+
+    grad = role is not None and role.tensor_type == "grad_output"
+    return CurrentScalingQuantizerRef(torch.float8_e5m2 if grad else torch.float8_e4m3fn)
+
+
+@pytest.mark.parametrize("module", ["Linear", "LayerNormMLP", "GroupedLinear"])
+def test_hybrid_weight_is_cached_refreshed_in_place_and_exact(module):
+    """TE's quantize_weight with a HybridQuantizer: a HybridQuantizedTensor per weight key,
+    refreshed in place (each direction's buffers keep their addresses), and cached microbatches
+    equal uncached ones bit for bit."""
+    from transformer_engine_lite.common.recipe import CustomRecipe
+    from transformer_engine_lite.pytorch.tensor import HybridQuantizedTensor
+
+    rec = CustomRecipe(qfactory=_hybrid_factory)
+    cached, plain = _build(module), _build(module)
+    xs = [torch.randn(32, HIDDEN, dtype=BF16) for _ in range(3)]
+    ys = []
+    for i, x in enumerate(xs):
+        ys.append((_step(cached, rec, x, i == 0), _step(plain, rec, x, None)))
+    assert sorted(cached._fp8_workspaces) == sorted(MODULES[module][1])
+    for ws in cached._fp8_workspaces.values():
+        assert type(ws) is HybridQuantizedTensor
+        assert ws._rowwise_storage is not None and ws._columnwise_storage is not None
+    for i, ((y, dx), (y_ref, dx_ref)) in enumerate(ys):
+        assert torch.equal(y, y_ref) and torch.equal(dx, dx_ref), f"microbatch {i}"
+    for (n, p), (_, q) in zip(cached.named_parameters(), plain.named_parameters()):
+        assert torch.equal(p.grad, q.grad), n
+    before = _snapshot(cached)
+    with torch.no_grad():
+        for m in (cached, plain):
+            for p in m.parameters():
+                p.mul_(0.5).add_(0.03)
+    y, dx = _step(cached, rec, xs[0], True)
+    y_ref, dx_ref = _step(plain, rec, xs[0], None)
+    assert torch.equal(y, y_ref) and torch.equal(dx, dx_ref)
+    after = _snapshot(cached)
+    for key, bufs in before.items():
+        assert {n: p for n, (p, _) in after[key].items()} == {n: p for n, (p, _) in bufs.items()}
+        assert any(not torch.equal(after[key][n][1], old) for n, (_, old) in bufs.items())
+
+
+def test_custom_reference_weight_cast_is_cached_and_exact():
+    """A CustomRecipe of reference quantizers caches the weight quantizer's own tensor (TE's
+    quantize_weight): reused on later microbatches, re-made on a refresh (the reference quantizer
+    has no in-place update), outputs and gradients equal uncached ones bit for bit."""
+    from transformer_engine_lite.common.recipe import CustomRecipe
+    from transformer_engine_lite.pytorch.custom_recipes.reference_current_scaling import (
+        CurrentScalingTensorRef,
+    )
+
+    rec = CustomRecipe(qfactory=_ref_factory)
+    cached, plain = _build("Linear"), _build("Linear")
+    xs = [torch.randn(32, HIDDEN, dtype=BF16) for _ in range(2)]
+    for i, x in enumerate(xs):
+        y, dx = _step(cached, rec, x, i == 0)
+        ws = cached._fp8_workspaces["weight"]
+        assert type(ws) is CurrentScalingTensorRef
+        if i:
+            assert ws is first
+        first = ws
+        y_ref, dx_ref = _step(plain, rec, x, None)
+        assert torch.equal(y, y_ref) and torch.equal(dx, dx_ref), f"microbatch {i}"
+    with torch.no_grad():
+        for m in (cached, plain):
+            m.weight.mul_(0.5)
+    y, dx = _step(cached, rec, xs[0], True)
+    y_ref, dx_ref = _step(plain, rec, xs[0], None)
+    assert torch.equal(y, y_ref) and torch.equal(dx, dx_ref)
+    assert cached._fp8_workspaces["weight"] is not first
+    assert torch.equal(cached.weight.grad, plain.weight.grad)
+
+
+# ----------------------------------------------------------------- FSDP2
+_FSDP2_SCRIPT = r"""
+import sys, tempfile, torch, torch.distributed as dist
+from torch.distributed.device_mesh import init_device_mesh
+from torch.distributed.fsdp import fully_shard
+import transformer_engine_lite.pytorch as te
+from transformer_engine_lite.common.recipe import Float8CurrentScaling
+
+dist.init_process_group("gloo", init_method="file://" + tempfile.mktemp(), rank=0, world_size=1)
+mesh = init_device_mesh("cpu", (1,))
+bf16 = torch.bfloat16
+torch.manual_seed(0)
+
+
+class Root(torch.nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.lin = te.Linear(128, 256, params_dtype=bf16)
+        self.mlp = te.LayerNormMLP(128, 256, params_dtype=bf16)
+        self.grouped = te.GroupedLinear(2, 128, 256, params_dtype=bf16)
+
+    def forward(self, x, first):
+        return (self.lin(x, is_first_microbatch=first).float().sum()
+                + self.mlp(x, is_first_microbatch=first).float().sum()
+                + self.grouped(x, [16, 16], is_first_microbatch=first).float().sum())
+
+
+root = Root()
+lin, mlp, grouped = root.lin, root.mlp, root.grouped
+alone = te.Linear(128, 256, params_dtype=bf16)
+fully_shard(lin, mesh=mesh)  # a module wrapped itself ...
+fully_shard(root, mesh=mesh)  # ... and ones wrapped through their parent only
+x = torch.randn(32, 128, dtype=bf16)
+with te.autocast(recipe=Float8CurrentScaling()):
+    for first in (True, False):
+        root(x, first).backward()
+        alone(x, is_first_microbatch=first).float().sum().backward()
+print("is_fsdp2", lin.is_fsdp2, mlp.is_fsdp2, grouped.is_fsdp2, alone.is_fsdp2)
+print("keys", sorted(lin._fp8_workspaces), sorted(mlp._fp8_workspaces),
+      sorted(grouped._fp8_workspaces), sorted(alone._fp8_workspaces))
+dist.destroy_process_group()
+"""
+
+
+def test_fsdp2_modules_cache_as_te():
+    """TE's FSDP2 rule (module.is_fsdp2: the module or an ancestor under fully_shard): Linear,
+    LayerNormLinear and LayerNormMLP cache no weight cast, GroupedLinear caches as without FSDP2.
+    One process (gloo, world size 1) in a subprocess, leaving this one's default group alone."""
+    import os
+    import subprocess
+    import sys
+
+    from pathlib import Path
+
+    root = str(Path(__file__).resolve().parents[2])  # this checkout's transformer_engine_lite
+    env = dict(os.environ, OMP_NUM_THREADS="1",
+               PYTHONPATH=os.pathsep.join([root, os.environ.get("PYTHONPATH", "")]))
+    res = subprocess.run([sys.executable, "-c", _FSDP2_SCRIPT], capture_output=True, text=True,
+                         timeout=300, env=env, cwd=root)
+    assert res.returncode == 0, res.stderr[-3000:]
+    lines = dict(line.split(" ", 1) for line in res.stdout.splitlines() if " " in line)
+    assert lines["is_fsdp2"] == "True True True False"
+    assert lines["keys"] == "[] [] ['weight0', 'weight1'] ['weight']"

@@ -440,6 +440,23 @@ class TransformerEngineBaseModule(ExtraStateMixin, torch.nn.Module):
 
     # TE's _fp8_workspaces keys, by GEMM index (see _weight_workspace.py)
     _WORKSPACE_NAMES: tuple[str, ...] = ("weight",)
+    # TE's Linear / LayerNormLinear / LayerNormMLP keep no weight cast under FSDP2 (their weights
+    # are all-gathered anew each step, the cast with them); GroupedLinear caches regardless
+    _CACHE_UNDER_FSDP2 = False
+
+    @property
+    def is_fsdp2(self) -> bool:
+        """TE's: whether this module or an ancestor is wrapped by FSDP2 (fully_shard); computed
+        once, at the first use (a forward)."""
+        if "_is_fsdp2" not in self.__dict__:
+            from ..distributed import _get_module_fsdp_state
+
+            try:
+                _get_module_fsdp_state(self)
+                self.__dict__["_is_fsdp2"] = True
+            except (RuntimeError, ImportError):
+                self.__dict__["_is_fsdp2"] = False
+        return self.__dict__["_is_fsdp2"]
 
     def _workspace_name(self, gemm: int) -> str:
         names = self._WORKSPACE_NAMES
@@ -467,16 +484,23 @@ class TransformerEngineBaseModule(ExtraStateMixin, torch.nn.Module):
             is_first_microbatch = None if skip is None else not bool(skip)
         if (
             is_first_microbatch is None
-            or cfg.mode not in ("delayed", "current", "mxfp8", "block")
+            or cfg.mode not in ("delayed", "current", "mxfp8", "block", "custom")
             or isinstance(w, QuantizedTensor)
             or torch.compiler.is_compiling()
+            or (not self._CACHE_UNDER_FSDP2 and self.is_fsdp2)
         ):
             return None
         scale = fwd_scale[cfg.slot_fwd + 1 : cfg.slot_fwd + 2]
-        return get_weight_workspace(
-            self._fp8_workspaces, self._workspace_name(gemm), w, cfg, scale,
-            bool(is_first_microbatch), columnwise and cfg.bwd_override is None,
-        )
+        return self._cached_weight_cast(gemm, w, cfg, scale, bool(is_first_microbatch),
+                                        columnwise and cfg.bwd_override is None)
+
+    def _cached_weight_cast(self, gemm: int, w: torch.Tensor, cfg: GemmConfig,
+                            scale: torch.Tensor, update: bool, columnwise: bool
+                            ) -> WeightCast | None:
+        """GEMM `gemm`'s entry of _fp8_workspaces (GroupedLinear's single grouped weight keeps
+        one entry for all its GEMMs instead)."""
+        return get_weight_workspace(self._fp8_workspaces, self._workspace_name(gemm), w, cfg,
+                                    scale, update, columnwise)
 
     @staticmethod
     def _main_grad(owner: str, fuse_wgrad: bool, weight: torch.Tensor) -> torch.Tensor | None:
