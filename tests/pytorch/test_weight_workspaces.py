@@ -479,16 +479,18 @@ class Root(torch.nn.Module):
         super().__init__()
         self.lin = te.Linear(128, 256, params_dtype=bf16)
         self.mlp = te.LayerNormMLP(128, 256, params_dtype=bf16)
+        self.ln_lin = te.LayerNormLinear(128, 256, params_dtype=bf16)
         self.grouped = te.GroupedLinear(2, 128, 256, params_dtype=bf16)
 
     def forward(self, x, first):
         return (self.lin(x, is_first_microbatch=first).float().sum()
                 + self.mlp(x, is_first_microbatch=first).float().sum()
+                + self.ln_lin(x, is_first_microbatch=first).float().sum()
                 + self.grouped(x, [16, 16], is_first_microbatch=first).float().sum())
 
 
 root = Root()
-lin, mlp, grouped = root.lin, root.mlp, root.grouped
+lin, mlp, ln_lin, grouped = root.lin, root.mlp, root.ln_lin, root.grouped
 alone = te.Linear(128, 256, params_dtype=bf16)
 fully_shard(lin, mesh=mesh)  # a module wrapped itself ...
 fully_shard(root, mesh=mesh)  # ... and ones wrapped through their parent only
@@ -497,9 +499,10 @@ with te.autocast(recipe=Float8CurrentScaling()):
     for first in (True, False):
         root(x, first).backward()
         alone(x, is_first_microbatch=first).float().sum().backward()
-print("is_fsdp2", lin.is_fsdp2, mlp.is_fsdp2, grouped.is_fsdp2, alone.is_fsdp2)
+print("is_fsdp2", lin.is_fsdp2, mlp.is_fsdp2, ln_lin.is_fsdp2, grouped.is_fsdp2, alone.is_fsdp2)
 print("keys", sorted(lin._fp8_workspaces), sorted(mlp._fp8_workspaces),
-      sorted(grouped._fp8_workspaces), sorted(alone._fp8_workspaces))
+      sorted(ln_lin._fp8_workspaces), sorted(grouped._fp8_workspaces),
+      sorted(alone._fp8_workspaces))
 dist.destroy_process_group()
 """
 
@@ -521,5 +524,5 @@ def test_fsdp2_modules_cache_as_te():
                          timeout=300, env=env, cwd=root)
     assert res.returncode == 0, res.stderr[-3000:]
     lines = dict(line.split(" ", 1) for line in res.stdout.splitlines() if " " in line)
-    assert lines["is_fsdp2"] == "True True True False"
-    assert lines["keys"] == "[] [] ['weight0', 'weight1'] ['weight']"
+    assert lines["is_fsdp2"] == "True True True True False"
+    assert lines["keys"] == "[] [] [] ['weight0', 'weight1'] ['weight']"
