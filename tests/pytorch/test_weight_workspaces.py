@@ -326,10 +326,14 @@ def test_single_grouped_weight_caches_one_grouped_tensor(monkeypatch, recipe):
     assert isinstance(ws, GroupedTensor) and ws.num_tensors == 3
     assert all(type(t) is TENSOR_TYPE[recipe] for t in ws.quantized_tensors)
     before = {n: (t.data_ptr(), t.clone()) for n, t in _grouped_bufs(ws).items()}
+    old = _single(monkeypatch)  # the weight before the update, uncached
     with torch.no_grad():
         m.weight.mul_(0.5).add_(0.03)
-    _step3(m, rec, x, False)  # reuse: the old bytes stay
+    y, dx = _step3(m, rec, x, False)  # reuse: the old bytes stay, and the GEMMs read them
     assert m._fp8_workspaces["weight"] is ws
+    if recipe != "delayed":  # (delayed: the scales moved since the caching step)
+        y_ref, dx_ref = _step3(old, rec, x, None)
+        assert torch.equal(y, y_ref) and torch.equal(dx, dx_ref)
     for n, t in _grouped_bufs(ws).items():
         assert torch.equal(t, before[n][1]), n
     _step3(m, rec, x, True)  # refresh: in place
@@ -427,6 +431,25 @@ def test_hybrid_weight_is_cached_refreshed_in_place_and_exact(module):
     for key, bufs in before.items():
         assert {n: p for n, (p, _) in after[key].items()} == {n: p for n, (p, _) in bufs.items()}
         assert any(not torch.equal(after[key][n][1], old) for n, (_, old) in bufs.items())
+
+
+@pytest.mark.parametrize("factory", ["hybrid", "reference"])
+def test_custom_gemm_reads_the_cached_weight(factory):
+    """is_first_microbatch=False: the GEMMs read the cached cast, not the weight (TE's contract:
+    the weight does not change in between), so a changed weight is not seen until a refresh."""
+    from transformer_engine_lite.common.recipe import CustomRecipe
+
+    rec = CustomRecipe(qfactory=_hybrid_factory if factory == "hybrid" else _ref_factory)
+    cached, plain = _build("Linear"), _build("Linear")
+    x = torch.randn(32, HIDDEN, dtype=BF16)
+    _step(cached, rec, x, True)
+    with torch.no_grad():
+        cached.weight.mul_(0.5)
+    y, dx = _step(cached, rec, x, False)
+    y_ref, dx_ref = _step(plain, rec, x, None)  # the old weight
+    assert torch.equal(y, y_ref) and torch.equal(dx, dx_ref)
+    y, dx = _step(cached, rec, x, True)
+    assert not torch.equal(y, y_ref)
 
 
 def test_custom_reference_weight_cast_is_cached_and_exact():

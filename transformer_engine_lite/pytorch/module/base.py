@@ -138,7 +138,7 @@ class TransformerEngineBaseModule(ExtraStateMixin, torch.nn.Module):
         # delay_wgrad_compute: weight gradients queued by the backward, run by backward_dw()
         self._wgrad_store: list[Any] = []
         # is_first_microbatch: TE's cached weight casts, name -> quantized weight (_weight_cast)
-        self._fp8_workspaces: dict[str, QuantizedTensor] = {}
+        self._fp8_workspaces: dict[str, Any] = {}  # quantized tensors (GroupedTensor: see there)
         FP8GlobalStateManager.register_module(self)
 
     _FP8_META_BUFFERS = (
