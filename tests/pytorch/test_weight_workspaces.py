@@ -360,6 +360,24 @@ def test_single_grouped_weight_cached_equals_uncached(monkeypatch, recipe):
     assert torch.equal(cached.weight.grad, plain.weight.grad)
 
 
+@pytest.mark.parametrize("recipe", ["mxfp8", "block", "nvfp4"])
+def test_single_grouped_inference_cast_is_replaced_for_dgrad(monkeypatch, recipe):
+    """TE's check on the grouped workspace: one cached without column-wise data (no input
+    gradient) is replaced when a later microbatch's backward needs it."""
+    rec = RECIPES[recipe]()
+    cached, plain = _single(monkeypatch), _single(monkeypatch)
+    x = torch.randn(64, HIDDEN, dtype=BF16)
+    with torch.no_grad(), te.autocast(recipe=rec):
+        _call3(cached, x, True)
+    ws = cached._fp8_workspaces["weight"]
+    assert ws.columnwise_data is None
+    y, dx = _step3(cached, rec, x, False)
+    new = cached._fp8_workspaces["weight"]
+    assert new is not ws and new.columnwise_data is not None
+    y_ref, dx_ref = _step3(plain, rec, x, None)
+    assert torch.equal(y, y_ref) and torch.equal(dx, dx_ref)
+
+
 def test_single_grouped_fp8_primary_weight_is_not_cached(monkeypatch):
     """TE: a primary FP8 grouped weight bypasses the workspace (no "weight" entry)."""
     with te.quantized_model_init(enabled=True, recipe=RECIPES["mxfp8"]()):
