@@ -378,6 +378,24 @@ def test_single_grouped_inference_cast_is_replaced_for_dgrad(monkeypatch, recipe
     assert torch.equal(y, y_ref) and torch.equal(dx, dx_ref)
 
 
+@pytest.mark.parametrize("recipe", ["mxfp8", "block", "nvfp4"])
+def test_single_grouped_inference_refresh_keeps_columnwise_current(monkeypatch, recipe):
+    """A refresh under no_grad rewrites the column-wise data the workspace holds too, so a later
+    training microbatch's dgrad reads the new weight."""
+    rec = RECIPES[recipe]()
+    cached, plain = _single(monkeypatch), _single(monkeypatch)
+    x = torch.randn(64, HIDDEN, dtype=BF16)
+    _step3(cached, rec, x, True)
+    with torch.no_grad():
+        for m in (cached, plain):
+            m.weight.mul_(0.5).add_(0.03)
+        with te.autocast(recipe=rec):
+            _call3(cached, x, True)
+    y, dx = _step3(cached, rec, x, False)
+    y_ref, dx_ref = _step3(plain, rec, x, None)
+    assert torch.equal(y, y_ref) and torch.equal(dx, dx_ref)
+
+
 def test_single_grouped_fp8_primary_weight_is_not_cached(monkeypatch):
     """TE: a primary FP8 grouped weight bypasses the workspace (no "weight" entry)."""
     with te.quantized_model_init(enabled=True, recipe=RECIPES["mxfp8"]()):
@@ -468,6 +486,25 @@ def test_custom_gemm_reads_the_cached_weight(factory):
     assert torch.equal(y, y_ref) and torch.equal(dx, dx_ref)
     y, dx = _step(cached, rec, x, True)
     assert not torch.equal(y, y_ref)
+
+
+def test_hybrid_inference_refresh_rewrites_both_directions():
+    """A refresh under no_grad (row-wise use only) still rewrites the cached column-wise
+    direction, so a later training microbatch's dgrad reads the new weight."""
+    from transformer_engine_lite.common.recipe import CustomRecipe
+
+    rec = CustomRecipe(qfactory=_hybrid_factory)
+    cached, plain = _build("Linear"), _build("Linear")
+    x = torch.randn(32, HIDDEN, dtype=BF16)
+    _step(cached, rec, x, True)
+    with torch.no_grad():
+        for m in (cached, plain):
+            m.weight.mul_(0.5)
+        with te.autocast(recipe=rec):
+            cached(x, is_first_microbatch=True)
+    y, dx = _step(cached, rec, x, False)
+    y_ref, dx_ref = _step(plain, rec, x, None)
+    assert torch.equal(y, y_ref) and torch.equal(dx, dx_ref)
 
 
 def test_custom_reference_weight_cast_is_cached_and_exact():

@@ -127,7 +127,10 @@ def get_weight_workspace(
     delayed = cfg.mode == "delayed"
     if ws is not None and update and cfg.mode == "custom":
         q = ws._quantizer
-        q.set_usage(rowwise=True, columnwise=columnwise)  # the directions it holds (see _fits)
+        # a refresh rewrites every direction the cast holds (a HybridQuantizer updates those its
+        # usage asks for): a column-wise copy left stale by an inference refresh would otherwise
+        # reach a later microbatch's dgrad
+        q.set_usage(rowwise=True, columnwise=True)
         if not _refreshes_in_place(q, ws):
             ws = None  # re-quantized below (a reference storage without update_quantized)
     if ws is None:
@@ -204,9 +207,11 @@ def get_grouped_weight_workspace(
     member = ws.quantized_tensors[gemm]
     if not ws._te_lite_refresh:
         return WeightCast(member, None)
-    # this expert's cast, in the grouped layout (TE's group quantize keeps compact MXFP8 scales)
+    # this expert's cast, in the grouped layout (TE's group quantize keeps compact MXFP8 scales),
+    # writing every copy the workspace holds (an inference refresh must not leave the column-wise
+    # data of an earlier training step stale)
     q = _compact_layout(_quantizer(cfg, w, scale))
-    q.set_usage(rowwise=True, columnwise=columnwise)
+    q.set_usage(rowwise=True, columnwise=columnwise or ws.columnwise_data is not None)
     src = w.detach()
     q.update_quantized(src, member)
     record_member_stats(ws, gemm, src, member)
