@@ -402,3 +402,44 @@ def test_single_grouped_fp8_primary_weight_is_not_cached(monkeypatch):
         m = _single(monkeypatch)
     _step3(m, RECIPES["mxfp8"](), torch.randn(64, HIDDEN, dtype=BF16), True)
     assert m._fp8_workspaces == {}
+
+
+# ----------------------------------------------------------------- weight quantizers
+@pytest.mark.parametrize("module", list(MODULES))
+@pytest.mark.parametrize("recipe", ["mxfp8", "nvfp4", "nvfp4-1d", "current"])
+def test_weight_quantizers_record_the_preswizzle_choice(module, recipe):
+    """TE's _get_weight_quantizers(): one per weight (module.quantizers' forward weight slots),
+    [None] outside an autocast; each forward writes TE's _enable_weight_preswizzle into their
+    optimize_for_gemm, which the cached casts follow (MXFP8 always, NVFP4 2D at these shapes,
+    neither NVFP4 1D nor per-tensor FP8)."""
+    rec = (RECIPES["nvfp4"](disable_2d_quantization=True) if recipe == "nvfp4-1d"
+           else RECIPES[recipe]())
+    m = _build(module)
+    assert m._get_weight_quantizers() == [None] * len(MODULES[module][1])
+    x = torch.randn(32, HIDDEN, dtype=BF16)
+    with te.autocast(recipe=rec):
+        y = _call(m, x, True)
+        qs = m._get_weight_quantizers()
+    y.float().sum().backward()
+    want = recipe in ("mxfp8", "nvfp4")
+    assert len(qs) == len(MODULES[module][1])
+    for q, ws in zip(qs, m._fp8_workspaces.values()):
+        assert q is not None and q.internal
+        assert q.optimize_for_gemm is want
+        assert getattr(ws, "_with_gemm_swizzled_scales", False) is want
+
+
+def test_enable_weight_preswizzle_rules():
+    """TE's rule: never for FP8 primary weights; NVFP4 2D only for 128-aligned weights."""
+    from transformer_engine_lite.pytorch.tensor import MXFP8Quantizer, NVFP4Quantizer
+
+    m = te.Linear(64, 96, params_dtype=BF16)
+    w128, w96 = torch.empty(128, 256), torch.empty(96, 64)
+    q2d = NVFP4Quantizer(with_2d_quantization=True)
+    assert m._enable_weight_preswizzle(MXFP8Quantizer(te.DType.kFloat8E4M3), w96)
+    assert m._enable_weight_preswizzle(q2d, w128)
+    assert not m._enable_weight_preswizzle(q2d, w96)
+    assert not m._enable_weight_preswizzle(NVFP4Quantizer(), w128)  # 1D, no RHT
+    with te.quantized_model_init(enabled=True, recipe=RECIPES["mxfp8"]()):
+        p = te.Linear(64, 96, params_dtype=BF16)
+    assert not p._enable_weight_preswizzle(MXFP8Quantizer(te.DType.kFloat8E4M3), w96)

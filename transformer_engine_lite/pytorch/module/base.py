@@ -46,6 +46,7 @@ from ._autograd import GemmConfig, linear
 from ._custom import builtin_quantizers, custom_gemm_config
 from ._params import _moved, materialize_params, weight_param_quantizer  # noqa: F401
 from ._recipe_checks import check_recipe_change
+from ._weight_quantizers import WeightQuantizerMixin
 from ._weight_workspace import WeightCast, get_weight_workspace
 from .userbuffers import (  # noqa: F401 (TE's home of the Userbuffers entry points)
     UserBufferQuantizationMode, destroy_ub, get_ub, initialize_ub, is_ub_initialized,
@@ -100,7 +101,7 @@ def reject_unsupported(owner: str, **flags: Any) -> None:
             )
 
 
-class TransformerEngineBaseModule(ExtraStateMixin, torch.nn.Module):
+class TransformerEngineBaseModule(ExtraStateMixin, WeightQuantizerMixin, torch.nn.Module):
     """Base of Linear, LayerNormLinear and LayerNormMLP."""
 
     def __init__(self, num_gemms: int, device: Any, name: str | None = None) -> None:
@@ -423,6 +424,7 @@ class TransformerEngineBaseModule(ExtraStateMixin, torch.nn.Module):
         if b is not None and b.dtype != dtype:
             b = b.to(dtype)
         cfg = self._gemm_config(gemm, mode, recipe, code, main_grad is not None)
+        self._mark_weight_preswizzle(gemm, w)
         meta = self._meta_args()
         if cfg.mode == "delayed":
             # activation recompute: the recompute quantizes with the forward's scales
@@ -441,22 +443,9 @@ class TransformerEngineBaseModule(ExtraStateMixin, torch.nn.Module):
     # TE's _fp8_workspaces keys, by GEMM index (see _weight_workspace.py)
     _WORKSPACE_NAMES: tuple[str, ...] = ("weight",)
     # TE's Linear / LayerNormLinear / LayerNormMLP keep no weight cast under FSDP2 (their weights
-    # are all-gathered anew each step, the cast with them); GroupedLinear caches regardless
+    # are all-gathered anew each step, the cast with them; is_fsdp2: _weight_quantizers.py);
+    # GroupedLinear caches regardless
     _CACHE_UNDER_FSDP2 = False
-
-    @property
-    def is_fsdp2(self) -> bool:
-        """TE's: whether this module or an ancestor is wrapped by FSDP2 (fully_shard); computed
-        once, at the first use (a forward)."""
-        if "_is_fsdp2" not in self.__dict__:
-            from ..distributed import _get_module_fsdp_state
-
-            try:
-                _get_module_fsdp_state(self)
-                self.__dict__["_is_fsdp2"] = True
-            except (RuntimeError, ImportError):
-                self.__dict__["_is_fsdp2"] = False
-        return self.__dict__["_is_fsdp2"]
 
     def _workspace_name(self, gemm: int) -> str:
         names = self._WORKSPACE_NAMES
