@@ -280,3 +280,166 @@ def test_gemm_reads_the_cached_tensor(recipe):
     y, dx = _step(cached, rec, x, False)
     y_ref, dx_ref = _step(plain, rec, x, None)
     assert torch.equal(y, y_ref) and torch.equal(dx, dx_ref)
+
+
+# ----------------------------------------------------------------- single grouped weight
+def _single(monkeypatch, seed=0, **kw):
+    monkeypatch.setenv("NVTE_GROUPED_LINEAR_SINGLE_PARAM", "1")
+    torch.manual_seed(seed)
+    with pytest.warns(UserWarning, match="experimental"):
+        return te.GroupedLinear(3, HIDDEN, FFN, params_dtype=BF16, single_grouped_weight=True,
+                                **kw)
+
+
+def _grouped_bufs(ws):
+    names = ("rowwise_data", "columnwise_data", "scale_inv", "columnwise_scale_inv", "amax")
+    return {n: getattr(ws, n) for n in names if getattr(ws, n) is not None}
+
+
+def _call3(m, x, first):
+    return m(x, [16, 32, x.shape[0] - 48], is_first_microbatch=first)
+
+
+def _step3(m, rec, x, first):
+    x = x.detach().clone().requires_grad_(True)
+    with te.autocast(recipe=rec):
+        y = _call3(m, x, first)
+    y.float().square().sum().backward()
+    return y.detach(), x.grad
+
+
+@pytest.mark.parametrize("recipe", list(RECIPES))
+def test_single_grouped_weight_caches_one_grouped_tensor(monkeypatch, recipe):
+    """TE's key "weight": one GroupedTensor for all experts (its members: the recipe's tensor
+    type); a refresh after a weight update rewrites its buffers in place (same addresses, new
+    bytes), a reuse leaves them as they are."""
+    from transformer_engine_lite.pytorch.tensor import GroupedTensor
+
+    rec = RECIPES[recipe]()
+    m = _single(monkeypatch)
+    x = torch.randn(64, HIDDEN, dtype=BF16)
+    _step3(m, rec, x, None)
+    assert m._fp8_workspaces == {}
+    _step3(m, rec, x, True)
+    assert list(m._fp8_workspaces) == ["weight"]
+    ws = m._fp8_workspaces["weight"]
+    assert isinstance(ws, GroupedTensor) and ws.num_tensors == 3
+    assert all(type(t) is TENSOR_TYPE[recipe] for t in ws.quantized_tensors)
+    before = {n: (t.data_ptr(), t.clone()) for n, t in _grouped_bufs(ws).items()}
+    old = _single(monkeypatch)  # the weight before the update, uncached
+    with torch.no_grad():
+        m.weight.mul_(0.5).add_(0.03)
+    y, dx = _step3(m, rec, x, False)  # reuse: the old bytes stay, and the GEMMs read them
+    assert m._fp8_workspaces["weight"] is ws
+    if recipe != "delayed":  # (delayed: the scales moved since the caching step)
+        y_ref, dx_ref = _step3(old, rec, x, None)
+        assert torch.equal(y, y_ref) and torch.equal(dx, dx_ref)
+    for n, t in _grouped_bufs(ws).items():
+        assert torch.equal(t, before[n][1]), n
+    _step3(m, rec, x, True)  # refresh: in place
+    assert m._fp8_workspaces["weight"] is ws
+    after = _grouped_bufs(ws)
+    assert {n: t.data_ptr() for n, t in after.items()} == {n: p for n, (p, _) in before.items()}
+    assert not torch.equal(after["rowwise_data"], before["rowwise_data"][1])
+
+
+@pytest.mark.parametrize("recipe", list(RECIPES))
+def test_single_grouped_weight_cached_equals_uncached(monkeypatch, recipe):
+    """Each expert's member holds exactly its own cast (delayed scaling: its own scale): outputs
+    and gradients of cached microbatches equal uncached ones bit for bit."""
+    rec = RECIPES[recipe]()
+    cached, plain = _single(monkeypatch), _single(monkeypatch)
+    xs = [torch.randn(64, HIDDEN, dtype=BF16) for _ in range(3)]
+    outs = {}
+    for tag, m in (("cached", cached), ("plain", plain)):
+        with te.autocast(recipe=rec):
+            outs[tag] = [_step3(m, rec, x, (i == 0) if tag == "cached" else None)
+                         for i, x in enumerate(xs)]
+    for i, ((y, dx), (y_ref, dx_ref)) in enumerate(zip(outs["cached"], outs["plain"])):
+        assert torch.equal(y, y_ref) and torch.equal(dx, dx_ref), f"microbatch {i}"
+    assert torch.equal(cached.weight.grad, plain.weight.grad)
+
+
+@pytest.mark.parametrize("recipe", ["mxfp8", "block", "nvfp4"])
+def test_single_grouped_inference_cast_is_replaced_for_dgrad(monkeypatch, recipe):
+    """TE's check on the grouped workspace: one cached without column-wise data (no input
+    gradient) is replaced when a later microbatch's backward needs it."""
+    rec = RECIPES[recipe]()
+    cached, plain = _single(monkeypatch), _single(monkeypatch)
+    x = torch.randn(64, HIDDEN, dtype=BF16)
+    with torch.no_grad(), te.autocast(recipe=rec):
+        _call3(cached, x, True)
+    ws = cached._fp8_workspaces["weight"]
+    assert ws.columnwise_data is None
+    y, dx = _step3(cached, rec, x, False)
+    new = cached._fp8_workspaces["weight"]
+    assert new is not ws and new.columnwise_data is not None
+    y_ref, dx_ref = _step3(plain, rec, x, None)
+    assert torch.equal(y, y_ref) and torch.equal(dx, dx_ref)
+
+
+@pytest.mark.parametrize("recipe", ["mxfp8", "block", "nvfp4"])
+def test_single_grouped_inference_refresh_keeps_columnwise_current(monkeypatch, recipe):
+    """A refresh under no_grad rewrites the column-wise data the workspace holds too, so a later
+    training microbatch's dgrad reads the new weight."""
+    rec = RECIPES[recipe]()
+    cached, plain = _single(monkeypatch), _single(monkeypatch)
+    x = torch.randn(64, HIDDEN, dtype=BF16)
+    _step3(cached, rec, x, True)
+    with torch.no_grad():
+        for m in (cached, plain):
+            m.weight.mul_(0.5).add_(0.03)
+        with te.autocast(recipe=rec):
+            _call3(cached, x, True)
+    y, dx = _step3(cached, rec, x, False)
+    y_ref, dx_ref = _step3(plain, rec, x, None)
+    assert torch.equal(y, y_ref) and torch.equal(dx, dx_ref)
+
+
+def test_single_grouped_fp8_primary_weight_is_not_cached(monkeypatch):
+    """TE: a primary FP8 grouped weight bypasses the workspace (no "weight" entry)."""
+    with te.quantized_model_init(enabled=True, recipe=RECIPES["mxfp8"]()):
+        m = _single(monkeypatch)
+    _step3(m, RECIPES["mxfp8"](), torch.randn(64, HIDDEN, dtype=BF16), True)
+    assert m._fp8_workspaces == {}
+
+
+# ----------------------------------------------------------------- weight quantizers
+@pytest.mark.parametrize("module", list(MODULES))
+@pytest.mark.parametrize("recipe", ["mxfp8", "nvfp4", "nvfp4-1d", "current"])
+def test_weight_quantizers_record_the_preswizzle_choice(module, recipe):
+    """TE's _get_weight_quantizers(): one per weight (module.quantizers' forward weight slots),
+    [None] outside an autocast; each forward writes TE's _enable_weight_preswizzle into their
+    optimize_for_gemm, which the cached casts follow (MXFP8 always, NVFP4 2D at these shapes,
+    neither NVFP4 1D nor per-tensor FP8)."""
+    rec = (RECIPES["nvfp4"](disable_2d_quantization=True) if recipe == "nvfp4-1d"
+           else RECIPES[recipe]())
+    m = _build(module)
+    assert m._get_weight_quantizers() == [None] * len(MODULES[module][1])
+    x = torch.randn(32, HIDDEN, dtype=BF16)
+    with te.autocast(recipe=rec):
+        y = _call(m, x, True)
+        qs = m._get_weight_quantizers()
+    y.float().sum().backward()
+    want = recipe in ("mxfp8", "nvfp4")
+    assert len(qs) == len(MODULES[module][1])
+    for q, ws in zip(qs, m._fp8_workspaces.values()):
+        assert q is not None and q.internal
+        assert q.optimize_for_gemm is want
+        assert getattr(ws, "_with_gemm_swizzled_scales", False) is want
+
+
+def test_enable_weight_preswizzle_rules():
+    """TE's rule: never for FP8 primary weights; NVFP4 2D only for 128-aligned weights."""
+    from transformer_engine_lite.pytorch.tensor import MXFP8Quantizer, NVFP4Quantizer
+
+    m = te.Linear(64, 96, params_dtype=BF16)
+    w128, w96 = torch.empty(128, 256), torch.empty(96, 64)
+    q2d = NVFP4Quantizer(with_2d_quantization=True)
+    assert m._enable_weight_preswizzle(MXFP8Quantizer(te.DType.kFloat8E4M3), w96)
+    assert m._enable_weight_preswizzle(q2d, w128)
+    assert not m._enable_weight_preswizzle(q2d, w96)
+    assert not m._enable_weight_preswizzle(NVFP4Quantizer(), w128)  # 1D, no RHT
+    with te.quantized_model_init(enabled=True, recipe=RECIPES["mxfp8"]()):
+        p = te.Linear(64, 96, params_dtype=BF16)
+    assert not p._enable_weight_preswizzle(MXFP8Quantizer(te.DType.kFloat8E4M3), w96)

@@ -285,6 +285,32 @@ class CudaRNGStatesTracker:
             self._set(orig)
 
 
+def _get_module_fsdp_state(module: torch.nn.Module) -> Any:
+    """TE's: the FSDP2 state of `module` (fully_shard applied to it) or of its closest FSDP2
+    ancestor (the one with the fewest submodules holding it), cached on the module; RuntimeError
+    when neither exists. Modules read it through TransformerEngineBaseModule.is_fsdp2."""
+    if hasattr(module, "_get_fsdp_state"):
+        return module._get_fsdp_state()
+    cached = module.__dict__.get("_te_cached_parent_fsdp_state")
+    if cached is not None:
+        return cached
+    from torch.distributed._composable_state import _module_state_mapping
+
+    best, best_size = None, None
+    for owner in list(_module_state_mapping.keys()):
+        if not hasattr(owner, "_get_fsdp_state"):  # other composable APIs (replicate, ...)
+            continue
+        subs = list(owner.modules())
+        if any(m is module for m in subs) and (best_size is None or len(subs) < best_size):
+            best, best_size = owner, len(subs)
+    if best is None:
+        raise RuntimeError(
+            "Module is not FSDP-wrapped and does not have any FSDP-wrapped parent modules.")
+    state = best._get_fsdp_state()
+    module.__dict__["_te_cached_parent_fsdp_state"] = state
+    return state
+
+
 # TE exports the activation-recompute queries from pytorch.distributed (they live in checkpoint.py).
 from .checkpoint import (  # noqa: E402
     activation_recompute_forward,

@@ -171,7 +171,8 @@ class _LinearFn(torch.autograd.Function):
         w_mx = (stored_mxfp8(weight, cfg, w_col) if cfg.mode == "mxfp8"
                 else stored_block(weight, cfg, w_col) if cfg.mode == "block" else None)
         cast_amax = None
-        cached = w_cast is not None and w_op is None and w_mx is None
+        # (a custom GEMM takes its cached weight below, as its quantizer's own tensor)
+        cached = w_cast is not None and cfg.mode != "custom" and w_op is None and w_mx is None
         if cached:
             # the module's cached weight (_fp8_workspaces) enters as an FP8 parameter would
             ws = w_cast.tensor
@@ -296,7 +297,7 @@ class _LinearFn(torch.autograd.Function):
             # a hybrid weight parameter enters as stored (its directions are the GEMM operands)
             w_in = weight if isinstance(weight, HybridQuantizedTensorStorage) else w
             out = custom_linear_forward(ctx, x2, w_in, bias, out_dtype, cfg, need_dgrad, need_wgrad,
-                                        acc, alpha)
+                                        acc, alpha, None if w_cast is None else w_cast.tensor)
             amax = _empty_amax(inp)
             saved = (None, None, None, None)  # the quantized operands stay on ctx
         else:

@@ -69,8 +69,11 @@ def check_pair(gemm: str, a_name: str, a: Any, a_rowwise: bool, b_name: str, b: 
 
 def custom_linear_forward(ctx: Any, x2: torch.Tensor, w: torch.Tensor, bias: torch.Tensor | None,
                           out_dtype: torch.dtype, cfg: Any, need_dgrad: bool, need_wgrad: bool,
-                          acc: torch.Tensor | None, alpha: float) -> torch.Tensor:
-    """y [tokens, N] (acc's storage when given: added into it); keeps (xq or x, Wq) on ctx."""
+                          acc: torch.Tensor | None, alpha: float,
+                          w_cached: Any = None) -> torch.Tensor:
+    """y [tokens, N] (acc's storage when given: added into it); keeps (xq or x, Wq) on ctx.
+    w_cached: the module's cached cast of w (its _fp8_workspaces entry), used instead of
+    quantizing w."""
     from ..cpp_extensions.gemm import general_gemm
 
     _check(cfg, alpha)
@@ -79,7 +82,10 @@ def custom_linear_forward(ctx: Any, x2: torch.Tensor, w: torch.Tensor, bias: tor
     qi.set_usage(rowwise=True, columnwise=need_wgrad and not keep_x)
     qw.set_usage(rowwise=True, columnwise=need_dgrad)
     xq = qi.quantize(x2)
-    wq = w if isinstance(w, HybridQuantizedTensorStorage) else qw.quantize(w)
+    if w_cached is not None:
+        wq = w_cached
+    else:
+        wq = w if isinstance(w, HybridQuantizedTensorStorage) else qw.quantize(w)
     check_pair("fprop", "weight", wq, True, "input", xq, True)
     out = None if acc is None else acc.view(-1, acc.shape[-1])
     y = general_gemm(wq, xq, out_dtype=out_dtype, layout="TN", bias=bias, out=out,

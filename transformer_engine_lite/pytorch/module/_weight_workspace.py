@@ -8,7 +8,11 @@ their addresses, so anything captured against them, e.g. a CUDA graph, stays val
 it as it is (the weight must not have changed: TE's contract); a miss (no entry yet, or one that
 no longer fits: other format, shape, dtype, device, or a missing column-wise copy the backward
 needs) quantizes a new tensor and stores it. Keys: "weight" (Linear, LayerNormLinear,
-BasicLinear), "fc1_weight" / "fc2_weight" (LayerNormMLP), "weight{i}" (GroupedLinear).
+BasicLinear), "fc1_weight" / "fc2_weight" (LayerNormMLP), "weight{i}" (GroupedLinear), "weight"
+(GroupedLinear with single_grouped_weight: one GroupedTensor, see get_grouped_weight_workspace).
+Under a CustomRecipe the cast is the weight quantizer's own (TE's quantize_weight): a
+HybridQuantizer caches a HybridQuantizedTensor, refreshed in place direction by direction. TE's
+Linear, LayerNormLinear and LayerNormMLP cache nothing under FSDP2 (module.is_fsdp2).
 
 The GEMMs read the cached tensor as they read an FP8 weight parameter (module/_stored_operands.py:
 its bytes, or its copies dequantized exactly), so a cached step gives the bits of an uncached one.
@@ -54,6 +58,8 @@ def _quantizer(cfg: GemmConfig, w: torch.Tensor, scale: torch.Tensor) -> Quantiz
     """The weight quantizer of cfg, producing the bytes the uncached forward would make
     (module/_autograd.py's casts: quantize_per_tensor, mx_dequantized, block_dequantized)."""
     spec = cfg.weight
+    if cfg.mode == "custom":
+        return cfg.custom[1]  # TE's: the module's weight quantizer object itself
     if cfg.mode == "delayed":
         # the module's weight scale (a [1] view); a private amax: the forward records it
         return Float8Quantizer(scale, torch.zeros(1, dtype=torch.float32, device=w.device),
@@ -82,7 +88,23 @@ def _fits(ws: Any, key: tuple, columnwise: bool) -> bool:
         return False
     if columnwise and hasattr(ws, "_columnwise_data") and ws._columnwise_data is None:
         return False
+    if columnwise and hasattr(ws, "_columnwise_storage") and ws._columnwise_storage is None:
+        return False  # a HybridQuantizedTensor without its column-wise direction
     return True
+
+
+def _key(cfg: GemmConfig, w: torch.Tensor) -> tuple:
+    # a custom weight quantizer by identity: another factory call (a new recipe object) makes
+    # new quantizers, whose casts may differ
+    q = cfg.custom[1] if cfg.mode == "custom" else None
+    return (cfg.mode, cfg.inp, cfg.weight, q, w.dtype, tuple(w.shape), w.device)
+
+
+def _refreshes_in_place(q: Quantizer, ws: Any) -> bool:
+    """Whether q rewrites ws in place (every quantizer for its own torch.Tensor types; a custom
+    reference storage only where its quantizer implements update_quantized)."""
+    return isinstance(ws, QuantizedTensor) or type(q).update_quantized is not \
+        Quantizer.update_quantized
 
 
 @torch.no_grad()
@@ -97,30 +119,103 @@ def get_weight_workspace(
 ) -> WeightCast:
     """workspaces[name] for weight w under cfg: reused (update=False), re-quantized in place
     (update=True) or created on a miss. scale: delayed scaling's weight scale ([1] view)."""
-    key = (cfg.mode, cfg.inp, cfg.weight, w.dtype, tuple(w.shape), w.device)
+    key = _key(cfg, w)
     src = w.detach()
     ws = workspaces.get(name)
     if ws is not None and not _fits(ws, key, columnwise):
         ws = None
     delayed = cfg.mode == "delayed"
+    if ws is not None and update and cfg.mode == "custom":
+        q = ws._quantizer
+        # a refresh rewrites every direction the cast holds (a HybridQuantizer updates those its
+        # usage asks for): a column-wise copy left stale by an inference refresh would otherwise
+        # reach a later microbatch's dgrad
+        q.set_usage(rowwise=True, columnwise=True)
+        if not _refreshes_in_place(q, ws):
+            ws = None  # re-quantized below (a reference storage without update_quantized)
     if ws is None:
         q = _quantizer(cfg, w, scale)
         # TE's usages: the column-wise copy only when the backward's dgrad needs it (a later
         # microbatch that needs it finds the entry unfit and replaces it); they stay the
         # workspace's own, so a refresh rewrites the copies it holds
         q.set_usage(rowwise=True, columnwise=columnwise)
-        ws = q.quantize(src)
+        # TE's: a cached cast is a torch.Tensor (an internal quantizer makes bare storage)
+        internal = getattr(q, "internal", False)
+        q.internal = False
+        try:
+            ws = q.quantize(src)
+        finally:
+            q.internal = internal
         ws._te_lite_workspace_key = key
         workspaces[name] = ws
         return WeightCast(ws, q.amax.clone() if delayed else None)
     if not update:
         return WeightCast(ws, None)
     q = ws._quantizer
+    if cfg.mode == "custom":
+        q.update_quantized(src, ws)
+        return WeightCast(ws, None)
     if delayed:
         q.scale = scale  # this forward's scale (a recompute's stashed one)
         q.amax.zero_()  # Float8Quantizer folds a running max into amax: this cast's alone
     ws.quantize_(src)
     return WeightCast(ws, q.amax.clone() if delayed else None)
+
+
+@torch.no_grad()
+def get_grouped_weight_workspace(
+    workspaces: dict[str, Any],
+    weight: torch.Tensor,
+    gemm: int,
+    w: torch.Tensor,
+    cfg: GemmConfig,
+    scale: torch.Tensor,
+    update: bool,
+    columnwise: bool,
+) -> WeightCast:
+    """GroupedLinear(single_grouped_weight=True): TE's one workspace for the [n, out, in] weight,
+    workspaces["weight"], a GroupedTensor whose member `gemm` is expert `gemm`'s cast (w, the
+    weight's slice). The experts' GEMMs run in order: expert 0's call decides for the forward
+    (reuse, in-place refresh, or a new GroupedTensor on a miss) and each call then writes its own
+    member, quantized with its own cast (delayed scaling: its own scale), into the grouped buffers,
+    whose addresses a refresh keeps. The members are kept on the workspace (quantized_tensors), so
+    the GEMM operands derived from them are reused as for a single weight (workspace_operands)."""
+    from ..tensor.storage._grouped_members import record_member_stats
+    from ..tensor.storage.grouped_tensor_storage import GroupedTensorStorage, _compact_layout
+
+    key = _key(cfg, weight)
+    ws = workspaces.get("weight")
+    n = weight.shape[0]
+    if gemm == 0:
+        if ws is not None and (getattr(ws, "_te_lite_workspace_key", None) != key or (
+                columnwise and cfg.mode in ("mxfp8", "block") and ws.columnwise_data is None)):
+            ws = None
+        if ws is None:
+            q = _quantizer(cfg, w, scale)
+            q.set_usage(rowwise=True, columnwise=columnwise)
+            q.internal = False  # TE's: a cached grouped cast is a GroupedTensor
+            ws = GroupedTensorStorage.make_grouped_tensor(
+                n, None, None, n * weight.shape[1], weight.shape[2], q, weight.device,
+                weight.dtype)
+            ws._te_lite_workspace_key = key
+            workspaces["weight"] = ws
+            update = True
+        ws._te_lite_refresh = update  # this forward's choice, for every expert's call
+    elif ws is None or getattr(ws, "_te_lite_workspace_key", None) != key:
+        raise RuntimeError(f"GroupedLinear: expert {gemm}'s weight cast ran before expert 0's "
+                           "(module/_weight_workspace.py)")
+    member = ws.quantized_tensors[gemm]
+    if not ws._te_lite_refresh:
+        return WeightCast(member, None)
+    # this expert's cast, in the grouped layout (TE's group quantize keeps compact MXFP8 scales),
+    # writing every copy the workspace holds (an inference refresh must not leave the column-wise
+    # data of an earlier training step stale)
+    q = _compact_layout(_quantizer(cfg, w, scale))
+    q.set_usage(rowwise=True, columnwise=columnwise or ws.columnwise_data is not None)
+    src = w.detach()
+    q.update_quantized(src, member)
+    record_member_stats(ws, gemm, src, member)
+    return WeightCast(member, q.amax.clone() if cfg.mode == "delayed" else None)
 
 
 def workspace_operands(ws: QuantizedTensor, cfg: GemmConfig, columnwise: bool,

@@ -46,6 +46,7 @@ from ._autograd import GemmConfig, linear
 from ._custom import builtin_quantizers, custom_gemm_config
 from ._params import _moved, materialize_params, weight_param_quantizer  # noqa: F401
 from ._recipe_checks import check_recipe_change
+from ._weight_quantizers import WeightQuantizerMixin
 from ._weight_workspace import WeightCast, get_weight_workspace
 from .userbuffers import (  # noqa: F401 (TE's home of the Userbuffers entry points)
     UserBufferQuantizationMode, destroy_ub, get_ub, initialize_ub, is_ub_initialized,
@@ -100,7 +101,7 @@ def reject_unsupported(owner: str, **flags: Any) -> None:
             )
 
 
-class TransformerEngineBaseModule(ExtraStateMixin, torch.nn.Module):
+class TransformerEngineBaseModule(ExtraStateMixin, WeightQuantizerMixin, torch.nn.Module):
     """Base of Linear, LayerNormLinear and LayerNormMLP."""
 
     def __init__(self, num_gemms: int, device: Any, name: str | None = None) -> None:
@@ -138,7 +139,7 @@ class TransformerEngineBaseModule(ExtraStateMixin, torch.nn.Module):
         # delay_wgrad_compute: weight gradients queued by the backward, run by backward_dw()
         self._wgrad_store: list[Any] = []
         # is_first_microbatch: TE's cached weight casts, name -> quantized weight (_weight_cast)
-        self._fp8_workspaces: dict[str, QuantizedTensor] = {}
+        self._fp8_workspaces: dict[str, Any] = {}  # quantized tensors (GroupedTensor: see there)
         FP8GlobalStateManager.register_module(self)
 
     _FP8_META_BUFFERS = (
@@ -423,6 +424,7 @@ class TransformerEngineBaseModule(ExtraStateMixin, torch.nn.Module):
         if b is not None and b.dtype != dtype:
             b = b.to(dtype)
         cfg = self._gemm_config(gemm, mode, recipe, code, main_grad is not None)
+        self._mark_weight_preswizzle(gemm, w)
         meta = self._meta_args()
         if cfg.mode == "delayed":
             # activation recompute: the recompute quantizes with the forward's scales
@@ -440,6 +442,10 @@ class TransformerEngineBaseModule(ExtraStateMixin, torch.nn.Module):
 
     # TE's _fp8_workspaces keys, by GEMM index (see _weight_workspace.py)
     _WORKSPACE_NAMES: tuple[str, ...] = ("weight",)
+    # TE's Linear / LayerNormLinear / LayerNormMLP keep no weight cast under FSDP2 (their weights
+    # are all-gathered anew each step, the cast with them; is_fsdp2: _weight_quantizers.py);
+    # GroupedLinear caches regardless
+    _CACHE_UNDER_FSDP2 = False
 
     def _workspace_name(self, gemm: int) -> str:
         names = self._WORKSPACE_NAMES
@@ -467,16 +473,23 @@ class TransformerEngineBaseModule(ExtraStateMixin, torch.nn.Module):
             is_first_microbatch = None if skip is None else not bool(skip)
         if (
             is_first_microbatch is None
-            or cfg.mode not in ("delayed", "current", "mxfp8", "block")
+            or cfg.mode not in ("delayed", "current", "mxfp8", "block", "custom")
             or isinstance(w, QuantizedTensor)
             or torch.compiler.is_compiling()
+            or (not self._CACHE_UNDER_FSDP2 and self.is_fsdp2)
         ):
             return None
         scale = fwd_scale[cfg.slot_fwd + 1 : cfg.slot_fwd + 2]
-        return get_weight_workspace(
-            self._fp8_workspaces, self._workspace_name(gemm), w, cfg, scale,
-            bool(is_first_microbatch), columnwise and cfg.bwd_override is None,
-        )
+        return self._cached_weight_cast(gemm, w, cfg, scale, bool(is_first_microbatch),
+                                        columnwise and cfg.bwd_override is None)
+
+    def _cached_weight_cast(self, gemm: int, w: torch.Tensor, cfg: GemmConfig,
+                            scale: torch.Tensor, update: bool, columnwise: bool
+                            ) -> WeightCast | None:
+        """GEMM `gemm`'s entry of _fp8_workspaces (GroupedLinear's single grouped weight keeps
+        one entry for all its GEMMs instead)."""
+        return get_weight_workspace(self._fp8_workspaces, self._workspace_name(gemm), w, cfg,
+                                    scale, update, columnwise)
 
     @staticmethod
     def _main_grad(owner: str, fuse_wgrad: bool, weight: torch.Tensor) -> torch.Tensor | None:

@@ -9,6 +9,7 @@ import torch
 
 from ..distributed import TPConfig, set_tensor_model_parallel_attributes, split_size
 from ._params import materialize_params
+from ._weight_workspace import WeightCast, get_grouped_weight_workspace
 from .base import TransformerEngineBaseModule, default_device, reject_unsupported
 from ..tensor import QuantizedTensor
 from ..utils import get_default_init_method, resolve_grouped_linear_single_param_flags
@@ -164,10 +165,24 @@ class GroupedLinear(TransformerEngineBaseModule):
     """
 
     def _workspace_name(self, gemm: int) -> str:
-        # TE's _fp8_workspaces key of expert `gemm`'s weight. (TE's single_grouped_weight caches
-        # one grouped tensor under "weight"; here that weight's experts are sliced and cast one
-        # by one, so each keeps its own entry.)
-        return f"weight{gemm}"
+        return f"weight{gemm}"  # TE's _fp8_workspaces key of expert `gemm`'s weight
+
+    _CACHE_UNDER_FSDP2 = True  # TE's GroupedLinear caches its casts under FSDP2 too
+
+    def _cached_weight_cast(self, gemm: int, w: torch.Tensor, cfg: Any, scale: torch.Tensor,
+                            update: bool, columnwise: bool) -> WeightCast | None:
+        """single_grouped_weight: TE's one GroupedTensor under "weight" for all the experts
+        (get_grouped_weight_workspace; each expert's GEMM reads its member). None (no cache) for
+        an FP8 primary grouped weight (TE's is GEMM-ready: no workspace; here it holds FP8
+        values in high precision, cast per forward) and under a CustomRecipe (TE runs single
+        grouped weights on its grouped-tensor path only, which takes no custom recipe; grouped
+        storage holds no HybridQuantizer casts)."""
+        if not self.single_grouped_weight:
+            return super()._cached_weight_cast(gemm, w, cfg, scale, update, columnwise)
+        if getattr(self.weight, "fp8_primary", False) or cfg.mode == "custom":
+            return None
+        return get_grouped_weight_workspace(self._fp8_workspaces, self.weight, gemm, w, cfg,
+                                            scale, update, columnwise)
 
     _role_module_type = "grouped_linear"  # CustomRecipe roles (module/_custom.py)
 
