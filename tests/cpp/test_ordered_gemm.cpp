@@ -2,10 +2,10 @@
 // c = std::fmaf(op(A)[i, p], op(B)[p, j], c) over p = 0, 1, ..., K - 1 from c = +0 (this file is
 // compiled with -ffp-contract=off; std::fmaf is correctly rounded). Compared bit for bit (NaN
 // matches NaN) over shapes with row / column / K tails around the tile kernel's blocking (6-row
-// tiles, 16-column groups, 64-column panels, 96-row work items), every transpose combination, K = 0,
-// empty batches, values over many binades (so every rounding shows), non-finite inputs and a case
-// that a multiply-then-add would round differently. OpenMP thread counts 1 and 2 give the same
-// bytes. ci/isa_matrix.sh runs it at every CPU level (NVTE_CPU_ISA): the AVX-512 and AVX2 tile
+// tiles, 16-column groups, 64-column panels, 96-row work items), every transpose combination,
+// K = 0, empty batches, values over many binades (so every rounding shows), non-finite inputs and
+// a case that a multiply-then-add would round differently. OpenMP thread counts 1 and 2 give the
+// same bytes. ci/isa_matrix.sh runs it at every CPU level (NVTE_CPU_ISA): the AVX-512 and AVX2 tile
 // clones and the baseline's exact scalar loop must all give the oracle's bits.
 #include <cmath>
 #include <cstring>
@@ -100,7 +100,8 @@ TEST_P(OrderedGemm, EveryTransposeMatchesOracle) {
   const Case c = GetParam();
   for (int t = 0; t < 4; ++t) {
     const bool ta = t & 1, tb = t & 2;
-    const Problem p = random_problem(c, ta, tb, static_cast<uint32_t>(c.m * 7919 + c.n * 31 + c.k + t));
+    const uint32_t seed = static_cast<uint32_t>(c.m * 7919 + c.n * 31 + c.k + t);
+    const Problem p = random_problem(c, ta, tb, seed);
     EXPECT_TRUE(same_float_bits(run(p), oracle(p))) << "transa " << ta << " transb " << tb;
   }
 }
