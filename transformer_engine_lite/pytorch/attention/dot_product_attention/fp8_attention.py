@@ -18,9 +18,10 @@ of FP8 values are exact in fp32. The six GEMMs (forward S = Q K^T and O = P V; b
 dP = dO V^T, dQ = dS K, dK = dS^T Q) run through te_lite::ordered_bmm (core
 nvte_ordered_batched_gemm): every output an fmaf chain over K in index order from +0, on the CPU
 and on CUDA/HIP alike, and autograd's backward of it is the same op. GQA's head expansion sums its
-gradient over each group in index order (attention/_attention_gemm.py), not in a reduction kernel's order. With the
-casts, the fused softmax ops and the elementwise steps (scale, bias add, dropout multiply), which
-round alike everywhere, the emulation gives the same bytes on every device (tests/pytorch/
+gradient over each group in index order (attention/_attention_gemm.py), not in a reduction
+kernel's order. With the casts, the fused softmax ops (the GPU sums each row in the CPU's order,
+softmax/softmax.cu) and the elementwise steps (scale, bias add, dropout multiply), which round alike
+everywhere, the emulation gives the same bytes on every device (tests/pytorch/
 test_fp8_attention_ordered.py, test_gpu_parity.py). Left in the framework's order: the gradient of a
 learnable bias (a sum over its broadcast dims).
 
