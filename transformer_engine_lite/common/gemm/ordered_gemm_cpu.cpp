@@ -51,14 +51,14 @@ void run_scalar(const OrderedGemmProblem &p) {
 }
 
 // FMA levels: op(B) packed once per batch into the tile kernel's panels ([k][64] per 64 columns,
-// zeros past n), op(A) used in place (or transposed once), outputs of a work item into a buffer
-// whose row stride is n rounded up to 16 (the kernel writes whole 16-column groups).
+// zeros past n), op(A) used in place (transa: each work item transposes its rows into a small
+// buffer), outputs of a work item into a buffer whose row stride is n rounded up to 16 (the
+// kernel writes whole 16-column groups).
 void run_tiles(const OrderedGemmProblem &p) {
   const size_t m = p.m, n = p.n, k = p.k;
   const size_t panels = (n + tile::kPanel - 1) / tile::kPanel;
   const size_t panel_stride = k * tile::kPanel, bstride = panels * panel_stride;
   std::vector<float> bp(p.batch * bstride, 0.0f);
-  std::vector<float> at(p.transa ? p.batch * m * k : 0);
   parallel_for(p.batch, 1, [&](size_t b0, size_t b1) {
     for (size_t b = b0; b < b1; ++b) {
       float *dst = bp.data() + b * bstride;
@@ -66,27 +66,27 @@ void run_tiles(const OrderedGemmProblem &p) {
         for (size_t j = 0; j < n; ++j)
           dst[(j / tile::kPanel) * panel_stride + q * tile::kPanel + j % tile::kPanel] =
               op_b(p, b, q, j);
-      if (p.transa) {
-        float *a = at.data() + b * m * k;
-        for (size_t i = 0; i < m; ++i)
-          for (size_t q = 0; q < k; ++q) a[i * k + q] = op_a(p, b, i, q);
-      }
     }
   });
-  const float *abase = p.transa ? at.data() : p.a;
   const size_t ldc = (n + 15) / 16 * 16;
   const size_t chunks = (m + kRowChunk - 1) / kRowChunk;
   parallel_for(p.batch * chunks, 1, [&](size_t w0, size_t w1) {
     std::vector<float> cbuf(ldc == n ? 0 : kRowChunk * ldc);
+    std::vector<float> abuf(p.transa ? kRowChunk * k : 0);  // a work item's rows of A^T
     for (size_t w = w0; w < w1; ++w) {
       const size_t b = w / chunks, r0 = (w % chunks) * kRowChunk;
       const size_t rows = std::min(kRowChunk, m - r0);
+      const float *a = p.a + (b * m + r0) * k;
+      if (p.transa) {
+        for (size_t q = 0; q < k; ++q)
+          for (size_t i = 0; i < rows; ++i) abuf[i * k + q] = op_a(p, b, r0 + i, q);
+        a = abuf.data();
+      }
       float *out = p.d + (b * m + r0) * n;
       float *c = ldc == n ? out : cbuf.data();
-      tile::gemm_f32_cloned(static_cast<int>(rows), static_cast<int>(n), static_cast<int>(k),
-                            abase + (b * m + r0) * k, static_cast<int>(k),
-                            bp.data() + b * bstride, panel_stride, c, static_cast<int>(ldc),
-                            false);
+      tile::gemm_f32_cloned(static_cast<int>(rows), static_cast<int>(n), static_cast<int>(k), a,
+                            static_cast<int>(k), bp.data() + b * bstride, panel_stride, c,
+                            static_cast<int>(ldc), false);
       if (ldc != n)
         for (size_t r = 0; r < rows; ++r) std::memcpy(out + r * n, c + r * ldc, n * sizeof(float));
     }
