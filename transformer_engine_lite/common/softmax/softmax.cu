@@ -35,24 +35,31 @@ unsigned row_blocks(size_t rows) {
 
 // The CPU kernel's sum of term(j) over j < n (softmax_cpu.cpp, kLanes = 16): lane l adds the terms
 // j = l, l + 16, ... of the whole 16-blocks in order from 0, the tail j >= 16 * (n / 16) is added
-// in order from 0, then s = ((0 + lane 0) + lane 1) ... + lane 15, plus the tail. Threads 0-15 run
-// the lanes, thread 16 the tail (blocks have at least 32 threads), thread 0 the final adds. Only
-// 17 threads add, but in the one order that gives the CPU's bits; the exps are recomputed by the
-// caller's last pass as before. Every thread of the block must call it (barriers).
+// in order from 0, then s = ((0 + lane 0) + lane 1) ... + lane 15, plus the tail. The terms (an
+// exp or a product each) are computed by all threads, kChunk at a time, into shared memory; then
+// threads 0-15 add their lanes' terms of the chunk and thread 16 the tail's (blocks have at least
+// 32 threads): only 17 threads add, serially, but adds from shared memory are cheap, and this is
+// the one order that gives the CPU's bits. Every thread of the block must call it (barriers).
 constexpr int kLanes = 16;
+constexpr int kChunk = 2048;  // terms per round (8 KiB); a multiple of kLanes keeps lanes aligned
+static_assert(kChunk % kLanes == 0, "a chunk holds whole 16-blocks");
 template <typename F>
-__device__ __forceinline__ float lane_sum(size_t n, F term, float *lanes) {
+__device__ __forceinline__ float lane_sum(size_t n, F term, float *buf, float *lanes) {
   const int t = static_cast<int>(threadIdx.x);
   const size_t full = n / kLanes * kLanes;
-  if (t < kLanes) {
-    float acc = 0.0f;
-    for (size_t j = t; j < full; j += kLanes) acc += term(j);
-    lanes[t] = acc;
-  } else if (t == kLanes) {
-    float tail = 0.0f;
-    for (size_t j = full; j < n; ++j) tail += term(j);
-    lanes[kLanes] = tail;
+  float acc = 0.0f;  // lane t's sum (t < 16) or the tail's (t == 16)
+  for (size_t c0 = 0; c0 < n; c0 += kChunk) {
+    const size_t cn = n - c0 < static_cast<size_t>(kChunk) ? n - c0 : kChunk;
+    for (size_t j = t; j < cn; j += blockDim.x) buf[j] = term(c0 + j);
+    __syncthreads();
+    if (t < kLanes) {
+      for (size_t j = t; j < cn && c0 + j < full; j += kLanes) acc += buf[j];
+    } else if (t == kLanes) {
+      for (size_t j = full > c0 ? full - c0 : 0; j < cn; ++j) acc += buf[j];
+    }
+    __syncthreads();  // buf is refilled by the next round
   }
+  if (t <= kLanes) lanes[t] = acc;
   __syncthreads();
   float s = 0.0f;
   for (int l = 0; l < kLanes; ++l) s += lanes[l];
@@ -73,6 +80,7 @@ template <typename T>
 __global__ void __launch_bounds__(kMaxThreads)
     softmax_fwd_kernel(const SoftmaxParams p, const T *in, T *out) {
   __shared__ float scratch[kMaxThreads / kWarpSize];
+  __shared__ float buf[kChunk];
   __shared__ float lanes[kLanes + 1];
   const size_t n = p.cols;
   for (size_t row = blockIdx.x; row < p.rows; row += gridDim.x) {
@@ -90,7 +98,7 @@ __global__ void __launch_bounds__(kMaxThreads)
       }
       m = block_reduce<true>(tm, scratch);
       sum = lane_sum(valid, [&](size_t j) { return exp_f32(logit(x, mask, j, p.scale) - m); },
-                     lanes);
+                     buf, lanes);
     }
     for (size_t j = threadIdx.x; j < n; j += blockDim.x) {
       const float v = j < valid ? exp_f32(logit(x, mask, j, p.scale) - m) / sum : 0.0f;
@@ -105,6 +113,7 @@ __global__ void __launch_bounds__(kMaxThreads)
 template <typename T>
 __global__ void __launch_bounds__(kMaxThreads)
     softmax_bwd_kernel(const SoftmaxParams p, const T *dy, const T *y, T *dx) {
+  __shared__ float buf[kChunk];
   __shared__ float lanes[kLanes + 1];
   const size_t n = p.cols;
   for (size_t row = blockIdx.x; row < p.rows; row += gridDim.x) {
@@ -112,7 +121,7 @@ __global__ void __launch_bounds__(kMaxThreads)
     const T *g = dy + row * n, *yr = y + row * n;
     T *d = dx + row * n;
     const float dot =
-        lane_sum(valid, [&](size_t j) { return to_float(g[j]) * to_float(yr[j]); }, lanes);
+        lane_sum(valid, [&](size_t j) { return to_float(g[j]) * to_float(yr[j]); }, buf, lanes);
     for (size_t j = threadIdx.x; j < n; j += blockDim.x) {
       const float v = j < valid ? p.scale * to_float(yr[j]) * (to_float(g[j]) - dot) : 0.0f;
       d[j] = from_float<T>(v);
