@@ -93,7 +93,7 @@ void run_tiles(const OrderedGemmProblem &p) {
   });
 }
 
-// The 3-D fp32 operand `arg` of shape [batch, rows, cols]; returns its dims.
+// `arg` must be a 3-D fp32 tensor (`layout` names its dims for the message).
 void check_operand(const Tensor &t, const char *arg, const char *layout) {
   check_dtype(t.data, arg, {kNVTEFloat32});
   NVTE_CHECK(t.data.shape.size() == 3, "argument '", arg, "': expected a 3-D fp32 tensor ", layout,
