@@ -25,6 +25,7 @@ matrix_start=$SECONDS
 
 BUILD=${NVTE_TEST_BUILD_DIR:-$REPO_ROOT/build/tests-cpp}
 CORE_TESTS=(test_gemm test_nvfp4_gemm test_quantize test_dequantize test_block_scaling test_nvfp4 test_nvfp4_4over6 test_current_scaling test_recipe test_transpose
+            test_ordered_gemm
             test_normalization test_activation test_softmax test_fused_attn test_fused_rope)
 ORDER=(baseline avx2 avx512_core avx512_core_bf16 avx512_core_fp16 avx512_core_amx)
 LEVELS=${NVTE_CI_ISA_LEVELS:-avx2 avx512_core avx512_core_bf16 avx512_core_fp16 native}

@@ -188,6 +188,53 @@ def test_nvfp4_linear_forward_bits_match_cpu(device):
     assert torch.equal(outs[1], outs[0])
 
 
+@pytest.mark.parametrize("transa, transb", [(False, True), (True, False), (False, False)])
+def test_ordered_bmm_bits_match_cpu(device, transa, transb):
+    """The canonical-order fp32 GEMM (te_lite::ordered_bmm, FP8 attention's GEMMs): the GPU's SIMT
+    fmaf chains give the CPU's bits, tile and K tails included."""
+    g = torch.Generator().manual_seed(int(transa) * 2 + int(transb))
+    a = torch.randn(6, 70, 33, generator=g) if transa else torch.randn(6, 33, 70, generator=g)
+    b = torch.randn(6, 130, 70, generator=g) if transb else torch.randn(6, 70, 130, generator=g)
+    want = torch.ops.te_lite.ordered_bmm(a, b, transa, transb)
+    got = torch.ops.te_lite.ordered_bmm(a.to(device), b.to(device), transa, transb)
+    assert got.device.type == DEVICE
+    assert torch.equal(got.cpu().view(torch.int32), want.view(torch.int32))
+
+
+def _fp8_dpa_run(dev, mode, tensors):
+    dpa = te.DotProductAttention(8, 64, num_gqa_groups=2, qkv_format="bshd",
+                                 attn_mask_type="causal").to(dev)
+    recipe = (DelayedScaling(fp8_dpa=True, amax_history_len=4) if mode == "delayed"
+              else Float8CurrentScaling(fp8_dpa=True))
+    outs = []
+    for q, k, v, dy in tensors:  # two steps: the second with delayed scaling's updated scales
+        q, k, v = (t.to(dev).requires_grad_(True) for t in (q, k, v))
+        with te.fp8_autocast(fp8_recipe=recipe):
+            out = dpa(q, k, v)
+        out.backward(dy.to(dev))
+        outs.append([t.detach().cpu() for t in (out, q.grad, k.grad, v.grad)])
+    return outs
+
+
+@pytest.mark.parametrize("mode", ["delayed", "current"])
+def test_fp8_dot_product_attention_bytes_match_cpu(device, mode, monkeypatch):
+    """FP8 attention (fp8_dpa, GQA, causal) is exact arithmetic in one order on both devices: the
+    FP8 casts, the six GEMMs in the canonical order (te_lite::ordered_bmm), the fused softmax ops
+    and elementwise steps. Output and dq, dk, dv: the CPU's bytes, both steps."""
+    _attn_mode(monkeypatch, FLASH_MODE)
+    g = torch.Generator().manual_seed(17)
+    tensors = [(torch.randn(2, 100, 8, 64, generator=g, dtype=BF16),
+                torch.randn(2, 100, 2, 64, generator=g, dtype=BF16) * 1.5,
+                torch.randn(2, 100, 2, 64, generator=g, dtype=BF16) * 2,
+                torch.randn(2, 100, 512, generator=g, dtype=BF16)) for _ in range(2)]
+    ref = _fp8_dpa_run("cpu", mode, tensors)
+    got = _fp8_dpa_run(device, mode, tensors)
+    for step, (gs, rs) in enumerate(zip(got, ref)):
+        for name, a, b in zip(("output", "dq", "dk", "dv"), gs, rs):
+            assert torch.equal(a.view(torch.int16), b.view(torch.int16)), (
+                f"FP8 DotProductAttention ({mode}) step {step}: {name} differs from the CPU's bytes")
+
+
 @pytest.mark.parametrize("recipe", list(RECIPES))
 @pytest.mark.parametrize("module", list(MODULES))
 def test_module_matches_cpu(device, module, recipe, monkeypatch):

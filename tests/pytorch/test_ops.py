@@ -93,6 +93,8 @@ OPCHECK_CASES: list[tuple[str, str, Callable[[], tuple]]] = [
     ("block_gemm_accumulate_", "col-first", lambda: (randn(33, 70), randn(33, 70), randn(1, 70),
                                                      randn(33, 1))),
     ("nvfp4_block_gemm", "tails", lambda: (*_nv_k(19, 40, 1), *_nv_k(70, 40, 2))),
+    ("ordered_bmm", "nt", lambda: (randn(2, 3, 9, 11), randn(2, 3, 10, 11), False, True)),
+    ("ordered_bmm", "tn", lambda: (randn(4, 11, 9), randn(4, 11, 10), True, False)),
     ("dequantize_fp8_block", "2d-col", lambda: (*_blk((3, 130, 200), 2, True), 2, True,
                                                   torch.bfloat16)),
     (
@@ -428,4 +430,4 @@ def test_every_op_has_an_opcheck_case():
     assert set(te_ops.OPS) == covered, (
         f"no case for {sorted(set(te_ops.OPS) - covered)}; unknown {sorted(covered - set(te_ops.OPS))}"
     )
-    assert len(te_ops.OPS) == 68
+    assert len(te_ops.OPS) == 69

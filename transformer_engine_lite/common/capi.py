@@ -102,6 +102,7 @@ _SIGNATURES: dict[str, list[Any]] = {
     "nvte_cublas_gemm": [_T, _T, _T, _T, _T, _b, _b, _b, _T, _b, _b, _i, _S],
     "nvte_cublas_gemm_scaled": [_T, _T, _T, _T, _T, _b, _b, _b, _T, _f, _f, _b, _i, _S],
     "nvte_nvfp4_block_gemm": [_T, _T, _T, _S],
+    "nvte_ordered_batched_gemm": [_T, _T, _T, _b, _b, _S],
 }
 for _act in ("gelu", "qgelu", "relu", "srelu", "silu", "geglu", "qgeglu", "reglu", "sreglu", "swiglu",
              "glu"):

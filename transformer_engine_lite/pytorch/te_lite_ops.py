@@ -33,6 +33,11 @@ apply are float32 [0].
   nvfp4_block_gemm(Tensor b_data, Tensor b_scale, Tensor a_data, Tensor a_scale) -> Tensor
       fp32 [b rows, a rows]: sum, in K order, of the exact 16-block terms of two NVFP4 copies with
       blocks along K (packed E2M1 [rows, K/2], E4M3 grids): core nvte_nvfp4_block_gemm (CPU)
+  ordered_bmm(Tensor a, Tensor b, bool transa, bool transb) -> Tensor
+      fp32 [..., m, n] = op(a) . op(b) (a [..., m, K] or, transa, [..., K, m]; b [..., K, n] or,
+      transb, [..., n, K]; equal leading dims): every output an fmaf chain over K in index order
+      from +0, the same bits on the CPU and CUDA/HIP (core nvte_ordered_batched_gemm); FP8
+      attention's GEMMs. Differentiable: its backward is this op again.
   quantize_nvfp4(Tensor x, bool rowwise, bool columnwise, bool two_d, bool rht, int rht_sign_mask,
       bool stochastic_rounding, int seed, int offset, bool row_scaled=False, int four_over_six=0,
       int e4m3_max=448, bool err_fast_math=False)
@@ -262,6 +267,44 @@ def _(y, p, first, second):
 @torch.library.register_fake("te_lite::nvfp4_block_gemm")
 def _(b_data, b_scale, a_data, a_scale):
     return b_data.new_empty((b_data.shape[0], a_data.shape[0]), dtype=torch.float32)
+
+
+@torch.library.register_fake("te_lite::ordered_bmm")
+def _(a, b, transa, transb):
+    nd = a.dim()
+    torch._check(nd >= 2 and b.dim() == nd and a.shape[:-2] == b.shape[:-2],
+                 lambda: f"ordered_bmm: expected a and b with the same leading dims, got "
+                 f"{tuple(a.shape)} and {tuple(b.shape)}")
+    m = a.shape[-1] if transa else a.shape[-2]
+    n = b.shape[-2] if transb else b.shape[-1]
+    return a.new_empty((*a.shape[:-2], m, n), dtype=torch.float32)
+
+
+def _ordered_bmm_setup(ctx, inputs, output):
+    a, b, transa, transb = inputs
+    ctx.save_for_backward(a, b)
+    ctx.trans = (transa, transb)
+
+
+def _ordered_bmm_backward(ctx, dy):
+    # y = op(a) op(b): d op(a) = dy op(b)^T, d op(b) = op(a)^T dy, each this op again (so the
+    # backward keeps the canonical order on every device), transposed back to a's / b's layout
+    # by choosing the operand order and flags (no copies).
+    a, b = ctx.saved_tensors
+    ta, tb = ctx.trans
+    da = db = None
+    if ctx.needs_input_grad[0]:
+        # op(a) = a: da = dy . op(b)^T; op(a) = a^T: da = (dy . op(b)^T)^T = op(b) . dy^T
+        da = _ops.ordered_bmm(dy, b, False, not tb) if not ta else _ops.ordered_bmm(b, dy, tb, True)
+    if ctx.needs_input_grad[1]:
+        # op(b) = b: db = op(a)^T . dy; op(b) = b^T: db = dy^T . op(a)
+        db = _ops.ordered_bmm(a, dy, not ta, False) if not tb else _ops.ordered_bmm(dy, a, True, ta)
+    return da, db, None, None
+
+
+torch.library.register_autograd(
+    "te_lite::ordered_bmm", _ordered_bmm_backward, setup_context=_ordered_bmm_setup
+)
 
 
 @torch.library.register_fake("te_lite::compute_amax")

@@ -1,4 +1,5 @@
-"""The unfused attention backend's two GEMMs (Q K^T and P V) as one opaque torch op.
+"""The unfused attention backend's two GEMMs (Q K^T and P V) as one opaque torch op; and FP8
+attention's GEMMs in the canonical order (ordered_matmul) with its GQA head expansion.
 
 Under torch.compile, inductor lowers a CPU bmm whose M or N is 1 (every KV-cache decoding step:
 one query row) to its own multiply + sum reduction: the sum runs in another order and the bf16
@@ -14,7 +15,7 @@ from typing import Any
 
 import torch
 
-__all__ = ["attention_matmul"]
+__all__ = ["attention_matmul", "expand_heads", "ordered_matmul"]
 
 
 @torch.library.custom_op("te_lite_py::attention_matmul", mutates_args=())
@@ -50,3 +51,35 @@ def _backward(ctx: Any, grad: torch.Tensor) -> tuple[torch.Tensor | None, torch.
 
 
 attention_matmul.register_autograd(_backward, setup_context=_setup_context)
+
+
+def ordered_matmul(a: torch.Tensor, b: torch.Tensor, transb: bool = False) -> torch.Tensor:
+    """a [..., m, K] . b [..., K, n] (transb: b [..., n, K], b^T used), fp32, in the canonical
+    order (te_lite::ordered_bmm); differentiable, its backward the same op."""
+    return torch.ops.te_lite.ordered_bmm(a, b, False, transb)
+
+
+class _ExpandHeads(torch.autograd.Function):
+    """GQA / MQA: x [b, h_kv, s, d] -> [b, h_kv * group, s, d], each KV head repeated for its
+    group of query heads (repeat_interleave). The gradient of a KV head is the sum of its group's,
+    folded in index order (g0 + g1 + g2 ...) with elementwise adds: every device rounds alike,
+    where a reduction kernel's order is its own."""
+
+    @staticmethod
+    def forward(ctx: Any, x: torch.Tensor, group: int) -> torch.Tensor:
+        ctx.group = group
+        return x.repeat_interleave(group, dim=1)
+
+    @staticmethod
+    def backward(ctx: Any, g: torch.Tensor) -> tuple[torch.Tensor, None]:
+        b, h, s, d = g.shape
+        g = g.reshape(b, h // ctx.group, ctx.group, s, d)
+        acc = g[:, :, 0]
+        for i in range(1, ctx.group):
+            acc = acc + g[:, :, i]
+        return acc.contiguous(), None
+
+
+def expand_heads(x: torch.Tensor, group: int) -> torch.Tensor:
+    """x's KV heads repeated `group` times (dim 1), gradients summed in index order."""
+    return _ExpandHeads.apply(x, group)

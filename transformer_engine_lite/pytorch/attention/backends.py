@@ -29,7 +29,7 @@ import torch
 
 from ...common import attention_selection as selection
 from ...common import capi
-from ._attention_gemm import attention_matmul
+from ._attention_gemm import attention_matmul, expand_heads, ordered_matmul
 
 __all__ = [
     "BACKEND_NAMES",
@@ -402,9 +402,15 @@ class UnfusedDotProductAttention(torch.nn.Module):
             q, k, v = fp8.inputs(q, k, v)  # FP8 values in fp32: the GEMMs below run in fp32
         h_kv, skv = k.shape[1], k.shape[2]
         if h_kv != h:  # GQA / MQA: each KV head serves h / h_kv query heads
-            k = k.repeat_interleave(h // h_kv, dim=1)
-            v = v.repeat_interleave(h // h_kv, dim=1)
-        x = attention_matmul(q, k.transpose(-2, -1)).float()  # [b, h, sq, skv]
+            if fp8 is not None:  # the gradient summed in index order (fp8_attention.py)
+                k, v = expand_heads(k, h // h_kv), expand_heads(v, h // h_kv)
+            else:
+                k = k.repeat_interleave(h // h_kv, dim=1)
+                v = v.repeat_interleave(h // h_kv, dim=1)
+        if fp8 is not None:  # the canonical-order GEMM, the same bytes on every device
+            x = ordered_matmul(q, k, transb=True)  # [b, h, sq, skv]
+        else:
+            x = attention_matmul(q, k.transpose(-2, -1)).float()  # [b, h, sq, skv]
         scale = self.softmax_scale
         if bias_type == "pre_scale_bias":
             x = x + bias.float()
@@ -437,7 +443,7 @@ class UnfusedDotProductAttention(torch.nn.Module):
             kept = _ops.fused_attn_dropout_mask(rng_state, b, h, sq, skv, p)
             probs = probs * (kept.float() * (1.0 / (1.0 - p)))
         if fp8 is not None:
-            return fp8.output(torch.matmul(fp8.probs(probs), v), out_dtype)
+            return fp8.output(ordered_matmul(fp8.probs(probs), v), out_dtype)
         return attention_matmul(probs.to(q.dtype), v)
 
 

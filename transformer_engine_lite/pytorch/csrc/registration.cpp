@@ -1,6 +1,7 @@
 // Every te_lite op schema, declared once (TORCH_LIBRARY). Device implementations are registered by
-// the family files (cast.cpp, block_scaling.cpp, norm.cpp, activation.cpp, gemm.cpp, softmax.cpp, rope.cpp,
-// attention.cpp, router.cpp, permutation.cpp, permutation_index.cpp, cross_entropy.cpp); fake
+// the family files (cast.cpp, block_scaling.cpp, ordered_gemm.cpp, norm.cpp, activation.cpp,
+// gemm.cpp, softmax.cpp, rope.cpp, attention.cpp, router.cpp, permutation.cpp,
+// permutation_index.cpp, cross_entropy.cpp); fake
 // kernels and autograd by transformer_engine_lite/pytorch/te_lite_ops.py, whose docstring
 // documents each op (the router's autograd: pytorch/router.py, as TE's).
 #include <torch/library.h>
@@ -27,6 +28,7 @@ TORCH_LIBRARY(te_lite, m) {
       "ScalarType out_dtype) -> Tensor");
   m.def("block_gemm_accumulate_(Tensor(a!) y, Tensor p, Tensor first, Tensor second) -> ()");
   m.def("nvfp4_block_gemm(Tensor b_data, Tensor b_scale, Tensor a_data, Tensor a_scale) -> Tensor");
+  m.def("ordered_bmm(Tensor a, Tensor b, bool transa, bool transb) -> Tensor");
   m.def(
       "quantize_nvfp4(Tensor x, bool rowwise, bool columnwise, bool two_d, bool rht, "
       "int rht_sign_mask, bool stochastic_rounding, int seed, int offset, bool row_scaled=False, "

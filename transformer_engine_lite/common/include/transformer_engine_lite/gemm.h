@@ -93,6 +93,23 @@ NVTE_API NVTEStatus nvte_cublas_gemm_scaled(const NVTETensor A, const NVTETensor
 NVTE_API NVTEStatus nvte_nvfp4_block_gemm(const NVTETensor B, const NVTETensor A, NVTETensor D,
                                           NVTEStream stream);
 
+/*! The fp32 batched GEMM in one canonical summation order, for computations that must give the
+ *  same bits on every device (FP8 attention's emulation: pytorch/attention). Row-major, per batch b:
+ *    D[b, i, j] = fmaf(a_{K-1}, b_{K-1}, ... fmaf(a_1, b_1, fmaf(a_0, b_0, +0.0f)) ...)
+ *  with a_p = op(A)[b, i, p], b_p = op(B)[b, p, j]: every output is summed over K in index order,
+ *  from +0, with one fused multiply-add (one rounding) per term. No other order, no split of K, no
+ *  tensor cores (their accumulation order is unspecified): the CPU (any thread count) and the GPU
+ *  give the same bits (NaN payloads aside). CPU: the attention tile kernel's FMA clones
+ *  (x86-64-v4 / -v3) where the level allows, else (NVTE_CPU_ISA=baseline: no FMA hardware) a
+ *  scalar loop of exact fmaf, slower but the same bits. GPU: a SIMT kernel calling fmaf in K order.
+ *  A: fp32 [batch, m, K], or [batch, K, m] with transa (op(A) = A[b]^T).
+ *  B: fp32 [batch, K, n], or [batch, n, K] with transb (op(B) = B[b]^T).
+ *  D: fp32 [batch, m, n], overwritten. All three contiguous, 3-D, on one device (CPU or GPU).
+ *  K = 0 gives zeros. stream: the GPU's queue (unused on the CPU).
+ */
+NVTE_API NVTEStatus nvte_ordered_batched_gemm(const NVTETensor A, const NVTETensor B, NVTETensor D,
+                                              bool transa, bool transb, NVTEStream stream);
+
 #ifdef __cplusplus
 }
 #endif

@@ -14,7 +14,16 @@ DotProductAttention's FP8 meta):
 Each point here is a round trip through the core's FP8 cast (torch.ops.te_lite.quantize, the same
 bytes on every device) and back (dequantize), at TE's points in TE's order (its unfused backend's
 FP8 emulation): the GEMMs and the softmax then see exactly the values an FP8 kernel reads. Products
-of FP8 values are exact in fp32; only the accumulation order of the GEMMs is the framework's.
+of FP8 values are exact in fp32. The six GEMMs (forward S = Q K^T and O = P V; backward dV = P^T dO,
+dP = dO V^T, dQ = dS K, dK = dS^T Q) run through te_lite::ordered_bmm (core
+nvte_ordered_batched_gemm): every output an fmaf chain over K in index order from +0, on the CPU
+and on CUDA/HIP alike, and autograd's backward of it is the same op. GQA's head expansion sums its
+gradient over each group in index order (attention/_attention_gemm.py), not in a reduction
+kernel's order. With the casts, the fused softmax ops (the GPU sums each row in the CPU's order,
+softmax/softmax.cu) and the elementwise steps (scale, bias add, dropout multiply), which round alike
+everywhere, the emulation gives the same bytes on every device (tests/pytorch/
+test_fp8_attention_ordered.py, test_gpu_parity.py). Left in the framework's order: the gradient of a
+learnable bias (a sum over its broadcast dims).
 
 Scales follow the recipe:
 - DelayedScaling: every point uses the module's delayed-scaling scale of its slot and folds the
