@@ -287,6 +287,10 @@ def _functional_fn(name):
 @pytest.mark.parametrize("mesh_name", list(MESHES))
 @pytest.mark.parametrize("recipe", list(RECIPES))
 def test_functional(name, mesh_name, recipe):
+    if recipe == "current":
+        pytest.skip("TE-JAX's AmaxScope gives each dp / tp shard its own current-scaling scale, so "
+                    "sharded != unsharded: test_distributed_amax_scope.py checks these layers "
+                    "against the single-device layer run on each shard")
     mesh = mesh_of(mesh_name)
     resource = te.MeshResource(dp_resource="dp", tp_resource="tp")
     r = RECIPES[recipe]

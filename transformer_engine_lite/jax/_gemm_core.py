@@ -32,10 +32,17 @@ def copy_quantizer(q):
     return None if q is None else jax.tree_util.tree_map(lambda a: a, q)
 
 
-def quantize(quantizer, x, flatten_axis: int):
+def quantize(quantizer, x, flatten_axis: int, amax_scope=None, transpose_batch_sequence=False):
+    """x quantized by `quantizer` (None: x as is). amax_scope: where a current-scaling amax is
+    reduced under sharding (TE-JAX's layers: TPSP for activations and gradients, FSDP for
+    kernels); None: over the whole tensor."""
     if quantizer is None:
         return x
-    return quantizer.quantize(x, flatten_axis=flatten_axis, dq_dtype=x.dtype)
+    if amax_scope is None or quantizer.scaling_mode != ScalingMode.CURRENT_TENSOR_SCALING:
+        return quantizer.quantize(x, flatten_axis=flatten_axis, dq_dtype=x.dtype)
+    return quantizer.quantize(x, flatten_axis=flatten_axis, dq_dtype=x.dtype,
+                              amax_scope=amax_scope,
+                              transpose_batch_sequence=bool(transpose_batch_sequence))
 
 
 def _copy(t, colwise: bool):
@@ -87,11 +94,14 @@ def forward(xq, kq, x_ndim: int, nc: int, bias, out_dtype):
     return tex.gemm(lhs, rhs, dims, lsi, rsi, bias=b, out_dtype=out_dtype)
 
 
-def backward(g, xq, kq, x_ndim: int, k_ndim: int, nc: int, dgrad_quantizer, x_dtype, k_dtype):
-    """(dx, dk, dbias, dgrad_quantizer after use)."""
+def backward(g, xq, kq, x_ndim: int, k_ndim: int, nc: int, dgrad_quantizer, x_dtype, k_dtype,
+             transpose_batch_sequence=False):
+    """(dx, dk, dbias, dgrad_quantizer after use). The gradient's current-scaling amax is taken
+    over TE-JAX's AmaxScope.TPSP (as its layers' quantize_dbias / quantize_dact_dbias)."""
     n_free = k_ndim - nc
     n_batch = x_ndim - nc
-    gq = quantize(dgrad_quantizer, g, g.ndim - n_free)
+    gq = quantize(dgrad_quantizer, g, g.ndim - n_free, tex.AmaxScope.TPSP,
+                  transpose_batch_sequence)
     _pair(gq, False, kq, False)
     _pair(xq, True, gq, True)
     paired = _paired(k_ndim, nc)
@@ -100,6 +110,14 @@ def backward(g, xq, kq, x_ndim: int, k_ndim: int, nc: int, dgrad_quantizer, x_dt
     x_col, x_col_si = operand(xq, True, x_dtype, not paired)
     g_col, g_col_si = operand(gq, True, x_dtype, not paired)
     batch = tuple(range(n_batch))
+    if transpose_batch_sequence and n_batch >= 2 and not any(
+            isinstance(t, ScaledTensor1x) for t in (x_col, g_col)):
+        # wgrad contracts (seq, batch) flattened into one dim. Under current scaling the batch
+        # shards carry their own scales (TPSP is reduced over tpsp only), so the flattened dim
+        # must keep the batch sharding and may gather only along seq, within one scale: with the
+        # seq dim leading, XLA would keep the seq sharding and gather across batch shards instead,
+        # mixing bytes of different scales. Contracting (batch, seq) is the same sum.
+        x_col, g_col = jnp.swapaxes(x_col, 0, 1), jnp.swapaxes(g_col, 0, 1)
     if paired:
         n_act = k_row.shape[1]
         parts = [tex.gemm(g_row[..., j, :], k_row[:, j, :], ((n_batch,), (1,)), g_row_si,

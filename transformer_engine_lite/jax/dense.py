@@ -11,6 +11,7 @@ import jax
 import jax.numpy as jnp
 
 from . import _gemm_core as core
+from . import cpp_extensions as tex
 from .quantize.quantizer import QuantizerSet, noop_quantizer_set
 from .sharding import with_sharding_constraint_by_logical_axes
 
@@ -37,27 +38,31 @@ def _check(x, kernel, contracting_dims):
 def dense(x, kernel, bias=None, contracting_dims=((1,), (0,)), transpose_batch_sequence=False,
           input_axes=None, kernel_axes=None, output_axes=None, collective_op_set=None,
           quantizer_set: QuantizerSet = noop_quantizer_set):
-    """x [batch..., K...] . kernel [K..., N...] (+ bias [N...]) -> [batch..., N...] in x's dtype."""
-    del transpose_batch_sequence, collective_op_set
+    """x [batch..., K...] . kernel [K..., N...] (+ bias [N...]) -> [batch..., N...] in x's dtype.
+    Current scaling takes its amaxes as TE-JAX's dense does: x and the gradient over
+    AmaxScope.TPSP (the sequence dim: 0 with transpose_batch_sequence, else 1), the kernel over
+    AmaxScope.FSDP."""
+    del collective_op_set
     if contracting_dims == ((1,), (0,)) and x.ndim != 2:
         contracting_dims = ((x.ndim - 1,), (0,))
     nc = _check(x, kernel, contracting_dims)
     x = with_sharding_constraint_by_logical_axes(x, input_axes)
     kernel = with_sharding_constraint_by_logical_axes(kernel, kernel_axes)
-    out = _dense(x, kernel, bias, quantizer_set, nc)
+    out = _dense(x, kernel, bias, quantizer_set, nc, bool(transpose_batch_sequence))
     return with_sharding_constraint_by_logical_axes(out, output_axes)
 
 
-@partial(jax.custom_vjp, nondiff_argnums=(4,))
-def _dense(x, kernel, bias, quantizer_set, nc):
-    return _dense_fwd(x, kernel, bias, quantizer_set, nc)[0]
+@partial(jax.custom_vjp, nondiff_argnums=(4, 5))
+def _dense(x, kernel, bias, quantizer_set, nc, tbs):
+    return _dense_fwd(x, kernel, bias, quantizer_set, nc, tbs)[0]
 
 
-def _dense_fwd(x, kernel, bias, quantizer_set, nc):
+def _dense_fwd(x, kernel, bias, quantizer_set, nc, tbs):
     qx = core.copy_quantizer(quantizer_set.x)
     qk = core.copy_quantizer(quantizer_set.kernel)
-    xq = core.quantize(qx, x, x.ndim - nc)
-    kq = core.quantize(qk, kernel.astype(x.dtype) if qk is None else kernel, nc)
+    xq = core.quantize(qx, x, x.ndim - nc, tex.AmaxScope.TPSP, tbs)
+    kq = core.quantize(qk, kernel.astype(x.dtype) if qk is None else kernel, nc,
+                       tex.AmaxScope.FSDP, tbs)
     out = core.forward(xq, kq, x.ndim, nc, bias, x.dtype)
     static = core.Static(x.dtype, kernel.dtype, x.ndim, kernel.ndim,
                          None if bias is None else bias.dtype)
@@ -65,10 +70,11 @@ def _dense_fwd(x, kernel, bias, quantizer_set, nc):
     return out, res
 
 
-def _dense_bwd(nc, res, g):
+def _dense_bwd(nc, tbs, res, g):
     xq, kq, static, qset = res
     x_dtype, k_dtype, x_ndim, k_ndim, bias_dtype = static.values
-    dx, dk, dbias, qg = core.backward(g, xq, kq, x_ndim, k_ndim, nc, qset.dgrad, x_dtype, k_dtype)
+    dx, dk, dbias, qg = core.backward(g, xq, kq, x_ndim, k_ndim, nc, qset.dgrad, x_dtype, k_dtype,
+                                      tbs)
     dbias = None if bias_dtype is None else dbias.astype(bias_dtype)
     return dx, dk.astype(k_dtype), dbias, QuantizerSet(qset.x, qset.kernel, qg)
 

@@ -9,6 +9,7 @@ from functools import partial
 import jax
 import jax.numpy as jnp
 
+from . import _gemm_core as core
 from . import cpp_extensions as tex
 from .quantize.scaling_modes import ScalingMode
 from .quantize.tensor import ScaledTensor1x
@@ -24,11 +25,12 @@ def canonicalize_norm_type(norm_type: str) -> str:
 
 
 def norm_fwd(x, gamma, beta, norm_type, zero_centered_gamma, epsilon, quantizer, flatten_axis=-1,
-             amax_scope=None):
+             amax_scope=None, transpose_batch_sequence=False):
     """(z, mu, rsigma): z high precision, or quantized by `quantizer` (delayed scaling: fused into
     the norm kernel, amax fed to the quantizer's update; other recipes: quantized after).
     amax_scope: where current scaling takes its amax under sharding (tex.AmaxScope, TE-JAX's
-    rule; None: over the whole tensor)."""
+    rule, with transpose_batch_sequence naming the sequence dim for TPSP; None: over the whole
+    tensor)."""
     if norm_type == "layernorm" and beta is None:
         beta = jnp.zeros_like(gamma)
     g = gamma.astype(x.dtype) if gamma.dtype != x.dtype else gamma
@@ -42,10 +44,8 @@ def norm_fwd(x, gamma, beta, norm_type, zero_centered_gamma, epsilon, quantizer,
         return quantizer._wrap(t, None, None), mu, rs
     z, mu, rs, _, _ = tex.normalization_fwd(x, g, b, norm_type, epsilon, zero_centered_gamma)
     if quantizer is not None:
-        scoped = {}
-        if amax_scope is not None and quantizer.scaling_mode == ScalingMode.CURRENT_TENSOR_SCALING:
-            scoped = {"amax_scope": amax_scope}
-        z = quantizer.quantize(z, flatten_axis=flatten_axis, dq_dtype=x.dtype, **scoped)
+        # (z is in x's dtype: core.quantize's dq_dtype is x's)
+        z = core.quantize(quantizer, z, flatten_axis, amax_scope, transpose_batch_sequence)
     return z, mu, rs
 
 

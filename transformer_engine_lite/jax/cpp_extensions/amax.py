@@ -12,7 +12,7 @@ from enum import Enum
 
 import jax
 
-__all__ = ["AmaxScope"]
+__all__ = ["AmaxScope", "check_amax_scope"]
 
 
 class AmaxScope(Enum):
@@ -38,3 +38,14 @@ class AmaxScope(Enum):
         axes = tuple(a for a in self.axes(_GLOBAL_MESH_RESOURCE[0], data_spec,
                                            transpose_batch_sequence) if a in mesh.axis_names)
         return jax.lax.pmax(amax, axes) if axes else amax
+
+
+def check_amax_scope(op: str, amax_scope, allow_none: bool = True):
+    """`amax_scope` validated at trace time for entry point `op`: an AmaxScope (or None where our
+    whole-tensor extension is taken). TE-JAX would fail only once sharded, deep in the partition
+    rule (an AttributeError on the scope); we name the argument up front."""
+    if isinstance(amax_scope, AmaxScope) or (allow_none and amax_scope is None):
+        return amax_scope
+    expected = "an AmaxScope (LOCAL, TPSP, FSDP)" + (" or None" if allow_none else "")
+    raise ValueError(f"te_lite::{op}: argument 'amax_scope': expected {expected}, got "
+                     f"{amax_scope!r}")

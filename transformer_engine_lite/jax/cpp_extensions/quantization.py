@@ -26,7 +26,7 @@ from .misc import (
     fp8_dtype_of,
     fp8_max,
 )
-from .amax import AmaxScope
+from .amax import AmaxScope, check_amax_scope
 from .partitioning import RowRule, mesh_axes_of
 
 __all__ = [
@@ -140,20 +140,24 @@ QuantizePrimitive = FFIOp(
 )
 
 
-def quantize(x, quantizer, flatten_axis=-1, amax_scope=None, transpose_batch_sequence=False):
+def quantize(x, quantizer, flatten_axis=-1, amax_scope=AmaxScope.LOCAL,
+             transpose_batch_sequence=False):
     """Two forms.
 
-    TE-JAX's: `quantize(x, quantizer, flatten_axis=-1)` with a Quantizer (or None) -> ScaledTensor
-    (NoScaleTensor for None), through the handlers (fused where the recipe allows).
+    TE-JAX's: `quantize(x, quantizer, flatten_axis=-1, amax_scope=AmaxScope.LOCAL,
+    transpose_batch_sequence=False)` with a Quantizer (or None) -> ScaledTensor (NoScaleTensor for
+    None), through the handlers (fused where the recipe allows); see te_api.quantize_te.
     The primitive form: `quantize(x, scale, q_dtype)` with a float32 scale [1] ->
-    (data, amax, scale_inv): data = encode(x * scale); amax = max|x| before scaling."""
+    (data, amax, scale_inv): data = encode(x * scale); amax = max|x| before scaling. It takes its
+    scale as given, so no other scope than the (local) default."""
     from . import te_api
 
     if quantizer is None or te_api.is_quantizer(quantizer):
         return te_api.quantize_te(x, quantizer, flatten_axis, amax_scope, transpose_batch_sequence)
-    if amax_scope is not None or transpose_batch_sequence:
+    if amax_scope is not AmaxScope.LOCAL or transpose_batch_sequence:
         raise ValueError("te_lite::quantize: arguments 'amax_scope', 'transpose_batch_sequence': "
-                         "only taken with a Quantizer (TE-JAX's form), got them with a scale")
+                         "only taken with a Quantizer (TE-JAX's form), got "
+                         f"{amax_scope!r}, {transpose_batch_sequence!r} with a scale")
     return _quantize_scaled(x, quantizer, flatten_axis)
 
 
@@ -185,9 +189,7 @@ def dequantize(data, scale_inv, out_dtype=jnp.float32):
 def _amax_abstract(x, *, amax_scope=None, transpose_batch_sequence=False):
     del transpose_batch_sequence
     check_dtype("compute_amax", "x", x.dtype, HIGH_PRECISION)
-    if amax_scope is not None and not isinstance(amax_scope, AmaxScope):
-        raise ValueError(f"calculate_amax: argument 'amax_scope': expected an AmaxScope or None, "
-                         f"got {amax_scope!r}")
+    check_amax_scope("calculate_amax", amax_scope)
     return (_sds((1,), _F32),)
 
 

@@ -23,7 +23,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from .amax import AmaxScope
+from .amax import AmaxScope, check_amax_scope
 from .base import reference_mode
 
 _F32 = jnp.float32
@@ -68,22 +68,32 @@ def _dbias(x, dtype, flatten_axis, op):
 
 
 # -------------------------------------------------------------------------------------- quantize
-def quantize_te(x, quantizer, flatten_axis=-1, amax_scope=None, transpose_batch_sequence=False):
+def _scoped_quantize(quantizer, x, amax_scope, transpose_batch_sequence, **kwargs):
+    """quantizer.quantize(x, **kwargs), a current-scaling amax taken as `amax_scope` says (TE-JAX:
+    the scope only steers current scaling; delayed scaling's amax is reduced over the whole mesh
+    and block scalings have no tensor amax to scope)."""
+    from ..quantize.scaling_modes import ScalingMode
+
+    if quantizer.scaling_mode == ScalingMode.CURRENT_TENSOR_SCALING:
+        kwargs = dict(kwargs, amax_scope=amax_scope,
+                      transpose_batch_sequence=bool(transpose_batch_sequence))
+    return quantizer.quantize(x, **kwargs)
+
+
+def quantize_te(x, quantizer, flatten_axis=-1, amax_scope=AmaxScope.LOCAL,
+                transpose_batch_sequence=False):
     """x (array or NoScaleTensor) quantized by `quantizer` (NoScaleTensor for None).
 
     amax_scope / transpose_batch_sequence steer a sharded current-scaling amax as in TE (an
-    AmaxScope: see calculate_amax); left None, the amax is the whole tensor's (one scale, as
-    unsharded). Other recipes take no amax here (TE ignores them there too)."""
-    from ..quantize.scaling_modes import ScalingMode
-
+    AmaxScope, TE's default LOCAL: each shard quantizes with its own amax; see calculate_amax).
+    None (our extension) takes the whole tensor's amax (one scale, as unsharded)."""
     _check_quantizer("quantize", quantizer)
+    check_amax_scope("quantize", amax_scope)
     x = _unwrap(x)
     if quantizer is None:
         return _no_scale(x)
-    if quantizer.scaling_mode == ScalingMode.CURRENT_TENSOR_SCALING and amax_scope is not None:
-        return quantizer.quantize(x, flatten_axis=flatten_axis, amax_scope=amax_scope,
-                                  transpose_batch_sequence=bool(transpose_batch_sequence))
-    return quantizer.quantize(x, flatten_axis=flatten_axis)
+    return _scoped_quantize(quantizer, x, amax_scope, transpose_batch_sequence,
+                            flatten_axis=flatten_axis)
 
 
 def _jax_quantize(x, quantizer=None, dq_dtype=None, flatten_axis=-1):
@@ -96,11 +106,13 @@ def _jax_quantize(x, quantizer=None, dq_dtype=None, flatten_axis=-1):
         return quantizer.quantize(x, dq_dtype=dq_dtype, flatten_axis=flatten_axis)
 
 
-def quantize_dbias(dz, quantizer, is_dbias=True, flatten_axis=-1, amax_scope=None,
+def quantize_dbias(dz, quantizer, is_dbias=True, flatten_axis=-1, amax_scope=AmaxScope.LOCAL,
                    transpose_batch_sequence=False):
     """(quantized dz, dbias or None): dbias = sum of dz over the dims before flatten_axis,
     float32 accumulation, in dz's dtype. The core has no fused cast+dbias kernel, so this is the
-    quantize handler plus a float32 sum — the same values the fused kernel would produce."""
+    quantize handler plus a float32 sum — the same values the fused kernel would produce.
+    amax_scope: as in quantize (TE's default LOCAL)."""
+    check_amax_scope("quantize_dbias", amax_scope)
     dz = _unwrap(dz)
     out = quantize_te(dz, quantizer, flatten_axis, amax_scope, transpose_batch_sequence)
     return out, (_dbias(dz, dz.dtype, flatten_axis, "quantize_dbias") if is_dbias else None)
@@ -127,15 +139,19 @@ def _act_split(x, activation_type, op):
     return x if is_gated(activation_type) else x[..., 0, :]
 
 
-def act_lu_te(x, activation_type, quantizer=None, act_params=None, amax_scope=None,
+def act_lu_te(x, activation_type, quantizer=None, act_params=None, amax_scope=AmaxScope.LOCAL,
               transpose_batch_sequence=False, output_amax_when_no_scaling=False):
-    """act(x) [..., H], quantized by `quantizer` (delayed scaling: fused into the kernel)."""
+    """act(x) [..., H], quantized by `quantizer` (delayed scaling: fused into the kernel).
+    amax_scope (TE's default LOCAL): where the output's amax is reduced under sharding, for a
+    current-scaling quantizer and for the amax returned with output_amax_when_no_scaling (TE-JAX
+    reduces both over the scope's axes)."""
     from ..quantize.scaling_modes import ScalingMode
     from ..quantize.tensor import NoScaleTensor, ScaledTensor1x
     from .activation import _act_lu
+    from .quantization import calculate_amax
 
-    del amax_scope, transpose_batch_sequence
     _check_quantizer("act_lu", quantizer)
+    check_amax_scope("act_lu", amax_scope)
     xs = _act_split(x, activation_type, "act_lu")
     if quantizer is not None and quantizer.scaling_mode == ScalingMode.DELAYED_TENSOR_SCALING:
         q, amax, si = _act_lu(xs, activation_type, quantizer.q_dtype, quantizer.scale, act_params)
@@ -144,9 +160,11 @@ def act_lu_te(x, activation_type, quantizer=None, act_params=None, amax_scope=No
         return quantizer._wrap(t, None, None)
     y, _, _ = _act_lu(xs, activation_type, None, None, act_params)
     if quantizer is None:
-        amax = jnp.max(jnp.abs(y.astype(_F32))).reshape(1) if output_amax_when_no_scaling else None
+        amax = (calculate_amax(y, amax_scope, transpose_batch_sequence)
+                if output_amax_when_no_scaling else None)
         return NoScaleTensor(y, amax)
-    return quantizer.quantize(y, dq_dtype=x.dtype, flatten_axis=-1)
+    return _scoped_quantize(quantizer, y, amax_scope, transpose_batch_sequence, dq_dtype=x.dtype,
+                            flatten_axis=-1)
 
 
 def _jax_act_lu(inputs, activation_type, quantizer=None, act_params=None):
@@ -169,14 +187,17 @@ def _dact32(dz, x, activation_type, act_params):
 
 
 def quantize_dact_dbias(dz, x, activation_type=("gelu",), is_dbias=True, quantizer=None,
-                        act_params=None, amax_scope=None, transpose_batch_sequence=False):
+                        act_params=None, amax_scope=AmaxScope.LOCAL,
+                        transpose_batch_sequence=False):
     """(quantized d act(x)/dx * dz [..., n, H], dbias [n, H] or None) through the dact handler,
     dbias summed in float32 over the leading dims, dx quantized with flatten_axis=-2 (TE's).
     The core has no fused dact+dbias+cast kernel, so the handler runs in float32 and that float32
-    dx is what is summed and quantized — the bytes a fused kernel gives."""
+    dx is what is summed and quantized — the bytes a fused kernel gives. amax_scope: as in
+    quantize (TE's default LOCAL)."""
     from .activation import dact_lu
 
     _check_quantizer("quantize_dact_dbias", quantizer)
+    check_amax_scope("quantize_dact_dbias", amax_scope)
     dz = _unwrap(dz)
     xs = _act_split(x, activation_type, "quantize_dact_dbias")
     if dz.shape != x.shape[:-2] + x.shape[-1:]:
@@ -188,7 +209,8 @@ def quantize_dact_dbias(dz, x, activation_type=("gelu",), is_dbias=True, quantiz
     dbias = _dbias(dx, x.dtype, -2, "quantize_dact_dbias") if is_dbias else None
     if quantizer is None:
         return _no_scale(dx.astype(x.dtype)), dbias
-    return quantizer.quantize(dx, dq_dtype=x.dtype, flatten_axis=-2), dbias
+    return _scoped_quantize(quantizer, dx, amax_scope, transpose_batch_sequence,
+                            dq_dtype=x.dtype, flatten_axis=-2), dbias
 
 
 def _jax_quantize_dact_dbias(dz, x, activation_type, is_dbias=True, quantizer=None,
@@ -219,6 +241,7 @@ def _norm_te(kind, x, gamma, beta, zero_centered_gamma, epsilon, quantizer, amax
     from .normalization import _layernorm_fwd, _rmsnorm_fwd
 
     _check_quantizer(f"{kind}_fwd", quantizer)
+    check_amax_scope(f"{kind}_fwd", amax_scope)
 
     def run(out_dtype=None, scale=None):
         if kind == "layernorm":
@@ -234,13 +257,11 @@ def _norm_te(kind, x, gamma, beta, zero_centered_gamma, epsilon, quantizer, amax
     if quantizer is None:
         z, mu, rs, _, _ = run()
         return _no_scale(z), mu, rs
-    # Other recipes: the float32 norm output is quantized (no rounding to x's dtype between).
+    # Other recipes: the float32 norm output is quantized (no rounding to x's dtype between);
+    # TE-JAX takes a current-scaling amax of a norm output as its AmaxScope says.
     z, mu, rs, _, _ = run(np.dtype(np.float32))
-    scoped = {}
-    if quantizer.scaling_mode == ScalingMode.CURRENT_TENSOR_SCALING:
-        # TE-JAX takes the current-scaling amax of a norm output as its AmaxScope says.
-        scoped = {"amax_scope": amax_scope, "transpose_batch_sequence": transpose_batch_sequence}
-    return quantizer.quantize(z, dq_dtype=x.dtype, flatten_axis=-1, **scoped), mu, rs
+    return _scoped_quantize(quantizer, z, amax_scope, transpose_batch_sequence, dq_dtype=x.dtype,
+                            flatten_axis=-1), mu, rs
 
 
 def layernorm_fwd_te(x, gamma, beta, zero_centered_gamma, epsilon, quantizer=None,

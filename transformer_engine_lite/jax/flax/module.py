@@ -232,8 +232,10 @@ class DenseGeneral(TransformerEngineBase):
             quantization_checkpoint_name=self.quantization_checkpoint_name)
         nc = len(axis)
         dims = (tuple(range(inputs.ndim - nc, inputs.ndim)), tuple(range(nc)))
+        # transpose_batch_sequence: where TE-JAX's AmaxScope.TPSP finds the sequence dim.
         y = dense(inputs, kernel, bias, dims, input_axes=self.input_axes or None,
-                  kernel_axes=self.kernel_axes or None, quantizer_set=qset)
+                  kernel_axes=self.kernel_axes or None, quantizer_set=qset,
+                  transpose_batch_sequence=self.transpose_batch_sequence)
         if self.enable_low_rank_adaptation:
             y = y + _lora(self, inputs, nc, features, self.low_rank_adaptation_dim,
                           self.low_rank_adaptation_alpha, self.dtype, self.kernel_axes)
@@ -294,10 +296,12 @@ class LayerNormDenseGeneral(TransformerEngineBase):
                                    self.epsilon)
                 z = dense(ln_out, kernel, bias, ((ln_out.ndim - 1,), (0,)),
                           input_axes=self.dot_input_axes, kernel_axes=self.kernel_axes or None,
-                          quantizer_set=qset)
+                          quantizer_set=qset,
+                          transpose_batch_sequence=self.transpose_batch_sequence)
             else:
                 z = layernorm_dense(inputs, kernel, scale, ln_bias, bias, norm_type,
                                     self.zero_centered_gamma, self.epsilon,
+                                    transpose_batch_sequence=self.transpose_batch_sequence,
                                     layernorm_input_axes=self.layernorm_input_axes,
                                     dot_input_axes=self.dot_input_axes,
                                     kernel_axes=self.kernel_axes or None, quantizer_set=qset)
@@ -305,7 +309,7 @@ class LayerNormDenseGeneral(TransformerEngineBase):
             ln_out = inputs
             z = dense(inputs, kernel, bias, ((inputs.ndim - 1,), (0,)),
                       input_axes=self.dot_input_axes, kernel_axes=self.kernel_axes or None,
-                      quantizer_set=qset)
+                      quantizer_set=qset, transpose_batch_sequence=self.transpose_batch_sequence)
         if self.enable_low_rank_adaptation:
             z = z + _lora(self, ln_out, 1, features, self.low_rank_adaptation_dim,
                           self.low_rank_adaptation_alpha, self.dtype, self.kernel_axes)
@@ -403,6 +407,7 @@ class LayerNormMLP(TransformerEngineBase):
         if fused:
             out = layernorm_mlp(inputs, scale, ln_bias, [wi, wo], [wi_b, wo_b], norm_type,
                                 self.zero_centered_gamma, self.epsilon,
+                                transpose_batch_sequence=self.transpose_batch_sequence,
                                 norm_input_axes=self.layernorm_input_axes,
                                 dot_1_input_axes=self.dot_1_input_axes,
                                 dot_2_input_axes=self.dot_2_input_axes,
@@ -417,7 +422,8 @@ class LayerNormMLP(TransformerEngineBase):
                                self.epsilon)
         else:
             ln_out = inputs
-        h = dense(ln_out, wi, wi_b, ((ln_out.ndim - 1,), (0,)), quantizer_set=q1)
+        h = dense(ln_out, wi, wi_b, ((ln_out.ndim - 1,), (0,)), quantizer_set=q1,
+                  transpose_batch_sequence=self.transpose_batch_sequence)
         if self.enable_low_rank_adaptation:
             h = h + _lora(self, ln_out, 1, (n_act, self.intermediate_dim),
                           self.low_rank_adaptation_dim, self.low_rank_adaptation_alpha,
@@ -431,7 +437,8 @@ class LayerNormMLP(TransformerEngineBase):
                            broadcast_dims=tuple(self.intermediate_hidden_dropout_dims),
                            rng_collection=self.intermediate_dropout_rng_name)(
                                a, deterministic=deterministic)
-        out = dense(a, wo, wo_b, ((a.ndim - 1,), (0,)), quantizer_set=q2)
+        out = dense(a, wo, wo_b, ((a.ndim - 1,), (0,)), quantizer_set=q2,
+                    transpose_batch_sequence=self.transpose_batch_sequence)
         if self.enable_low_rank_adaptation:
             out = out + _lora(self, a, 1, (hidden,), self.low_rank_adaptation_dim,
                               self.low_rank_adaptation_alpha, self.dtype, None, "wo_")
