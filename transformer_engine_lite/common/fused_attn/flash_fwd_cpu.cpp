@@ -188,6 +188,37 @@ struct Task {
   int64_t bi, hi, q0;
 };
 
+// The GEMMs of a key block skip the keys no row of a 16-row chunk keeps past its last kept one: the
+// fully masked part of a block on the causal diagonal (a tile's last block: row r keeps keys <= r,
+// so chunk c needs the first 16 (c + 1) keys, 10 of 16 column groups instead of 16) and the padding
+// past the last key of a sequence. QK^T then computes only those columns of S (the rest of the
+// chunk's rows hold stale logits, which the softmax masks to -inf: their keys lie past every row's
+// kept range), and P.V sums only over those keys, whose P is exactly 0 otherwise. Leaving a +0
+// product out of a sum changes no bit (the accumulator starts at +0 and never becomes -0), so the
+// results are those of the untrimmed GEMMs, except that a masked key's inf or NaN value no longer
+// reaches the output as 0 x inf = NaN. Chunks in a row with the same key count form one span (one
+// GEMM call); a chunk keeping no key of the block gets none.
+constexpr int kSpanRows = 16;
+struct Span {
+  int r0, rows, keys;  // rows [r0, r0 + rows), keys [0, keys) of the block; keys a multiple of 16
+};
+
+inline int key_spans(int rows, const int *b, Span *spans) {
+  int n = 0;
+  for (int r0 = 0; r0 < rows; r0 += kSpanRows) {
+    const int rc = std::min(kSpanRows, rows - r0);
+    int hi = 0;
+    for (int r = r0; r < r0 + rc; ++r) hi = std::max(hi, b[r]);
+    const int keys = static_cast<int>(round_up(hi, 16));
+    if (keys == 0) continue;
+    if (n > 0 && spans[n - 1].keys == keys && spans[n - 1].r0 + spans[n - 1].rows == r0)
+      spans[n - 1].rows += rc;
+    else
+      spans[n++] = {r0, rc, keys};
+  }
+  return n;
+}
+
 template <typename E, typename T>
 void fwd(const AttnParams &p) {
   const PackedKV<E> kv = pack_kv<E, T>(p);
@@ -210,6 +241,7 @@ void fwd(const AttnParams &p) {
     float m[kBlockQ], l[kBlockQ], mx[kBlockQ], corr[kBlockQ];
     int64_t off[kBlockQ], lo[kBlockQ], hi[kBlockQ];
     int a[kBlockQ], b[kBlockQ];
+    Span spans[kBlockQ / kSpanRows];
 #pragma omp for schedule(dynamic, 1)
     for (int64_t t = 0; t < static_cast<int64_t>(tasks.size()); ++t) {
       const Task &tk = tasks[t];
@@ -234,8 +266,13 @@ void fwd(const AttnParams &p) {
           a[r] = static_cast<int>(std::clamp<int64_t>(lo[r] - j0, 0, kBlockKV));
           b[r] = static_cast<int>(std::clamp<int64_t>(hi[r] - j0, 0, kBlockKV));
         }
-        Compute<E>::gemm(rows, kBlockKV, ldq, qa.data(), ldq, kv.k_at(p, tk.bi, g, blk),
-                         static_cast<size_t>(kv.k_block), S.data(), kBlockKV, false);
+        const int nspans = key_spans(rows, b, spans);
+        for (int sp = 0; sp < nspans; ++sp) {
+          const Span &z = spans[sp];
+          Compute<E>::gemm(z.rows, z.keys, ldq, qa.data() + static_cast<size_t>(z.r0) * ldq, ldq,
+                           kv.k_at(p, tk.bi, g, blk), static_cast<size_t>(kv.k_block),
+                           S.data() + z.r0 * kBlockKV, kBlockKV, false);
+        }
         const bool hb = has_bias && load_bias_tile<T>(p, tk.bi, tk.hi, tk.q0, rows, j0, sq, skv,
                                                       bias.data());
         if (p.dropout > 0) dropout_tile(p, tk.bi, tk.hi, tk.q0, rows, j0, keep.data());
@@ -244,9 +281,13 @@ void fwd(const AttnParams &p) {
                    rows, S.data(), hb ? bias.data() : nullptr, a, b, p.scale,
                    p.dropout > 0 ? keep.data() : nullptr, m, l, mx, corr, pbuf.data(), acc.data(),
                    ldo, static_cast<int>(p.d_v)));
-        Compute<E>::gemm(rows, static_cast<int>(p.d_v), kBlockKV, pbuf.data(), kBlockKV,
-                         kv.v_at(p, tk.bi, g, blk), static_cast<size_t>(kBlockKV * tile::kPanel),
-                         acc.data(), ldo, true);
+        for (int sp = 0; sp < nspans; ++sp) {
+          const Span &z = spans[sp];
+          Compute<E>::gemm(z.rows, static_cast<int>(p.d_v), z.keys,
+                           pbuf.data() + z.r0 * kBlockKV, kBlockKV, kv.v_at(p, tk.bi, g, blk),
+                           static_cast<size_t>(kBlockKV * tile::kPanel),
+                           acc.data() + static_cast<size_t>(z.r0) * ldo, ldo, true);
+        }
       }
       // Normalize and store; a row with no kept key gets O = 0 and LSE = -inf (the sink's logit
       // with a sink: all its mass on the sink).
