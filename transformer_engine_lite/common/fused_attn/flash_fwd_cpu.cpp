@@ -131,7 +131,9 @@ NVTE_CPU_KERNEL void softmax_step(int rows, float *S, const float *bias, const i
 // the keys its rows keep. The panels of a sequence's kv head stay in the thread's L2 / L3 while
 // every query tile of the heads sharing it runs; packing all of K and V up front into one buffer (the
 // size of K and V in fp32, 33 MiB for B=2 H=16 S=2048 D=64) cost its page faults on every call and
-// had the tiles read it back from L3 / DRAM.
+// had the tiles read it back from L3 / DRAM. The trade: with fewer (sequence, kv head) pairs than
+// threads (MQA, batch 1), each thread packs the blocks of its own slices, so up to threads x one
+// head's K/V are resident at once where the up-front copy held every head once.
 template <typename E>
 struct KVPanels {
   int64_t kpad = 0, k_block = 0, v_block = 0;
