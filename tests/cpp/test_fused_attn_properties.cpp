@@ -2,7 +2,8 @@
 // test_fused_attn.cpp: fully masked rows exactly zero, inference without LSE, ignored optional
 // arguments and the workspace query; thd equal to per-sequence bshd runs and packed layouts
 // (nvte_fused_attn_fwd/_bwd with views and the packed entry points) equal to unpacked ones bit for
-// bit; dropout mask statistics and determinism across calls and OpenMP thread counts.
+// bit; dropout mask statistics and determinism across calls and OpenMP thread counts; the forward's
+// work split across thread counts.
 #include <cstring>
 #include <limits>
 #include <string>
@@ -451,6 +452,45 @@ TEST(FusedAttnDropout, DeterministicAcrossCallsAndThreads) {
     EXPECT_TRUE(a[i] == b[i]) << names[i] << " differs between two calls";
     EXPECT_TRUE(a[i] == one[i]) << names[i] << " differs between 2 threads and 1";
   }
+}
+
+// The forward's work items: one per (sequence, kv head), split into query slices when there are
+// fewer than two per thread, each packing the key blocks it needs into its thread's buffer; the key
+// blocks of a tile's diagonal computed only up to each 16-row chunk's last kept key. With one kv
+// head (MQA) and 4 query tiles, 1, 2 and 3 threads split the work into 2, 4 and 4 slices: the
+// outputs match the reference and are bit-identical across the splits.
+TEST(FusedAttnFwd, SlicedWorkBitIdenticalAcrossThreadCounts) {
+  for (NVTEDType dt : {kNVTEFloat32, kNVTEBFloat16})
+    for (NVTE_Mask_Type mask : {NVTE_CAUSAL_MASK, NVTE_CAUSAL_BOTTOM_RIGHT_MASK}) {
+      Case c = make_case(dt, NVTE_BSHD, mask, 200, 300);
+      c.b = 1;
+      c.h = 3;
+      c.h_kv = 1;
+      c.d_qk = c.d_v = 64;
+      auto run = [&](int threads) {
+#ifdef _OPENMP
+        omp_set_num_threads(threads);
+#else
+        (void)threads;
+#endif
+        Problem p = make_problem(c);
+        auto t = make_tensors(p);
+        const Call call(p, *t);
+        EXPECT_EQ(call.fwd(), NVTE_SUCCESS) << nvte_get_last_error();
+        EXPECT_EQ(call.bwd(), NVTE_SUCCESS) << nvte_get_last_error();
+        if (threads == 1) expect_matches(p, *t, reference(p));
+        return std::make_pair(t->o.buffer().bytes, t->lse.buffer().bytes);
+      };
+#ifdef _OPENMP
+      const int saved = omp_get_max_threads();
+#endif
+      const auto one = run(1), two = run(2), three = run(3);
+#ifdef _OPENMP
+      omp_set_num_threads(saved);
+#endif
+      EXPECT_TRUE(one == two) << c.name() << ": 2 threads differ from 1";
+      EXPECT_TRUE(one == three) << c.name() << ": 3 threads differ from 1";
+    }
 }
 
 }  // namespace

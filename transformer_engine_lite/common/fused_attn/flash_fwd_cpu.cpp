@@ -1,8 +1,9 @@
-// CPU flash-attention forward (FlashAttention-2 schedule): K and V of every (sequence, kv head) are
-// packed once into GEMM panels, then each task (sequence, head, tile of 64 query rows) walks the key
-// blocks its rows may see, keeping a running max and sum per row (online softmax) and an fp32 output
-// accumulator. Extra memory: the packed K/V copy (the size of K and V) plus per-thread tile buffers;
-// no S x S matrix exists at any point.
+// CPU flash-attention forward (FlashAttention-2 schedule): each work item (a sequence's kv head, or a
+// slice of its query tiles) runs the tiles of 64 query rows of every head sharing that kv head; a
+// tile walks the key blocks its rows may see, keeping a running max and sum per row (online softmax)
+// and an fp32 output accumulator, with K and V packed into GEMM panels in the thread's buffer the
+// first time a tile needs a block. Extra memory per thread: the panels of one sequence's K and V
+// head (fp32: 1 MiB at S = 2048, D = 64) and the tile buffers; no S x S matrix exists at any point.
 #include <algorithm>
 #include <cmath>
 #include <memory>
@@ -124,78 +125,132 @@ NVTE_CPU_KERNEL void softmax_step(int rows, float *S, const float *bias, const i
   }
 }
 
-// Packed K (B of S = Q.K^T: one panel of Dqk_pad x 64 per key block) and V (B of O = P.V: per key
-// block ceil(Dv/64) panels of 64 x 64) of every (sequence, kv head).
+// K and V of one (sequence, kv head) as GEMM panels, in a buffer of the thread: K as B of S = Q.K^T
+// (one panel of Dqk_pad x 64 per key block), V as B of O = P.V (per key block ceil(Dv/64) panels of
+// 64 x 64). A block is packed when a tile of the thread first needs it, so a work item packs only
+// the keys its rows keep. The panels of a sequence's kv head stay in the thread's L2 / L3 while
+// every query tile of the heads sharing it runs; packing all of K and V up front into one buffer (the
+// size of K and V in fp32, 33 MiB for B=2 H=16 S=2048 D=64) cost its page faults on every call and
+// had the tiles read it back from L3 / DRAM. The trade: with fewer (sequence, kv head) pairs than
+// threads (MQA, batch 1), each thread packs the blocks of its own slices, so up to threads x one
+// head's K/V are resident at once where the up-front copy held every head once.
 template <typename E>
-struct PackedKV {
+struct KVPanels {
   int64_t kpad = 0, k_block = 0, v_block = 0;
-  std::vector<int64_t> first_block;  // per sequence: index of its first block (x h_kv heads)
-  std::vector<int64_t> nblocks;      // per sequence
-  // Not value-initialized (std::vector would zero ~the size of K and V first): every block is
-  // written in full by the packing, padding included.
+  int64_t bi = -1, g = -1;  // the (sequence, kv head) packed, -1: none
+  // Not value-initialized: every block is written in full by the packing, padding included.
   std::unique_ptr<E[]> k, v;
+  std::vector<uint8_t> packed;  // per key block of (bi, g): written yet
 
-  int64_t block_index(const AttnParams &p, int64_t bi, int64_t g) const {
-    return first_block[bi] * p.h_kv + g * nblocks[bi];
+  KVPanels(const AttnParams &p, int64_t max_blocks) {
+    kpad = round_up(p.d_qk, Compute<E>::kKAlign);
+    k_block = kpad * tile::kPanel;
+    v_block = ceil_div(p.d_v, tile::kPanel) * kBlockKV * tile::kPanel;
+    k.reset(new E[static_cast<size_t>(max_blocks * k_block)]);
+    v.reset(new E[static_cast<size_t>(max_blocks * v_block)]);
+    packed.assign(static_cast<size_t>(max_blocks), 0);
   }
-  const E *k_at(const AttnParams &p, int64_t bi, int64_t g, int64_t blk) const {
-    return k.get() + (block_index(p, bi, g) + blk) * k_block;
+
+  void select(int64_t bi_, int64_t g_) {
+    if (bi_ == bi && g_ == g) return;
+    bi = bi_;
+    g = g_;
+    std::fill(packed.begin(), packed.end(), 0);
   }
-  const E *v_at(const AttnParams &p, int64_t bi, int64_t g, int64_t blk) const {
-    return v.get() + (block_index(p, bi, g) + blk) * v_block;
+
+  // Key block blk of the selected (sequence, kv head), packed on first use.
+  template <typename T>
+  void need(const AttnParams &p, int64_t blk) {
+    if (packed[blk]) return;
+    const int n = static_cast<int>(std::min<int64_t>(kBlockKV, p.len_kv(bi) - blk * kBlockKV));
+    int64_t koff[kBlockKV], voff[kBlockKV];
+    token_offsets_kv(p, p.sk_, bi, g, blk * kBlockKV, n, koff);
+    token_offsets_kv(p, p.sv_, bi, g, blk * kBlockKV, n, voff);
+    pack_b_rows_as_columns<E, T>(k.get() + blk * k_block, static_cast<int>(kpad),
+                                 static_cast<const T *>(p.k), koff, n, static_cast<int>(p.d_qk));
+    pack_b_rows_as_k<E, T>(v.get() + blk * v_block, kBlockKV, static_cast<const T *>(p.v), voff, n,
+                           static_cast<int>(p.d_v));
+    packed[blk] = 1;
+    // The next block's rows start loading a block's compute before they are packed.
+    const int64_t nb = blk + 1;
+    if (nb * kBlockKV < p.len_kv(bi) && !packed[nb]) {
+      const int nn = static_cast<int>(std::min<int64_t>(kBlockKV, p.len_kv(bi) - nb * kBlockKV));
+      token_offsets_kv(p, p.sk_, bi, g, nb * kBlockKV, nn, koff);
+      token_offsets_kv(p, p.sv_, bi, g, nb * kBlockKV, nn, voff);
+      prefetch_rows(static_cast<const T *>(p.k), koff, nn, p.d_qk * sizeof(T), false);
+      prefetch_rows(static_cast<const T *>(p.v), voff, nn, p.d_v * sizeof(T), false);
+    }
   }
+  const E *k_at(int64_t blk) const { return k.get() + blk * k_block; }
+  const E *v_at(int64_t blk) const { return v.get() + blk * v_block; }
 };
 
-template <typename E, typename T>
-PackedKV<E> pack_kv(const AttnParams &p) {
-  PackedKV<E> kv;
-  kv.kpad = round_up(p.d_qk, Compute<E>::kKAlign);
-  kv.k_block = kv.kpad * tile::kPanel;
-  kv.v_block = ceil_div(p.d_v, tile::kPanel) * kBlockKV * tile::kPanel;
-  kv.first_block.resize(p.b);
-  kv.nblocks.resize(p.b);
-  int64_t total = 0;
-  for (int64_t bi = 0; bi < p.b; ++bi) {
-    kv.first_block[bi] = total;
-    kv.nblocks[bi] = ceil_div(p.len_kv(bi), kBlockKV);
-    total += kv.nblocks[bi];
-  }
-  kv.k.reset(new E[static_cast<size_t>(total * p.h_kv * kv.k_block)]);
-  kv.v.reset(new E[static_cast<size_t>(total * p.h_kv * kv.v_block)]);
-  const T *K = static_cast<const T *>(p.k);
-  const T *V = static_cast<const T *>(p.v);
-  parallel_for(static_cast<size_t>(p.b * p.h_kv), 1, [&](size_t begin, size_t end) {
-    int64_t koff[kBlockKV], voff[kBlockKV];
-    for (size_t task = begin; task < end; ++task) {
-      const int64_t bi = static_cast<int64_t>(task) / p.h_kv, g = static_cast<int64_t>(task) % p.h_kv;
-      const int64_t skv = p.len_kv(bi);
-      for (int64_t blk = 0; blk < kv.nblocks[bi]; ++blk) {
-        const int n = static_cast<int>(std::min<int64_t>(kBlockKV, skv - blk * kBlockKV));
-        token_offsets_kv(p, p.sk_, bi, g, blk * kBlockKV, n, koff);
-        token_offsets_kv(p, p.sv_, bi, g, blk * kBlockKV, n, voff);
-        const int64_t idx = kv.block_index(p, bi, g) + blk;
-        pack_b_rows_as_columns<E, T>(kv.k.get() + idx * kv.k_block, static_cast<int>(kv.kpad), K,
-                                     koff, n, static_cast<int>(p.d_qk));
-        pack_b_rows_as_k<E, T>(kv.v.get() + idx * kv.v_block, kBlockKV, V, voff, n,
-                               static_cast<int>(p.d_v));
-      }
-    }
-  });
-  return kv;
-}
-
+// A work item: query tiles [t0, t1) of sequence bi for every head sharing kv head g (tile-major, so
+// consecutive tiles reuse the same key blocks). One item per (sequence, kv head) when there are
+// enough of them to keep the threads busy; otherwise each one's tiles are split into contiguous
+// slices (each slice packs the blocks it needs: a causal slice the blocks up to its last row).
 struct Task {
   int64_t bi, hi, q0;
 };
 
+struct WorkItem {
+  int64_t bi, g, t0, t1;
+};
+
+inline std::vector<WorkItem> work_items(const AttnParams &p) {
+  const int64_t units = p.b * p.h_kv;
+  const int64_t want = 2 * static_cast<int64_t>(max_threads());  // items per thread, at least 2
+  const int64_t slices = units >= want ? 1 : ceil_div(want, std::max<int64_t>(units, 1));
+  std::vector<WorkItem> items;
+  for (int64_t bi = 0; bi < p.b; ++bi) {
+    const int64_t tiles = ceil_div(p.len_q(bi), kBlockQ);
+    const int64_t ns = std::min(slices, tiles);
+    for (int64_t g = 0; g < p.h_kv; ++g)
+      for (int64_t s = ns - 1; s >= 0; --s)  // a causal unit's heaviest slice first
+        items.push_back({bi, g, tiles * s / ns, tiles * (s + 1) / ns});
+  }
+  return items;
+}
+
+// The GEMMs of a key block skip the keys no row of a 16-row chunk keeps past its last kept one: the
+// fully masked part of a block on the causal diagonal (a tile's last block: row r keeps keys <= r,
+// so chunk c needs the first 16 (c + 1) keys, 10 of 16 column groups instead of 16) and the padding
+// past the last key of a sequence. QK^T then computes only those columns of S (the rest of the
+// chunk's rows hold stale logits, which the softmax masks to -inf: their keys lie past every row's
+// kept range), and P.V sums only over those keys, whose P is exactly 0 otherwise. Leaving a +0
+// product out of a sum changes no bit (the accumulator starts at +0 and never becomes -0), so the
+// results are those of the untrimmed GEMMs for finite V (an inf or NaN in a masked key's V, which
+// 0 x inf spread as NaN over the whole tile, now reaches only the chunks that still compute that
+// key). Chunks in a row with the same key count form one span (one GEMM call); a chunk keeping no
+// key of the block gets none.
+constexpr int kSpanRows = 16;
+struct Span {
+  int r0, rows, keys;  // rows [r0, r0 + rows), keys [0, keys) of the block; keys a multiple of 16
+};
+
+inline int key_spans(int rows, const int *b, Span *spans) {
+  int n = 0;
+  for (int r0 = 0; r0 < rows; r0 += kSpanRows) {
+    const int rc = std::min(kSpanRows, rows - r0);
+    int hi = 0;
+    for (int r = r0; r < r0 + rc; ++r) hi = std::max(hi, b[r]);
+    const int keys = static_cast<int>(round_up(hi, 16));
+    if (keys == 0) continue;
+    if (n > 0 && spans[n - 1].keys == keys && spans[n - 1].r0 + spans[n - 1].rows == r0)
+      spans[n - 1].rows += rc;
+    else
+      spans[n++] = {r0, rc, keys};
+  }
+  return n;
+}
+
 template <typename E, typename T>
 void fwd(const AttnParams &p) {
-  const PackedKV<E> kv = pack_kv<E, T>(p);
-  std::vector<Task> tasks;
+  const std::vector<WorkItem> items = work_items(p);
+  int64_t max_blocks = 0;
   for (int64_t bi = 0; bi < p.b; ++bi)
-    for (int64_t hi = 0; hi < p.h; ++hi)
-      for (int64_t q0 = 0; q0 < p.len_q(bi); q0 += kBlockQ) tasks.push_back({bi, hi, q0});
-  const int ldq = static_cast<int>(kv.kpad);
+    max_blocks = std::max(max_blocks, ceil_div(p.len_kv(bi), kBlockKV));
+  const int ldq = static_cast<int>(round_up(p.d_qk, Compute<E>::kKAlign));
   const int ldo = static_cast<int>(round_up(p.d_v, 16));
   const int64_t group = p.h / p.h_kv;
   const T *Q = static_cast<const T *>(p.q);
@@ -204,19 +259,28 @@ void fwd(const AttnParams &p) {
 
 #pragma omp parallel
   {
+    KVPanels<E> kv(p, max_blocks);
     std::vector<E> qa(static_cast<size_t>(kBlockQ) * ldq), pbuf(kBlockQ * kBlockKV);
     std::vector<float> S(kBlockQ * kBlockKV), bias(has_bias ? kBlockQ * kBlockKV : 0),
         keep(p.dropout > 0 ? kBlockQ * kBlockKV : 0), acc(static_cast<size_t>(kBlockQ) * ldo);
     float m[kBlockQ], l[kBlockQ], mx[kBlockQ], corr[kBlockQ];
     int64_t off[kBlockQ], lo[kBlockQ], hi[kBlockQ];
     int a[kBlockQ], b[kBlockQ];
-#pragma omp for schedule(dynamic, 1)
-    for (int64_t t = 0; t < static_cast<int64_t>(tasks.size()); ++t) {
-      const Task &tk = tasks[t];
-      const int64_t sq = p.len_q(tk.bi), skv = p.len_kv(tk.bi), g = tk.hi / group;
+    Span spans[kBlockQ / kSpanRows];
+    // One tile: query rows [q0, q0 + 64) of sequence bi, head hi; K/V of kv.select()'s head.
+    auto run_tile = [&](const Task &tk, const Task *next) {
+      const int64_t sq = p.len_q(tk.bi), skv = p.len_kv(tk.bi);
       const int rows = static_cast<int>(std::min<int64_t>(kBlockQ, sq - tk.q0));
       token_offsets_q(p, p.sq_, tk.bi, tk.hi, tk.q0, rows, off);
       pack_a<E, T>(qa.data(), ldq, Q, off, rows, rows, static_cast<int>(p.d_qk));
+      // This tile's output rows (written last) and the next tile's Q rows start loading now.
+      token_offsets_q(p, p.so_, tk.bi, tk.hi, tk.q0, rows, off);
+      prefetch_rows(O, off, rows, p.d_v * sizeof(T), true);
+      if (next) {
+        const int nrows = static_cast<int>(std::min<int64_t>(kBlockQ, sq - next->q0));
+        token_offsets_q(p, p.sq_, next->bi, next->hi, next->q0, nrows, off);
+        prefetch_rows(Q, off, nrows, p.d_qk * sizeof(T), false);
+      }
       int64_t ulo, uhi;
       tile_key_ranges(p, tk.q0, rows, sq, skv, lo, hi, &ulo, &uhi);
       // A sink (off-by-one / learnable softmax) is one more logit with no value row: the running
@@ -230,12 +294,18 @@ void fwd(const AttnParams &p) {
       std::fill(acc.begin(), acc.end(), 0.0f);
       for (int64_t blk = ulo / kBlockKV; blk * kBlockKV < uhi; ++blk) {
         const int64_t j0 = blk * kBlockKV;
+        kv.template need<T>(p, blk);
         for (int r = 0; r < rows; ++r) {
           a[r] = static_cast<int>(std::clamp<int64_t>(lo[r] - j0, 0, kBlockKV));
           b[r] = static_cast<int>(std::clamp<int64_t>(hi[r] - j0, 0, kBlockKV));
         }
-        Compute<E>::gemm(rows, kBlockKV, ldq, qa.data(), ldq, kv.k_at(p, tk.bi, g, blk),
-                         static_cast<size_t>(kv.k_block), S.data(), kBlockKV, false);
+        const int nspans = key_spans(rows, b, spans);
+        for (int sp = 0; sp < nspans; ++sp) {
+          const Span &z = spans[sp];
+          Compute<E>::gemm(z.rows, z.keys, ldq, qa.data() + static_cast<size_t>(z.r0) * ldq, ldq,
+                           kv.k_at(blk), static_cast<size_t>(kv.k_block),
+                           S.data() + z.r0 * kBlockKV, kBlockKV, false);
+        }
         const bool hb = has_bias && load_bias_tile<T>(p, tk.bi, tk.hi, tk.q0, rows, j0, sq, skv,
                                                       bias.data());
         if (p.dropout > 0) dropout_tile(p, tk.bi, tk.hi, tk.q0, rows, j0, keep.data());
@@ -244,9 +314,13 @@ void fwd(const AttnParams &p) {
                    rows, S.data(), hb ? bias.data() : nullptr, a, b, p.scale,
                    p.dropout > 0 ? keep.data() : nullptr, m, l, mx, corr, pbuf.data(), acc.data(),
                    ldo, static_cast<int>(p.d_v)));
-        Compute<E>::gemm(rows, static_cast<int>(p.d_v), kBlockKV, pbuf.data(), kBlockKV,
-                         kv.v_at(p, tk.bi, g, blk), static_cast<size_t>(kBlockKV * tile::kPanel),
-                         acc.data(), ldo, true);
+        for (int sp = 0; sp < nspans; ++sp) {
+          const Span &z = spans[sp];
+          Compute<E>::gemm(z.rows, static_cast<int>(p.d_v), z.keys,
+                           pbuf.data() + z.r0 * kBlockKV, kBlockKV, kv.v_at(blk),
+                           static_cast<size_t>(kBlockKV * tile::kPanel),
+                           acc.data() + static_cast<size_t>(z.r0) * ldo, ldo, true);
+        }
       }
       // Normalize and store; a row with no kept key gets O = 0 and LSE = -inf (the sink's logit
       // with a sink: all its mass on the sink).
@@ -260,6 +334,18 @@ void fwd(const AttnParams &p) {
           p.lse[(tk.bi * p.h + tk.hi) * p.s_q + tk.q0 + r] =
               l[r] > 0.0f ? m[r] + std::log(l[r]) : kNegInf;
       }
+    };
+#pragma omp for schedule(dynamic, 1)
+    for (int64_t it = 0; it < static_cast<int64_t>(items.size()); ++it) {
+      const WorkItem &w = items[it];
+      kv.select(w.bi, w.g);
+      const int64_t h0 = w.g * group, h1 = h0 + group;
+      for (int64_t qt = w.t0; qt < w.t1; ++qt)
+        for (int64_t hq = h0; hq < h1; ++hq) {
+          const Task next = hq + 1 < h1 ? Task{w.bi, hq + 1, qt * kBlockQ}
+                                        : Task{w.bi, h0, (qt + 1) * kBlockQ};
+          run_tile({w.bi, hq, qt * kBlockQ}, hq + 1 < h1 || qt + 1 < w.t1 ? &next : nullptr);
+        }
     }
   }
   // Rows past a sequence's length (padding): O = 0 (bshd/sbhd; thd has no such rows), LSE = -inf.
