@@ -14,9 +14,29 @@
 #include <string>
 #include <vector>
 
+#ifdef _OPENMP
+#include <omp.h>
+#endif
+
 #include "transformer_engine_lite/transformer_engine.h"
 
 namespace test {
+
+// f() run with n OpenMP threads, the previous count restored after (the thread-count
+// bit-identity tests); without OpenMP, just f().
+template <typename F>
+auto with_threads(int n, F &&f) -> decltype(f()) {
+#ifdef _OPENMP
+  struct Restore {
+    int saved = omp_get_max_threads();
+    ~Restore() { omp_set_num_threads(saved); }
+  } restore;
+  omp_set_num_threads(n);
+#else
+  (void)n;
+#endif
+  return f();
+}
 
 // ------------------------------------------------------------------ independent conversions
 inline uint32_t fbits(float f) { uint32_t u; std::memcpy(&u, &f, 4); return u; }

@@ -10,10 +10,6 @@
 #include <utility>
 #include <vector>
 
-#ifdef _OPENMP
-#include <omp.h>
-#endif
-
 #include "fused_attn_reference.h"
 
 namespace {
@@ -425,28 +421,19 @@ TEST(FusedAttnDropout, DeterministicAcrossCallsAndThreads) {
   c.bias = NVTE_POST_SCALE_BIAS;
   c.bias_shape = {1, 4, 97, 130};
   auto run = [&](int threads) {
-#ifdef _OPENMP
-    omp_set_num_threads(threads);
-#else
-    (void)threads;
-#endif
-    Problem p = make_problem(c);
-    auto t = make_tensors(p);
-    const Call call(p, *t);
-    EXPECT_EQ(call.fwd(), NVTE_SUCCESS) << nvte_get_last_error();
-    EXPECT_EQ(call.bwd(), NVTE_SUCCESS) << nvte_get_last_error();
-    std::vector<std::vector<uint8_t>> out;
-    for (TestTensor *x : {&t->o, &t->lse, &t->dq, &t->dk, &t->dv, &t->dbias})
-      out.push_back(x->buffer().bytes);
-    return out;
+    return test::with_threads(threads, [&] {
+      Problem p = make_problem(c);
+      auto t = make_tensors(p);
+      const Call call(p, *t);
+      EXPECT_EQ(call.fwd(), NVTE_SUCCESS) << nvte_get_last_error();
+      EXPECT_EQ(call.bwd(), NVTE_SUCCESS) << nvte_get_last_error();
+      std::vector<std::vector<uint8_t>> out;
+      for (TestTensor *x : {&t->o, &t->lse, &t->dq, &t->dk, &t->dv, &t->dbias})
+        out.push_back(x->buffer().bytes);
+      return out;
+    });
   };
-#ifdef _OPENMP
-  const int saved = omp_get_max_threads();
-#endif
   const auto a = run(2), b = run(2), one = run(1);
-#ifdef _OPENMP
-  omp_set_num_threads(saved);
-#endif
   const char *names[] = {"O", "LSE", "dQ", "dK", "dV", "dBias"};
   for (size_t i = 0; i < a.size(); ++i) {
     EXPECT_TRUE(a[i] == b[i]) << names[i] << " differs between two calls";
@@ -468,26 +455,17 @@ TEST(FusedAttnFwd, SlicedWorkBitIdenticalAcrossThreadCounts) {
       c.h_kv = 1;
       c.d_qk = c.d_v = 64;
       auto run = [&](int threads) {
-#ifdef _OPENMP
-        omp_set_num_threads(threads);
-#else
-        (void)threads;
-#endif
-        Problem p = make_problem(c);
-        auto t = make_tensors(p);
-        const Call call(p, *t);
-        EXPECT_EQ(call.fwd(), NVTE_SUCCESS) << nvte_get_last_error();
-        EXPECT_EQ(call.bwd(), NVTE_SUCCESS) << nvte_get_last_error();
-        if (threads == 1) expect_matches(p, *t, reference(p));
-        return std::make_pair(t->o.buffer().bytes, t->lse.buffer().bytes);
+        return test::with_threads(threads, [&] {
+          Problem p = make_problem(c);
+          auto t = make_tensors(p);
+          const Call call(p, *t);
+          EXPECT_EQ(call.fwd(), NVTE_SUCCESS) << nvte_get_last_error();
+          EXPECT_EQ(call.bwd(), NVTE_SUCCESS) << nvte_get_last_error();
+          if (threads == 1) expect_matches(p, *t, reference(p));
+          return std::make_pair(t->o.buffer().bytes, t->lse.buffer().bytes);
+        });
       };
-#ifdef _OPENMP
-      const int saved = omp_get_max_threads();
-#endif
       const auto one = run(1), two = run(2), three = run(3);
-#ifdef _OPENMP
-      omp_set_num_threads(saved);
-#endif
       EXPECT_TRUE(one == two) << c.name() << ": 2 threads differ from 1";
       EXPECT_TRUE(one == three) << c.name() << ": 3 threads differ from 1";
     }

@@ -13,10 +13,6 @@
 #include <string>
 #include <vector>
 
-#ifdef _OPENMP
-#include <omp.h>
-#endif
-
 #include "test_common.h"
 #include "transformer_engine_lite/gemm.h"
 
@@ -24,6 +20,7 @@ namespace {
 
 using test::TestTensor;
 using test::same_float_bits;
+using test::with_threads;
 
 struct Case {
   size_t batch, m, n, k;
@@ -152,18 +149,8 @@ TEST(OrderedGemmEdges, SameBytesAcrossThreadCounts) {
   const Case c{3, 150, 90, 77};
   for (int t = 0; t < 4; ++t) {
     const Problem p = random_problem(c, t & 1, t & 2, 5u + t);
-#ifdef _OPENMP
-    const int saved = omp_get_max_threads();
-    omp_set_num_threads(1);
-#endif
-    const std::vector<float> one = run(p);
-#ifdef _OPENMP
-    omp_set_num_threads(2);
-#endif
-    const std::vector<float> two = run(p);
-#ifdef _OPENMP
-    omp_set_num_threads(saved);
-#endif
+    const std::vector<float> one = with_threads(1, [&] { return run(p); });
+    const std::vector<float> two = with_threads(2, [&] { return run(p); });
     EXPECT_EQ(std::memcmp(one.data(), two.data(), one.size() * sizeof(float)), 0) << "t " << t;
     EXPECT_TRUE(same_float_bits(one, oracle(p)));
   }

@@ -30,10 +30,9 @@ import numpy as np
 import pytest
 
 jax = pytest.importorskip("jax")
-if jax.device_count() < 8:
-    pytest.skip(f"needs 8 devices, found {jax.device_count()} (set XLA_FLAGS="
-                "--xla_force_host_platform_device_count=8 before jax is first imported)",
-                allow_module_level=True)
+from utils import require_host_devices  # noqa: E402
+
+require_host_devices(8)
 
 import jax.numpy as jnp
 from jax.sharding import Mesh, NamedSharding

@@ -17,6 +17,17 @@ DTYPES = (jnp.float32, jnp.bfloat16, jnp.float16)
 FP8 = (jnp.float8_e4m3fn, jnp.float8_e5m2, jnp.float8_e4m3fnuz, jnp.float8_e5m2fnuz)
 
 
+def require_host_devices(n: int) -> None:
+    """Skip the calling test module (at its import) unless jax sees n devices: the distributed
+    suites run on host devices made by XLA_FLAGS, which must be set before jax is imported."""
+    import pytest  # noqa: PLC0415
+
+    if jax.device_count() < n:
+        pytest.skip(f"needs {n} devices, found {jax.device_count()} (set XLA_FLAGS="
+                    f"--xla_force_host_platform_device_count={n} before jax is first imported)",
+                    allow_module_level=True)
+
+
 def tols(dtype) -> dict:
     key = dtype if isinstance(dtype, str) else np.dtype(dtype).name
     rtol, atol = TOLS[key]
