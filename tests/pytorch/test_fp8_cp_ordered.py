@@ -27,7 +27,7 @@ import torch
 import torch.distributed as dist
 from test_context_parallel import _groups, _shard, _spawn
 from test_context_parallel_fp8_ring import _inputs, _run
-from test_fp8_attention_ordered import _OracleExpand, _OracleMatmul, _same_bytes, oracle_mm
+from test_fp8_attention_ordered import _OracleExpand, _OracleMatmul, _same_bytes
 
 import transformer_engine_lite.pytorch as te
 from transformer_engine_lite.common import recipe as R
@@ -318,7 +318,8 @@ def test_merge_matches_fp64():
     out, lse = cm.merge(o1, l1, o2, l2)
     rl = torch.logaddexp(l1.double(), l2.double())
     safe = torch.where(torch.isinf(rl), 0, rl)
-    ro = o1.double() * (l1 - safe).exp().unsqueeze(-1) + o2.double() * (l2 - safe).exp().unsqueeze(-1)
+    ro = (o1.double() * (l1 - safe).exp().unsqueeze(-1)
+          + o2.double() * (l2 - safe).exp().unsqueeze(-1))
     assert lse[0, 0, 0] == float("-inf") and not out[0, 0, 0].any()
     torch.testing.assert_close(lse.double(), rl, rtol=5e-7, atol=5e-7)
     torch.testing.assert_close(out.double(), ro, rtol=2e-6, atol=2e-6)

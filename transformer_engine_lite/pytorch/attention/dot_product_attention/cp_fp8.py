@@ -16,9 +16,9 @@ TE's context_parallel.py quantizes:
 - The step's output: under DelayedScaling quantized with O's scale (TE's per-step kernel writes
   FP8 O), under current scaling rounded to the input dtype (TE's kernel writes F16 O there); the
   steps are combined through their LSEs in fp32 (cp_comm.merge's formula) and rounded to the
-  input dtype: the returned output (TE's out_f16). With fp8_output it is quantized by O once more (group
-  amax) and returned as FP8 values (a Float8Tensor); without it, under DelayedScaling, O's amax
-  is still recorded (TE quantizes out_f16 for its FP8 backward).
+  input dtype: the returned output (TE's out_f16). With fp8_output it is quantized by O once more
+  (group amax) and returned as FP8 values (a Float8Tensor); without it, under DelayedScaling, O's
+  amax is still recorded (TE quantizes out_f16 for its FP8 backward).
 - Every GEMM runs through te_lite::ordered_bmm (ordered_matmul; GQA by expand_heads), the step's
   LSE, probabilities and the LSE merge through attention/_canonical_math.py (our own exp / log as
   IEEE fp32 op sequences, sums in index order): the same bytes on the CPU and on CUDA/HIP.
