@@ -201,9 +201,12 @@ def test_ordered_bmm_bits_match_cpu(device, transa, transb):
     assert torch.equal(got.cpu().view(torch.int32), want.view(torch.int32))
 
 
-def _fp8_dpa_run(dev, mode, tensors):
+def _fp8_dpa_run(dev, mode, tensors, softmax_type="vanilla"):
     dpa = te.DotProductAttention(8, 64, num_gqa_groups=2, qkv_format="bshd",
-                                 attn_mask_type="causal").to(dev)
+                                 attn_mask_type="causal", softmax_type=softmax_type).to(dev)
+    if softmax_type == "learnable":
+        with torch.no_grad():
+            dpa.softmax_offset.copy_(torch.linspace(-2.0, 2.0, 8))
     recipe = (DelayedScaling(fp8_dpa=True, amax_history_len=4) if mode == "delayed"
               else Float8CurrentScaling(fp8_dpa=True))
     outs = []
@@ -213,6 +216,9 @@ def _fp8_dpa_run(dev, mode, tensors):
             out = dpa(q, k, v)
         out.backward(dy.to(dev))
         outs.append([t.detach().cpu() for t in (out, q.grad, k.grad, v.grad)])
+        if softmax_type == "learnable":  # fp32: compared as int32 words below
+            outs[-1].append(dpa.softmax_offset.grad.detach().cpu().view(torch.bfloat16))
+            dpa.softmax_offset.grad = None
     return outs
 
 
@@ -233,6 +239,41 @@ def test_fp8_dot_product_attention_bytes_match_cpu(device, mode, monkeypatch):
         for name, a, b in zip(("output", "dq", "dk", "dv"), gs, rs):
             assert torch.equal(a.view(torch.int16), b.view(torch.int16)), (
                 f"FP8 DotProductAttention ({mode}) step {step}: {name} differs from the CPU's bytes")
+
+
+def test_canonical_exp_log_bits_match_cpu(device):
+    """FP8 attention's own exp / log (attention/_canonical_math.py: IEEE fp32 op sequences) give
+    the CPU's bits on the device: specials, subnormal results, the whole range."""
+    from transformer_engine_lite.pytorch.attention import _canonical_math as cm
+
+    g = torch.Generator().manual_seed(23)
+    x = torch.cat([torch.linspace(-110, 90, 200_001), torch.randn(50_000, generator=g) * 20,
+                   torch.tensor([0.0, -0.0, float("inf"), float("-inf"), float("nan")])])
+    for name, fn, arg in (("exp", cm.exp, x), ("log", cm.log, x.abs() * 3 + 1e-40)):
+        want = fn(arg)
+        got = fn(arg.to(device))
+        assert got.device.type == DEVICE
+        assert torch.equal(got.cpu().view(torch.int32), want.view(torch.int32)), name
+
+
+@pytest.mark.parametrize("softmax_type", ["off-by-one", "learnable"])
+@pytest.mark.parametrize("mode", ["delayed", "current"])
+def test_fp8_dpa_sinks_bytes_match_cpu(device, mode, softmax_type, monkeypatch):
+    """FP8 attention with a sink (the canonical exp and ordered sums of _canonical_math.py):
+    output, dq, dk, dv and the learnable softmax_offset's gradient are the CPU's bytes."""
+    _attn_mode(monkeypatch, FLASH_MODE)
+    g = torch.Generator().manual_seed(29)
+    tensors = [(torch.randn(2, 60, 8, 64, generator=g, dtype=BF16),
+                torch.randn(2, 60, 2, 64, generator=g, dtype=BF16) * 1.5,
+                torch.randn(2, 60, 2, 64, generator=g, dtype=BF16) * 2,
+                torch.randn(2, 60, 512, generator=g, dtype=BF16)) for _ in range(2)]
+    ref = _fp8_dpa_run("cpu", mode, tensors, softmax_type)
+    got = _fp8_dpa_run(device, mode, tensors, softmax_type)
+    names = ("output", "dq", "dk", "dv", "d softmax_offset")
+    for step, (gs, rs) in enumerate(zip(got, ref)):
+        for name, a, b in zip(names, gs, rs):
+            assert torch.equal(a.view(torch.int16), b.view(torch.int16)), (
+                f"FP8 DPA {softmax_type} ({mode}) step {step}: {name} differs from the CPU's bytes")
 
 
 @pytest.mark.parametrize("recipe", list(RECIPES))

@@ -29,6 +29,7 @@ import torch
 
 from ...common import attention_selection as selection
 from ...common import capi
+from . import _canonical_math as canonical
 from ._attention_gemm import attention_matmul, expand_heads, ordered_matmul
 
 __all__ = [
@@ -412,6 +413,9 @@ class UnfusedDotProductAttention(torch.nn.Module):
         else:
             x = attention_matmul(q, k.transpose(-2, -1)).float()  # [b, h, sq, skv]
         scale = self.softmax_scale
+        if fp8 is not None and bias_type in ("pre_scale_bias", "post_scale_bias"):
+            # a learnable bias's gradient summed over its broadcast dims in index order
+            bias = canonical.ordered_broadcast(bias.float(), x.shape)
         if bias_type == "pre_scale_bias":
             x = x + bias.float()
         elif bias_type in ("post_scale_bias", "alibi"):
@@ -435,7 +439,9 @@ class UnfusedDotProductAttention(torch.nn.Module):
             if attention_mask is not None:  # 'arbitrary': True = masked, [b|1, h|1, sq, skv]
                 user = ~attention_mask.to(torch.bool)
                 keep = user if keep is None else keep & user
-        if sink is not None:
+        if sink is not None and fp8 is not None:  # exp and the sums in the canonical order
+            probs = canonical.softmax_with_sink(x * scale, keep, sink)
+        elif sink is not None:
             probs = _softmax_with_sink(x * scale, keep, sink)
         else:
             probs = _softmax(x.contiguous(), variant, keep, scale)

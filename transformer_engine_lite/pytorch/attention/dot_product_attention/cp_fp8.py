@@ -15,10 +15,13 @@ TE's context_parallel.py quantizes:
   per-step points take the rank's own amax (TE: "per_step tensors are not reduced").
 - The step's output: under DelayedScaling quantized with O's scale (TE's per-step kernel writes
   FP8 O), under current scaling rounded to the input dtype (TE's kernel writes F16 O there); the
-  steps are combined through their LSEs in fp32 (cp_comm.merge) and rounded to the input dtype:
-  the returned output (TE's out_f16). With fp8_output it is quantized by O once more (group
-  amax) and returned as FP8 values (a Float8Tensor); without it, under DelayedScaling, O's amax
-  is still recorded (TE quantizes out_f16 for its FP8 backward).
+  steps are combined through their LSEs in fp32 (cp_comm.merge's formula) and rounded to the
+  input dtype: the returned output (TE's out_f16). With fp8_output it is quantized by O once more
+  (group amax) and returned as FP8 values (a Float8Tensor); without it, under DelayedScaling, O's
+  amax is still recorded (TE quantizes out_f16 for its FP8 backward).
+- Every GEMM runs through te_lite::ordered_bmm (ordered_matmul; GQA by expand_heads), the step's
+  LSE, probabilities and the LSE merge through attention/_canonical_math.py (our own exp / log as
+  IEEE fp32 op sequences, sums in index order): the same bytes on the CPU and on CUDA/HIP.
 - Backward: dO quantized once on the output gradient (group amax), dQKV once on the rank's
   accumulated dq, dk, dv (group amax). TE's ring quantizes each step's dq / dk / dv with dQKV
   before its fp32 accumulation and recomputes each step with the global LSE and the final O;
@@ -38,6 +41,8 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
+from .. import _canonical_math as canonical
+from .._attention_gemm import expand_heads, ordered_matmul
 from . import cp_comm as comm
 from .fp8_attention import FP8AttentionPlan, _FP8Point, _Point
 
@@ -111,17 +116,20 @@ def _attend(pts: _StepPoints, q, k, v, scale: float, keep, out_dtype):  # noqa: 
     over the kept keys (keep: bool [sq, skv] or None), S, P V, the step's O rounding. Returns
     (o fp32, lse [b, h, sq] fp32). Every row keeps at least one key in the CP layouts."""
     g = q.shape[1] // k.shape[1]
-    if g > 1:  # GQA
-        k, v = (t.repeat_interleave(g, dim=1) for t in (k, v))
-    x = torch.matmul(q, k.transpose(-2, -1)) * scale
+    if g > 1:  # GQA: the KV heads' gradients summed over each group in index order
+        k, v = expand_heads(k, g), expand_heads(v, g)
+    x = ordered_matmul(q, k, transb=True) * scale
     if pts.dp is not None:
         x = _FP8Point.apply(None, pts.dp, None, x)[0]
     if keep is not None:
         x = x.masked_fill(~keep, float("-inf"))
-    lse = torch.logsumexp(x, -1)
-    p = torch.exp(x - lse.unsqueeze(-1))
+    # The step's LSE and probabilities by the canonical exp / log / ordered sums; the LSE
+    # broadcast along the row by row_expand, so its gradient (the row sum of dP * P) is an
+    # ordered sum too. The subtraction's and the masking's backward are elementwise.
+    lse = canonical.logsumexp(x)
+    p = canonical.exp(x - canonical.row_expand(lse, x.shape[-1]))
     p = _FP8Point.apply(pts.s, None, torch.float32, p)[0]
-    o = torch.matmul(p, v)
+    o = ordered_matmul(p, v)
     if pts.o is not None:  # delayed: the step's FP8 output
         o = _FP8Point.apply(pts.o, None, torch.float32, o)[0]
     else:  # current scaling: the step's output in the input dtype
@@ -157,9 +165,9 @@ def _ring(pts, q, k, v, causal, scale, group, ranks, dtype):  # noqa: ANN001, AN
         if out is None:  # step 0 (the rank's own chunks) covers every row
             out, lse = o, l_
         elif qw is None:
-            out, lse = comm.merge(out, lse, o, l_)
+            out, lse = canonical.merge(out, lse, o, l_)
         else:  # only the second half of q's rows
-            o2, l2 = comm.merge(out.narrow(2, c, c), lse.narrow(2, c, c), o, l_)
+            o2, l2 = canonical.merge(out.narrow(2, c, c), lse.narrow(2, c, c), o, l_)
             out = torch.cat((out.narrow(2, 0, c), o2), 2)
             lse = torch.cat((lse.narrow(2, 0, c), l2), 2)
     return out

@@ -22,8 +22,11 @@ gradient over each group in index order (attention/_attention_gemm.py), not in a
 kernel's order. With the casts, the fused softmax ops (the GPU sums each row in the CPU's order,
 softmax/softmax.cu) and the elementwise steps (scale, bias add, dropout multiply), which round alike
 everywhere, the emulation gives the same bytes on every device (tests/pytorch/
-test_fp8_attention_ordered.py, test_gpu_parity.py). Left in the framework's order: the gradient of a
-learnable bias (a sum over its broadcast dims).
+test_fp8_attention_ordered.py, test_gpu_parity.py). A sink softmax (softmax_type off-by-one /
+learnable), a learnable bias's and a learnable sink's gradient (sums over broadcast dims) and
+context parallelism's per-step LSE and LSE merge (cp_fp8.py) use attention/_canonical_math.py: our
+own exp / log as fixed sequences of IEEE fp32 operations and sums in index order
+(test_fp8_cp_ordered.py).
 
 Scales follow the recipe:
 - DelayedScaling: every point uses the module's delayed-scaling scale of its slot and folds the
