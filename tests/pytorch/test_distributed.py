@@ -192,6 +192,35 @@ def test_delayed_scaling_amax_reduction_matches_single_process():
         tp.zero_grad()
 
 
+def test_delayed_scaling_update_with_a_module_alive_on_one_rank_only():
+    """A dropped FP8 module held by a reference cycle lives until the cyclic collector runs, on
+    each rank at its own moment. The delayed-scaling update must not depend on it: the reduction
+    covers the modules that ran (the same on every rank), so the ranks agree and nothing aborts."""
+    import gc
+
+    recipe = DelayedScaling(amax_history_len=2)
+    x = torch.randn(4, H)
+    gc.disable()
+    try:
+        lingering = te.Linear(H, H)
+        with te.fp8_autocast(fp8_recipe=recipe):
+            lingering(x)
+        lingering.cycle = lingering  # freed only by the cyclic collector
+        del lingering
+        if dist.get_rank() == 1:
+            gc.collect()  # rank 1 collects it, rank 0 keeps it alive
+        shared = te.Linear(H, H)
+        for step in range(2):
+            with te.fp8_autocast(fp8_recipe=recipe):
+                shared(x * (dist.get_rank() + step + 1))
+        scales = [torch.zeros_like(shared.fp8_fwd_scale) for _ in range(2)]
+        dist.all_gather(scales, shared.fp8_fwd_scale)
+        assert torch.equal(scales[0], scales[1]), "forward scales differ across ranks"
+    finally:
+        gc.enable()
+        gc.collect()
+
+
 def test_current_scaling_row_parallel_close_to_single_process():
     torch.manual_seed(4)
     ref = te.Linear(H, OUT)

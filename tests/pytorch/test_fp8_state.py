@@ -234,3 +234,69 @@ def test_manager_availability_pairs():
     assert m.is_fp8_available() == (True, "") and m.is_mxfp8_available() == (True, "")
     assert m.is_fp8_block_scaling_available() == (True, "")
     assert m.is_nvfp4_available() == (True, "")
+
+
+@pytest.mark.parametrize("recipe", [DelayedScaling(fp8_dpa=True), Float8CurrentScaling(fp8_dpa=True)],
+                         ids=["delayed", "current"])
+def test_dropped_modules_are_freed_without_the_cycle_collector(recipe):
+    """A module dropped after an FP8 forward + backward is freed at once (reference counting), not
+    when Python's cyclic collector happens to run: the FP8 attention plan and its quantization
+    points used to form a cycle that kept the DotProductAttention alive."""
+    import gc
+    import weakref
+
+    def run(m, *x):
+        with te.fp8_autocast(fp8_recipe=recipe):
+            y = m(*x)
+        y.float().sum().backward()
+
+    q = torch.randn(8, 2, 2, 16, dtype=torch.bfloat16, requires_grad=True)
+    x = torch.randn(4, 2, 32, requires_grad=True)
+    makers = [(lambda: te.DotProductAttention(2, 16), (q, q, q)),
+              (lambda: te.Linear(32, 32), (x,)),
+              (lambda: te.TransformerLayer(32, 64, 2), (x,))]
+    enabled = gc.isenabled()
+    gc.disable()
+    try:
+        for make, args in makers:
+            m = make()
+            run(m, *args)
+            ref = weakref.ref(m)
+            del m
+            assert ref() is None, f"{type(ref()).__name__} outlived its last reference"
+    finally:
+        if enabled:
+            gc.enable()
+
+
+def test_update_skips_modules_that_did_not_run():
+    """Only the modules that ran join a delayed-scaling update (their 'ran' flags select them):
+    a live module that did not run keeps its history and scale, and the reduction's size does
+    not depend on how many other FP8 modules are alive (which differs between the ranks of an
+    SPMD program while a dropped module waits for the cyclic collector)."""
+    recipe = DelayedScaling(amax_history_len=3)
+    idle, busy = te.Linear(16, 16), te.Linear(16, 16)
+    x = torch.randn(4, 16)
+    with te.fp8_autocast(fp8_recipe=recipe):
+        idle(x)
+        busy(x)
+    idle_state = (idle.fp8_fwd_amax_history.clone(), idle.fp8_fwd_scale.clone())
+    sizes = []
+    import transformer_engine_lite.pytorch.fp8 as fp8_mod
+
+    real = fp8_mod._update_delayed
+
+    def spy(modules, *a, **k):
+        sizes.append(len(modules))
+        return real(modules, *a, **k)
+
+    fp8_mod._update_delayed = spy
+    try:
+        with te.fp8_autocast(fp8_recipe=recipe):
+            busy(x * 2)
+    finally:
+        fp8_mod._update_delayed = real
+    assert sizes == [1], sizes
+    assert torch.equal(idle.fp8_fwd_amax_history, idle_state[0])
+    assert torch.equal(idle.fp8_fwd_scale, idle_state[1])
+    assert int(busy.fp8_fwd_ran) == 0

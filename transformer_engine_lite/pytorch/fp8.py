@@ -358,11 +358,19 @@ class FP8GlobalStateManager:
         if not codes:
             return
         modules = [m for m in cls._registered() if m.fp8_meta_initialized()]
+        # The modules that ran under each code: their "ran" flags, read in one host transfer.
+        # Only these join the amax reduction. A module that did not run is not updated anyway,
+        # and the set of live modules is not the same on every rank: one dropped inside a
+        # reference cycle lives until Python's cyclic collector runs, at a different moment on
+        # each rank, and a reduction over it would differ in size between ranks (a gloo abort,
+        # an NCCL hang). The flags are set identically on every rank of an SPMD program.
+        flags = _ran_flags(modules, forward)
         for code in sorted(codes):
             recipe, group = cls._recipe_entries[code - 1]
             recipe = cls._custom_delayed.get(code, recipe)
-            if recipe.delayed() and modules:
-                _update_delayed(modules, recipe, group, code, forward)
+            ran = [m for m, f in zip(modules, flags) if f == code]
+            if recipe.delayed() and ran:
+                _update_delayed(ran, recipe, group, code, forward)
         if forward:
             cls._fwd_codes = set()
 
@@ -404,6 +412,19 @@ class FP8GlobalStateManager:
         cls._bwd_codes = set()
         cls._bwd_callback_queued = False
         cls._skip_weight_update = None
+
+
+def _ran_flags(modules: list[Any], forward: bool) -> list[int]:
+    """Each module's forward / backward "ran" flag, one host transfer per device."""
+    by_device: dict[torch.device, list[int]] = {}
+    for i, m in enumerate(modules):
+        by_device.setdefault(m.fp8_meta_device(), []).append(i)
+    flags = [0] * len(modules)
+    for idx in by_device.values():
+        values = torch.cat([modules[i].fp8_meta_tensors(forward)[2] for i in idx]).tolist()
+        for i, f in zip(idx, values):
+            flags[i] = f
+    return flags
 
 
 def _reduce_amax(rows: torch.Tensor, group: Any) -> None:

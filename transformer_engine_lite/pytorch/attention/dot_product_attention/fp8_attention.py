@@ -54,6 +54,7 @@ the recipe; TE's recipe switches "DelayedScaling" / "Float8CurrentScaling" are n
 from __future__ import annotations
 
 import os
+import weakref
 from dataclasses import dataclass
 from typing import Any
 
@@ -92,9 +93,22 @@ class _Point:
     def __init__(self, plan: FP8AttentionPlan, forward: bool, slot: int, local: bool = False
                  ) -> None:
         # local: the amax is this rank's alone (context parallelism's per-step points, cp_fp8.py)
-        self.plan, self.forward, self.slot, self.local = plan, forward, slot, local
+        # The plan holds its points; a point refers back to it weakly, so that no reference cycle
+        # keeps the plan -- and through it the module -- alive until Python's cyclic collector
+        # runs: a module dropped on one rank of an SPMD program and still alive on another would
+        # join that rank's delayed-scaling amax reduction only (fp8.py selects by "ran" flags
+        # too). Whoever runs a point (the forward's caller, _FP8Point's ctx) holds the plan.
+        self._plan = weakref.ref(plan)
+        self.forward, self.slot, self.local = forward, slot, local
         self.dtype = plan.fwd_dtype if forward else plan.bwd_dtype
         self.last_scale: torch.Tensor | None = None  # the scale of the last round trip
+
+    @property
+    def plan(self) -> FP8AttentionPlan:
+        plan = self._plan()
+        if plan is None:  # a caller dropped the plan while still using its point: our bug
+            raise RuntimeError("FP8 attention: a quantization point outlived its plan")
+        return plan
 
     @torch.no_grad()
     def round_trip(self, *xs: torch.Tensor, out_dtype: torch.dtype | None = None
@@ -131,6 +145,7 @@ class _FP8Point(torch.autograd.Function):
     def forward(ctx: Any, fwd: _Point | None, bwd: _Point | None, out_dtype: Any,
                 *xs: torch.Tensor) -> tuple[torch.Tensor, ...]:
         ctx.bwd = bwd
+        ctx.plan = bwd.plan if bwd is not None else None  # keeps the point's plan alive for backward
         ctx.dtypes = tuple(x.dtype for x in xs)
         if fwd is None:
             return tuple(x.clone() for x in xs)
