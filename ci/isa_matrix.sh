@@ -12,7 +12,8 @@
 #                        under each FP8 recipe, FP8 bytes and state equal to the PyTorch path,
 #                        attention (every layout family, dropout) equal to PyTorch bit for bit
 # Levels (NVTE_CI_ISA_LEVELS): avx2 avx512_core avx512_core_bf16 avx512_core_fp16 native; a level
-# above this CPU's is reported as skipped (a cap cannot raise a CPU). Also:
+# above this CPU's is reported as skipped (a cap cannot raise a CPU); the CPU's own level runs only
+# its .info tag when native is in the list (the suites at that level are native's, run once). Also:
 #   isa.native.gemm_fp32   test_gemm with every operand widened to fp32 (NVTE_CPU_GEMM_COMPUTE=fp32),
 #                          the path AVX2 CPUs take, proven on whatever CPU CI has
 #   isa.qemu_haswell.*     a subset under `qemu-x86_64 -cpu Haswell` (NVTE_CI_QEMU=1): a CPU whose
@@ -115,6 +116,14 @@ for level in $LEVELS; do
     r=$(rank "$level") || exit 2
     if [ "$r" -gt "$(rank "$DETECTED")" ]; then
       echo "::: isa.$level skipped: this CPU is $DETECTED (a cap cannot add instructions)"
+      continue
+    fi
+    # The CPU's own level, capped to itself, is native: cpu_isa_level() is the same and oneDNN is
+    # not capped (apply_isa_cap in gemm_onednn_cpu.cpp returns when level == detected), so the
+    # suites would run the same code twice. Only the cap's report is checked; native runs them.
+    if [ "$r" -eq "$(rank "$DETECTED")" ] && [[ " $LEVELS " == *" native "* ]]; then
+      run_tagged "isa.$level.info" at_level "$level" check_info "$level"
+      echo "::: isa.$level.{core,pytorch,jax}: this CPU's own level, run once as isa.native.*"
       continue
     fi
   fi

@@ -187,7 +187,8 @@ ENV_VARS: tuple[EnvVar, ...] = (
            "site-packages); 'none' installs into the current Python instead"),
     EnvVar("NVTE_CI_ISA_LEVELS", "avx2 avx512_core avx512_core_bf16 avx512_core_fp16 native",
            "ci", "CPU levels ci/isa_matrix.sh runs the suites at (levels above the CPU's are "
-           "reported as skipped)"),
+           "reported as skipped; the CPU's own level, with native listed, checks its cap and runs "
+           "as native)"),
     EnvVar("NVTE_CI_QEMU", "1", "ci",
            "1: ci/isa_matrix.sh also runs a subset under qemu-x86_64 -cpu Haswell (a CPU without "
            "AVX-512, CPUID included); 0 skips it"),

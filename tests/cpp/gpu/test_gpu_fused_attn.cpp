@@ -2,7 +2,7 @@
 // same calls on CPU tensors and against the double-precision reference of fused_attn_reference.h:
 // bshd / sbhd / thd and packed layouts, every mask, GQA/MQA, sliding windows, post_scale_bias in
 // its four shapes (dBias), ALiBi, dropout, head dims 32 / 59 / 64 / 128 / 256 (and d_qk != d_v),
-// sequence lengths 1 to 1025 (2048 on a real GPU). Both devices accumulate in fp32 but tile and round differently (the
+// sequence lengths 1 to 1025 (2048 on a real GPU; 513 under gpusim). Both devices accumulate in fp32 but tile and round differently (the
 // CPU's bf16 path rounds P and dS to bf16; the GPU forward for head dims up to 128 runs on tensor
 // cores, fused_attn_fwd_mma.cu, and rounds P to the input dtype before P V: a relative 2^-9 (bf16)
 // or 2^-11 (fp16) per term of a convex combination of V rows, well inside the 2e-2 / 2e-3 below),
@@ -184,9 +184,18 @@ std::vector<Case> gpu_cases() {
       c.d_v = d[1];
       add(c);
     }
-  // 3. sequence lengths: one row / key, both directions of s_q != s_kv, many tiles.
+  // 3. sequence lengths: one row / key, both directions of s_q != s_kv, many tiles. The long one is
+  // 1025 = 16 x 64 + 1 on a GPU; gpusim runs 513 = 8 x 64 + 1, the same paths in a quarter of the
+  // time (1025 was 34 s of test_gpu_fused_attn's 89 per flavour): every kernel's tiles are 32 or 64
+  // rows / keys at d 64 (fp32 forward 64 x 32, tensor-core forward 64 x 64, backward 32 x 32), so
+  // both lengths give many query and key tiles, each with a one-row tail.
+#if defined(GPUSIM_WARP_SIZE)
+  constexpr size_t kLong = 513;
+#else
+  constexpr size_t kLong = 1025;
+#endif
   const size_t lens[][2] = {{1, 1},   {17, 17}, {97, 97},   {1, 130},
-                            {130, 1}, {97, 130}, {130, 97}, {1025, 1025}};
+                            {130, 1}, {97, 130}, {130, 97}, {kLong, kLong}};
   for (auto l : lens)
     for (NVTE_Mask_Type m : {NVTE_NO_MASK, NVTE_CAUSAL_BOTTOM_RIGHT_MASK}) {
       Case c = make_case(bf16, NVTE_BSHD, m, l[0], l[1]);
