@@ -303,3 +303,31 @@ def test_quantize_nvfp4_given_amax(custom_calls, monkeypatch):
     assert float(a_r[0]) == ra and float(a_c[0]) == ca
     with pytest.raises(ValueError, match="argument 'col_amax': expected float32 \\[1\\]"):
         tex.quantize_nvfp4(yb, row_amax=jnp.asarray([ra]))
+
+
+@pytest.mark.parametrize("module", ["DenseGeneral", "LayerNormMLP"])
+def test_flax_module_nvfp4_scopes(module):
+    """A Flax module under NVFP4BlockScaling with transpose_batch_sequence ([s, b, h], batch over
+    (dp, fsdp), sequence over tpsp; 16 rows a batch shard so the column-wise blocks stay whole):
+    equals the single-device module run on each batch shard alone."""
+    import transformer_engine_lite.jax.flax as te_flax
+
+    mesh, res = _mesh()
+    kw = {"DenseGeneral": dict(features=64),
+          "LayerNormMLP": dict(intermediate_dim=64, activations=("gelu", "linear"))}[module]
+    layer = getattr(te_flax, module)(transpose_batch_sequence=True, dtype=jnp.float32, **kw)
+    x = jax.random.normal(jax.random.PRNGKey(9), (32, 64, 64), jnp.float32)
+    x = x * jnp.repeat(2.0 ** jnp.arange(4, dtype=jnp.float32), 16).reshape(1, 64, 1)
+
+    def fwd(v, x):  # the "sr_rng" stream feeds the gradients' stochastic rounding only
+        out = layer.apply(v, x, rngs={"sr_rng": jax.random.PRNGKey(1)})
+        return out[0] if isinstance(out, tuple) else out
+
+    with te.autocast(enabled=True, recipe=te_recipe.NVFP4BlockScaling(), mesh_resource=res):
+        v = layer.init({"params": jax.random.PRNGKey(0), "sr_rng": jax.random.PRNGKey(1)}, x)
+        want = jnp.concatenate([jax.jit(fwd)(v, x[:, 16 * k:16 * k + 16]) for k in range(4)],
+                               axis=1)
+        with mesh:
+            got = jax.jit(fwd)(v, jax.device_put(
+                x, NamedSharding(mesh, P("tpsp", ("dp", "fsdp"), None))))
+    np.testing.assert_allclose(np.asarray(got), np.asarray(want), rtol=2e-5, atol=2e-5)

@@ -28,14 +28,9 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from jax._src.custom_partitioning_sharding_rule import str_to_sdy_sharding_rule
-from jax.experimental.custom_partitioning import custom_partitioning
-from jax.sharding import NamedSharding
-from jax.sharding import PartitionSpec as P
-
-from .base import FFIOp
+from .base import FFIOp, custom_calls_enabled, register_targets
 from .misc import check_dtype
-from .partitioning import lowering_mesh, mesh_axes_of, named_shapes, spec_of
+from .partitioning import lowering_mesh
 
 __all__ = ["nvfp4_block_gemm", "nvfp4_gemm", "nvfp4_k_dims"]
 
@@ -104,80 +99,9 @@ def _reference(b_data, b_scale, a_data, a_scale, amax_b, amax_a):
     return (y,)
 
 
-class Nvfp4GemmRule:
-    """Sharding of the block GEMM: M (b's rows) and N (a's rows) keep their sharding; K stays
-    sharded where both operands shard it alike in whole 16-element blocks, each device then
-    multiplying its K slice with its own per-tensor factor and the partial products summed (TE's
-    GEMM over a sharded contracting dim). That is what keeps an AmaxScope's per-shard amaxes
-    right (the wgrad of tokens scaled per batch shard); a gathered K would scale every block with
-    one device's amax. Summed partials round differently from one K-ordered sum (as in TE)."""
-
-    @staticmethod
-    def _plan(mesh, shapes):
-        bd, bs, ad, as_ = shapes[:4]
-        m, n, k2 = bd.shape[0], ad.shape[0], bd.shape[1]
-        exact = (tuple(bs.shape) == (m, -(-2 * k2 // _BLOCK))
-                 and tuple(as_.shape) == (n, bs.shape[1]))
-        if not exact:  # padded grids (another caller's): replicated
-            return [None, None], [None, None], [None, None], None
-        b_spec, a_spec = spec_of(bd, 2), spec_of(ad, 2)
-        k = b_spec[1] if b_spec[1] == a_spec[1] else None
-        if k is not None:
-            shards = math.prod(mesh.shape[x] for x in mesh_axes_of([k]))
-            if (2 * k2) % (shards * _BLOCK):
-                k = None
-        used = set(mesh_axes_of([k]))
-        mspec = b_spec[0] if not set(mesh_axes_of([b_spec[0]])) & used else None
-        used |= set(mesh_axes_of([mspec]))
-        nspec = a_spec[0] if not set(mesh_axes_of([a_spec[0]])) & used else None
-        return [mspec, k], [nspec, k], [mspec, nspec], k
-
-    def wrap(self, op, params: dict, nargs: int):
-        cp = custom_partitioning(lambda *args: op.ffi(*args, **params))
-        context = lowering_mesh()
-
-        def shardings(mesh, arg_shapes, result_shape):
-            mesh, arg_shapes = named_shapes(mesh, arg_shapes, context)
-            b, a, d, k = self._plan(mesh, arg_shapes)
-            ns = lambda spec: NamedSharding(mesh, P(*spec))
-            args = [ns(b), ns(b), ns(a), ns(a)] + [ns([None] * len(s.shape))
-                                                   for s in arg_shapes[4:]]
-            return mesh, args, [ns(d)], k
-
-        def infer(mesh, arg_shapes, result_shape):
-            return tuple(shardings(mesh, arg_shapes, result_shape)[2])
-
-        def partition(mesh, arg_shapes, result_shape):
-            mesh, args, results, k = shardings(mesh, arg_shapes, result_shape)
-            k_axes = mesh_axes_of([k])
-
-            def lower(*local):
-                (y,) = op.ffi(*local, **params)
-                return (jax.lax.psum(y, k_axes) if k_axes else y,)
-
-            return mesh, lower, tuple(results), tuple(args)
-
-        def rule(mesh, arg_types, result_types):
-            bd, bs, ad, as_ = (t.shape for t in arg_types[:4])
-            fresh = iter(f"z{i}" for i in range(16))
-            f = lambda shape: " ".join(next(fresh) for _ in shape)
-            amaxes = [f(t.shape) for t in arg_types[4:]]
-            kb = bs[1] if len(bs) == 2 else 0
-            if (len(bs) == 2 and tuple(bs) == (bd[0], kb) and tuple(as_) == (ad[0], kb)
-                    and kb > 1 and 2 * bd[1] == kb * _BLOCK):
-                text = f"m (k p), m k, n (k p), n k, {', '.join(amaxes)} -> m n"
-                return str_to_sdy_sharding_rule(text, p=_BLOCK // 2)
-            text = (f"m {f('K')}, {f(bs)}, n {f('K')}, {f(as_)}, {', '.join(amaxes)} -> m n")
-            return str_to_sdy_sharding_rule(text)
-
-        cp.def_partition(partition=partition, infer_sharding_from_operands=infer,
-                         sharding_rule=rule)
-        return cp
-
-
 NVFP4BlockGemmPrimitive = FFIOp(
     "NVFP4BlockGemmPrimitive", "te_lite_nvfp4_block_gemm_ffi", _abstract, _reference,
-    attrs=lambda p: {}, partition=Nvfp4GemmRule(),
+    attrs=lambda p: {},
 )
 
 
@@ -193,6 +117,16 @@ def nvfp4_block_gemm(b_data, b_scale, a_data, a_scale, amax_b=None, amax_a=None)
     aa = none if amax_a is None else amax_a.reshape(1).astype(_F32)
     (y,) = NVFP4BlockGemmPrimitive(b_data, b_scale, a_data, a_scale, ab, aa)
     return y
+
+
+def _block_gemm_local(b_data, b_scale, a_data, a_scale, amax_b, amax_a):
+    """The block GEMM on one device's arrays inside a partitioned GEMM: the handler itself (or
+    its reference), not the primitive (whose own sharding rule has nothing left to split)."""
+    args = (b_data, b_scale, a_data, a_scale, amax_b.reshape(1), amax_a.reshape(1))
+    if not custom_calls_enabled(NVFP4BlockGemmPrimitive.name):
+        return _reference(*args)[0]
+    register_targets()
+    return NVFP4BlockGemmPrimitive.ffi(*args)[0]
 
 
 def nvfp4_k_dims(t) -> tuple[int, ...]:
@@ -223,7 +157,14 @@ def nvfp4_gemm(lhs, rhs, bias=None, out_dtype=jnp.float32):
         raise ValueError(f"gemm: argument 'bias': expected shape {tuple(afree)} (rhs's free "
                          f"dims), got {tuple(bias.shape)}")
     # the per-tensor factor is applied by the handler (an empty K leaves the zeros unscaled)
-    y = nvfp4_block_gemm(bd, bs, ad, as_, lhs.amax, rhs.amax)
+    if lowering_mesh() is not None:  # per device on the N-D copies (gemm_nvfp4_sharded)
+        from .gemm_nvfp4_sharded import nvfp4_gemm_nd
+
+        y = nvfp4_gemm_nd(lhs.data, lhs.scale_inv, lhs.flatten_axis, rhs.data, rhs.scale_inv,
+                          rhs.flatten_axis, lhs.amax, rhs.amax, _block_gemm_local)
+        y = y.reshape(math.prod(bfree), math.prod(afree))
+    else:
+        y = nvfp4_block_gemm(bd, bs, ad, as_, lhs.amax, rhs.amax)
     if bias is not None:
         y = y + bias.reshape(1, -1).astype(_F32)
     return y.astype(out_dtype).reshape(*bfree, *afree)
