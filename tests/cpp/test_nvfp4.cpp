@@ -61,11 +61,12 @@ struct RefCopy {
 };
 
 // Quantizes a [rows, cols] matrix (row-major doubles, already in the input dtype) with 1x16 or
-// 16x16 tiles.
-RefCopy ref_quantize(const std::vector<double> &x, size_t rows, size_t cols, bool two_d) {
+// 16x16 tiles; the per-tensor scale from `given_amax` when set (a reduced amax), else from x.
+RefCopy ref_quantize(const std::vector<double> &x, size_t rows, size_t cols, bool two_d,
+                     const float *given_amax = nullptr) {
   const test::RefEncoder e4m3(kNVTEFloat8E4M3);
   RefCopy r;
-  r.amax = test::ref_amax(x);
+  r.amax = given_amax != nullptr ? *given_amax : test::ref_amax(x);
   const Global g = ref_global(r.amax);
   const Shape ss = scale_shape(rows, cols);
   r.s.assign(ss[0] * ss[1], 0);
@@ -289,6 +290,93 @@ TEST(Nvfp4Edges, ZerosAndEmpty) {
     TestTensor in(shape, kNVTEFloat16);
     check_exact(in, in.to_double(), shape, kNVTEFloat16, test::Copies::kBoth, Opts{});
   }
+}
+
+// ------------------------------------------------------------------ given amax
+// kNVTEQuantizationConfigNVFP4AmaxGiven: the second-level scale comes from the amaxes already in
+// the output (TE's all-reduced amax: here a larger one, as another shard's, and a smaller one that
+// saturates blocks), which stay as given; bytes and block scales as the oracle's with that amax.
+TEST(Nvfp4AmaxGiven, ScalesFromTheGivenAmax) {
+  const Shape shape{64, 96};
+  std::mt19937 rng = test::test_rng();
+  for (const NVTEDType dt : {kNVTEBFloat16, kNVTEFloat16})
+    for (const bool two_d : {false, true})
+      for (const bool rht : {false, true})
+        for (const float factor : {5.0f, 0.25f}) {
+          TestTensor in(shape, dt);
+          const std::vector<double> x = test::fill_spread(in, rng, -6, 2, [&](size_t i) {
+            return static_cast<int>((i / 96 / 16 + (i % 96) / 48) % 9) - 4;
+          });
+          const std::vector<double> t = ref_colwise_source(x, 64, 96, rht, 0xD7E8, dt);
+          const float row_amax = test::ref_amax(x) * factor;
+          const float col_amax = test::ref_amax(t) * factor * 1.5f;  // differs from the row one
+          TestTensor out = make_output(shape, test::Copies::kBoth);
+          out.f32(kNVTEAmax)[0] = row_amax;
+          out.f32(kNVTEColumnwiseAmax)[0] = col_amax;
+          Opts o;
+          o.two_d = two_d;
+          o.rht = rht;
+          Config cfg(o);
+          const bool given = true;
+          ASSERT_NVTE_OK(nvte_set_quantization_config_attribute(
+              cfg.h, kNVTEQuantizationConfigNVFP4AmaxGiven, &given, 1));
+          ASSERT_NVTE_OK(nvte_quantize_v2(in, out, cfg.h, nullptr));
+          const std::string what = test::dtype_tag(dt) + (two_d ? " 2d" : " 1d") +
+                                   (rht ? " rht" : "") + " x" + std::to_string(factor);
+          expect_copy(out, kNVTERowwiseData, kNVTERowwiseScaleInv, kNVTEAmax,
+                      ref_quantize(x, 64, 96, two_d, &row_amax), what + " row-wise");
+          expect_copy(out, kNVTEColumnwiseData, kNVTEColumnwiseScaleInv, kNVTEColumnwiseAmax,
+                      ref_quantize(t, 96, 64, two_d, &col_amax), what + " column-wise");
+        }
+}
+
+// One copy alone reads only its own amax; an empty tensor keeps the given one; without the flag
+// the kernel overwrites the amax with x's (the default is unchanged).
+TEST(Nvfp4AmaxGiven, OneCopyEmptyAndDefault) {
+  const bool given = true;
+  for (const Shape &shape : {Shape{0, 32}, Shape{32, 32}}) {
+    TestTensor in(shape, kNVTEFloat16);
+    std::mt19937 rng = test::test_rng();
+    const std::vector<double> x = test::fill_spread(in, rng, -3, 3, [](size_t) { return 0; });
+    TestTensor out = make_output(shape, test::Copies::kColumnwise);
+    const float amax = 1000.0f;
+    out.f32(kNVTEColumnwiseAmax)[0] = amax;
+    Config cfg(Opts{});
+    ASSERT_NVTE_OK(nvte_set_quantization_config_attribute(
+        cfg.h, kNVTEQuantizationConfigNVFP4AmaxGiven, &given, 1));
+    ASSERT_NVTE_OK(nvte_quantize_v2(in, out, cfg.h, nullptr));
+    const size_t rows = test::rows_of(shape), cols = test::cols_of(shape);
+    const std::vector<double> t = ref_colwise_source(x, rows, cols, false, 0, kNVTEFloat16);
+    expect_copy(out, kNVTEColumnwiseData, kNVTEColumnwiseScaleInv, kNVTEColumnwiseAmax,
+                ref_quantize(t, cols, rows, false, &amax), "column-wise " + test::shape_tag(shape));
+  }
+  TestTensor in({32, 32}, kNVTEFloat16);
+  std::mt19937 rng = test::test_rng();
+  const std::vector<double> x = test::fill_spread(in, rng, -3, 3, [](size_t) { return 0; });
+  TestTensor out = make_output({32, 32}, test::Copies::kRowwise);
+  out.f32(kNVTEAmax)[0] = 1000.0f;
+  Config cfg(Opts{});
+  ASSERT_NVTE_OK(nvte_quantize_v2(in, out, cfg.h, nullptr));
+  expect_copy(out, kNVTERowwiseData, kNVTERowwiseScaleInv, kNVTEAmax,
+              ref_quantize(x, 32, 32, false), "default");
+}
+
+TEST(Nvfp4AmaxGiven, Rejects) {
+  TestTensor in({32, 32}, kNVTEFloat32);
+  TestTensor out = make_output({32, 32}, test::Copies::kRowwise);
+  out.set(kNVTEAmax, {32}, kNVTEFloat32);
+  const uint8_t rs = 1;
+  ASSERT_NVTE_OK(nvte_set_tensor_param_v2(out, kNVTERowScaledNVFP4, &rs, 1));
+  NVTEQuantizationConfig c = nvte_create_quantization_config();
+  const bool t = true;
+  ASSERT_NVTE_OK(
+      nvte_set_quantization_config_attribute(c, kNVTEQuantizationConfigNVFP4AmaxGiven, &t, 1));
+  EXPECT_NVTE_ERROR(nvte_quantize_v2(in, out, c, nullptr), NVTE_ERROR_INVALID_ARGUMENT,
+                    "kNVTEQuantizationConfigNVFP4AmaxGiven", "row-scaled");
+  EXPECT_NVTE_ERROR(
+      nvte_set_quantization_config_attribute(c, kNVTEQuantizationConfigNVFP4AmaxGiven, &t, 4),
+      NVTE_ERROR_INVALID_ARGUMENT, "size_in_bytes");
+  nvte_destroy_quantization_config(c);
 }
 
 // ------------------------------------------------------------------ stochastic rounding

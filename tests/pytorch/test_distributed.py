@@ -323,3 +323,32 @@ def test_cast_master_weights_to_fp8_shards_equal_one_process(kind):
         for w, m in zip(ws, masters):
             assert w._quantizer.amax.item() == m.bfloat16().abs().max().item()
             assert w._scale_inv.item() == 2.0
+
+
+@pytest.mark.parametrize("rht", [False, True], ids=["plain", "rht"])
+def test_nvfp4_amax_reduction_takes_the_group_amax(rht):
+    """NVFP4Quantizer(with_amax_reduction=True) (TE: the amaxes all-reduced with MAX over
+    amax_reduction_group before the cast): each rank's shard is scaled by the group's amax (the
+    column-wise copy by the post-RHT one): amaxes = the max of every rank's own, bytes = the shard
+    quantized with them given (the core's given-amax path, checked against its oracle in
+    tests/cpp/test_nvfp4.cpp), and other bytes than the shard's own scaling on the smaller rank."""
+    from transformer_engine_lite.pytorch.quantization import ops
+    from transformer_engine_lite.pytorch.tensor.nvfp4_tensor import NVFP4Quantizer
+
+    torch.manual_seed(5)
+    full = torch.randn(2, 32, 64).to(torch.bfloat16) * torch.tensor([1.0, 7.0]).view(2, 1, 1)
+    shard = full[dist.get_rank()]
+    kw = dict(with_rht=rht, with_post_rht_amax=rht)
+    own = [NVFP4Quantizer(**kw)(full[r]) for r in range(2)]
+    t = NVFP4Quantizer(with_amax_reduction=True, amax_reduction_group=dist.group.WORLD, **kw)(shard)
+    want_r = torch.maximum(own[0]._amax_rowwise, own[1]._amax_rowwise)
+    want_c = torch.maximum(own[0]._amax_columnwise, own[1]._amax_columnwise)
+    assert torch.equal(t._amax_rowwise, want_r) and torch.equal(t._amax_columnwise, want_c)
+    mask = NVFP4Quantizer(**kw).rht_matrix_random_sign_mask_t
+    r, rs, _, c, cs, _ = ops().quantize_nvfp4(shard.contiguous(), True, True, False, rht, mask,
+                                              False, 0, 0, row_amax_in=want_r,
+                                              col_amax_in=want_c)
+    assert torch.equal(t._rowwise_data, r) and torch.equal(t._columnwise_data, c)
+    assert torch.equal(t._rowwise_scale_inv, rs) and torch.equal(t._columnwise_scale_inv, cs)
+    if dist.get_rank() == 0:
+        assert not torch.equal(t._rowwise_data, own[0]._rowwise_data)

@@ -229,11 +229,13 @@ NVTEStatus nvte_set_quantization_config_attribute(NVTEQuantizationConfig config,
       case kNVTEQuantizationConfigNVFP42DQuantization:
       case kNVTEQuantizationConfigStochasticRounding:
       case kNVTEQuantizationConfigNVFP4RHT:
+      case kNVTEQuantizationConfigNVFP4AmaxGiven:
         NVTE_CHECK(size_in_bytes == sizeof(bool), "argument 'size_in_bytes': expected ",
                    sizeof(bool), " (bool), got ", size_in_bytes);
         std::memcpy(attr == kNVTEQuantizationConfigNVFP42DQuantization ? &c.nvfp4_2d_quantization
                     : attr == kNVTEQuantizationConfigStochasticRounding ? &c.stochastic_rounding
-                                                                        : &c.nvfp4_rht,
+                    : attr == kNVTEQuantizationConfigNVFP4RHT           ? &c.nvfp4_rht
+                                                                        : &c.nvfp4_amax_given,
                     buf, sizeof(bool));
         break;
       case kNVTEQuantizationConfigNVFP4RHTSignMask:
@@ -258,7 +260,7 @@ NVTEStatus nvte_set_quantization_config_attribute(NVTEQuantizationConfig config,
         std::memcpy(&c.nvfp4_4over6_err_fast_math, buf, sizeof(bool));
         break;
       default:
-        NVTE_ERROR("argument 'attr': expected 0, 1, 4, 5, 6, 8, 9, 64 or 65, got ",
+        NVTE_ERROR("argument 'attr': expected 0, 1, 4, 5, 6, 8, 9, 64, 65 or 66, got ",
                    static_cast<int>(attr));
     }
   });

@@ -32,13 +32,21 @@ def copy_quantizer(q):
     return None if q is None else jax.tree_util.tree_map(lambda a: a, q)
 
 
+def _scoped(quantizer) -> bool:
+    """Whether the quantizer's per-tensor amax follows an AmaxScope (TE-JAX: current scaling
+    and NVFP4's second-level scale)."""
+    mode = quantizer.scaling_mode
+    return mode == ScalingMode.CURRENT_TENSOR_SCALING or ScalingMode(mode).is_nvfp4_scaling
+
+
 def quantize(quantizer, x, flatten_axis: int, amax_scope=None, transpose_batch_sequence=False):
-    """x quantized by `quantizer` (None: x as is). amax_scope: where a current-scaling amax is
+    """x quantized by `quantizer` (None: x as is). amax_scope: where a current-scaling (or
+    NVFP4 per-tensor) amax is
     reduced under sharding (TE-JAX's layers: TPSP for activations and gradients, FSDP for
     kernels); None: over the whole tensor."""
     if quantizer is None:
         return x
-    if amax_scope is None or quantizer.scaling_mode != ScalingMode.CURRENT_TENSOR_SCALING:
+    if amax_scope is None or not _scoped(quantizer):
         return quantizer.quantize(x, flatten_axis=flatten_axis, dq_dtype=x.dtype)
     return quantizer.quantize(x, flatten_axis=flatten_axis, dq_dtype=x.dtype,
                               amax_scope=amax_scope,

@@ -120,7 +120,7 @@ def _nvfp4_scale_shape(rows, cols):
 
 def _fake_quantize_nvfp4(x, rowwise, columnwise, two_d, rht, rht_sign_mask, stochastic_rounding,
                          seed, offset, row_scaled=False, four_over_six=0, e4m3_max=448,
-                         err_fast_math=False):
+                         err_fast_math=False, row_amax_in=None, col_amax_in=None):
     torch._check(rowwise or columnwise, lambda: "quantize_nvfp4: rowwise or columnwise required")
     rows, cols = _math_prod(x.shape[:-1]), x.shape[-1]
     empty = (0,)

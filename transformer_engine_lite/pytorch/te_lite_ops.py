@@ -40,9 +40,12 @@ apply are float32 [0].
       attention's GEMMs. Differentiable: its backward is this op again.
   quantize_nvfp4(Tensor x, bool rowwise, bool columnwise, bool two_d, bool rht, int rht_sign_mask,
       bool stochastic_rounding, int seed, int offset, bool row_scaled=False, int four_over_six=0,
-      int e4m3_max=448, bool err_fast_math=False)
+      int e4m3_max=448, bool err_fast_math=False, Tensor? row_amax_in=None,
+      Tensor? col_amax_in=None)
       -> (row_data [..., n/2] uint8, row_scale_inv uint8 E4M3, row_amax [1] ([rows] row-scaled),
           col_data [last dim, leading dims...] halved, col_scale_inv, col_amax)   (NVFP4)
+      row_amax_in / col_amax_in: the per-tensor amaxes to scale with (float32 [1] each for the
+      copies requested; a reduced amax), returned as the amaxes; None: x's own.
   dequantize_nvfp4(Tensor data, Tensor scale_inv, Tensor amax, ScalarType out_dtype,
       bool row_scaled=False, int e4m3_max=448) -> Tensor
   compute_amax(Tensor x) -> Tensor [1]

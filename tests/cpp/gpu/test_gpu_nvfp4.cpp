@@ -233,6 +233,42 @@ TEST(Nvfp4QuantizeGpuRng, StateInDeviceMemory) {
     }
 }
 
+// kNVTEQuantizationConfigNVFP4AmaxGiven: both kernels read the amaxes already in the output (a
+// reduced amax: here larger and smaller than the tensor's own, the column-wise one apart) and
+// leave them; bytes, scales and amaxes as the CPU's (whose bytes test_nvfp4.cpp checks against
+// its oracle).
+TEST(Nvfp4QuantizeGpuAmaxGiven, MatchesCpuBitForBit) {
+  SKIP_WITHOUT_GPU();
+  const Shape shape{64, 96};
+  std::mt19937 rng = test::test_rng();
+  TestTensor in(shape, kNVTEBFloat16);
+  test::fill_spread(in, rng, -6, 6);
+  const bool given = true;
+  for (const bool two_d : {false, true})
+    for (const Opt o : {Opt::kPlain, Opt::kRht, Opt::kStochastic})
+      for (const float row_amax : {1.0e4f, 2.0f}) {
+        SCOPED_TRACE(std::string(two_d ? "2d " : "1d ") + opt_tag(o) + " amax " +
+                     std::to_string(row_amax));
+        TestTensor out = make_output(shape, Copies::kBoth, o);
+        TestTensor gout = make_output(shape, Copies::kBoth, o);
+        for (TestTensor *t : {&out, &gout}) {
+          t->f32(kNVTEAmax)[0] = row_amax;
+          t->f32(kNVTEColumnwiseAmax)[0] = 3.0f * row_amax;
+        }
+        GpuTensor d_in(in), d_out(gout);
+        set_properties(d_out, o);
+        Config cfg(two_d, o);
+        ASSERT_NVTE_OK(nvte_set_quantization_config_attribute(
+            cfg.h, kNVTEQuantizationConfigNVFP4AmaxGiven, &given, 1));
+        ASSERT_NVTE_OK(nvte_quantize_v2(in, out, cfg.h, nullptr));
+        ASSERT_NVTE_OK(nvte_quantize_v2(d_in, d_out, cfg.h, nullptr));
+        d_out.download_all(gout);
+        EXPECT_TRUE(test::same_buffers(gout, out));
+        EXPECT_EQ(gout.f32(kNVTEAmax)[0], row_amax);
+        EXPECT_EQ(gout.f32(kNVTEColumnwiseAmax)[0], 3.0f * row_amax);
+      }
+}
+
 // ---------------------------------------------------------------- dequantize
 // Quantizes `in` on the CPU into the one copy asked for with options `o`, then dequantizes that
 // copy (as stored: the column-wise copy transposed) on both devices into `odt`, byte for byte.

@@ -101,6 +101,10 @@ Nvfp4Spec validate_nvfp4_output(const Tensor &out, const char *arg,
              "': row-scaled NVFP4 expects row-wise data, got only a column-wise copy");
   NVTE_CHECK(!s.row_scaled || !cfg.nvfp4_2d_quantization, "argument 'config': row-scaled NVFP4 "
              "expects 1x16 blocks, got 2D (16x16) quantization");
+  s.amax_given = cfg.nvfp4_amax_given;
+  NVTE_CHECK(!s.amax_given || !s.row_scaled, "argument 'config': a given NVFP4 amax "
+             "(kNVTEQuantizationConfigNVFP4AmaxGiven) expects plain NVFP4, got row-scaled (one "
+             "amax per row, computed by the kernel)");
   NVTE_CHECK(s.four_over_six == kNVTENVFP44Over6Disabled || !cfg.stochastic_rounding,
              "argument 'config': NVFP4 4over6 does not support stochastic rounding");
   if (s.rowwise) {
@@ -335,7 +339,12 @@ void quantize_typed(const IType *src, const Tensor &out, const Nvfp4Spec &s) {
   const size_t panels_r = ceil_div_sz(R, n), panels_c = ceil_div_sz(C, n);
   // Global amaxes first: every scale depends on them.
   float amax_row = 0.0f, amax_col = 0.0f;
-  if (!s.row_scaled) {  // row-scaled copies take their amaxes row by row in the panels
+  // Given amaxes (a reduction over shards, say) replace the input's own.
+  if (s.amax_given) {
+    if (s.rowwise) amax_row = *out.amax.ptr<const float>();
+    if (s.colwise) amax_col = *out.columnwise_amax.ptr<const float>();
+  }
+  if (!s.row_scaled && !s.amax_given) {  // row-scaled copies take their amaxes row by row in the panels
     std::vector<float> part(std::max<size_t>(1, panels_r), 0.0f);
     parallel_for(panels_r, 1, [&](size_t b0, size_t b1) {
       std::vector<float> buf(C);
@@ -347,9 +356,9 @@ void quantize_typed(const IType *src, const Tensor &out, const Nvfp4Spec &s) {
     });
     for (float p : part) amax_row = nvfp4_amax_acc(amax_row, p);  // NaN-sticky max
   }
-  amax_col = amax_row;
+  if (!s.amax_given) amax_col = amax_row;
   // The column-wise copy is scaled by the amax after the transform.
-  if (s.colwise && s.rht && !s.row_scaled) {
+  if (s.colwise && s.rht && !s.row_scaled && !s.amax_given) {
     std::vector<float> part(std::max<size_t>(1, panels_c), 0.0f);
     parallel_for(panels_c, 1, [&](size_t b0, size_t b1) {
       std::vector<float> buf(n * R);
@@ -364,7 +373,7 @@ void quantize_typed(const IType *src, const Tensor &out, const Nvfp4Spec &s) {
   }
   if (s.rowwise) {
     float *row_amax = s.row_scaled ? out.amax.ptr<float>() : nullptr;
-    if (!s.row_scaled) *out.amax.ptr<float>() = amax_row;
+    if (!s.row_scaled && !s.amax_given) *out.amax.ptr<float>() = amax_row;
     const Nvfp4Global g = nvfp4_global(amax_row, s.e4m3_max);
     uint8_t *q = out.data.ptr<uint8_t>(), *sc = out.scale_inv.ptr<uint8_t>();
     const size_t sld = out.scale_inv.shape[1];
@@ -379,7 +388,7 @@ void quantize_typed(const IType *src, const Tensor &out, const Nvfp4Spec &s) {
   }
   if (s.colwise) {
     float *row_amax = s.row_scaled ? out.columnwise_amax.ptr<float>() : nullptr;
-    if (!s.row_scaled) *out.columnwise_amax.ptr<float>() = amax_col;
+    if (!s.row_scaled && !s.amax_given) *out.columnwise_amax.ptr<float>() = amax_col;
     const Nvfp4Global g = nvfp4_global(amax_col, s.e4m3_max);
     uint8_t *q = out.columnwise_data.ptr<uint8_t>(), *sc = out.columnwise_scale_inv.ptr<uint8_t>();
     const size_t sld = out.columnwise_scale_inv.shape[1];
@@ -401,6 +410,7 @@ void launch_nvfp4_quantize(const Tensor &in, const Tensor &out, const Nvfp4Spec 
   if (s.rowwise) std::memset(out.scale_inv.dptr, 0, out.scale_inv.numel());
   if (s.colwise) std::memset(out.columnwise_scale_inv.dptr, 0, out.columnwise_scale_inv.numel());
   if (s.rows == 0 || s.cols == 0) {  // empty tensor: amax 0, as a max over nothing
+    if (s.amax_given) return;         // (a given one stays)
     if (s.rowwise) std::fill_n(out.amax.ptr<float>(), s.row_scaled ? s.rows : 1, 0.0f);
     if (s.colwise) std::fill_n(out.columnwise_amax.ptr<float>(), s.row_scaled ? s.cols : 1, 0.0f);
     return;

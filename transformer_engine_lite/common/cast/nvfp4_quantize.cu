@@ -322,13 +322,14 @@ void launch_nvfp4_quantize(const Tensor &in, const Tensor &out, const Nvfp4Spec 
   const auto zero = [&](const SimpleTensor &t, size_t elem) {
     NVTE_CHECK_CUDA(cudaMemsetAsync(t.dptr, 0, t.numel() * elem, st));
   };
+  // Given amaxes (kNVTEQuantizationConfigNVFP4AmaxGiven) are read as they are, not zeroed.
   if (s.rowwise) {
     zero(out.scale_inv, 1);
-    zero(out.amax, sizeof(float));
+    if (!s.amax_given) zero(out.amax, sizeof(float));
   }
   if (s.colwise) {
     zero(out.columnwise_scale_inv, 1);
-    zero(out.columnwise_amax, sizeof(float));
+    if (!s.amax_given) zero(out.columnwise_amax, sizeof(float));
   }
   if (s.rows == 0 || s.cols == 0) return;
   CopyParams base;
@@ -354,7 +355,7 @@ void launch_nvfp4_quantize(const Tensor &in, const Tensor &out, const Nvfp4Spec 
       p.sc = out.scale_inv.ptr<uint8_t>();
       p.sld = out.scale_inv.shape[1];
       p.amax = out.amax.ptr<float>();
-      launch_copy<IType>(p, false, st);
+      launch_copy<IType>(p, s.amax_given, st);
     }
     if (s.colwise) {
       CopyParams p = base;
@@ -369,12 +370,12 @@ void launch_nvfp4_quantize(const Tensor &in, const Tensor &out, const Nvfp4Spec 
       p.sign_mask = s.rht_sign_mask;
       // Without the RHT (and row scaling) both copies share the input's amax: copied, not
       // recomputed.
-      const bool shared = s.rowwise && !s.rht && !s.row_scaled;
+      const bool shared = s.rowwise && !s.rht && !s.row_scaled && !s.amax_given;
       if (shared) {
         NVTE_CHECK_CUDA(cudaMemcpyAsync(p.amax, out.amax.ptr<const float>(), sizeof(float),
                                         cudaMemcpyDeviceToDevice, st));
       }
-      launch_copy<IType>(p, shared, st);
+      launch_copy<IType>(p, shared || s.amax_given, st);
     }
   });
 }

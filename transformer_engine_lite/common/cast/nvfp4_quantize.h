@@ -23,6 +23,8 @@ struct Nvfp4Spec {
   int e4m3_max = 448;          // E4M3 bound of S_enc (256 only with 4over6)
   uint8_t four_over_six = 0;   // NVTENVFP44Over6Mode
   bool fast_err = false;       // 4over6 errors in the E4M3-scaled domain
+  // The output's amaxes are given (kNVTEQuantizationConfigNVFP4AmaxGiven): read, not computed.
+  bool amax_given = false;
 };
 
 // Checks an NVFP4 quantize output for an input of (logical) shape `shape` and the options in

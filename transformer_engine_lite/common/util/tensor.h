@@ -114,5 +114,6 @@ struct QuantizationConfig {
   uint32_t nvfp4_rht_sign_mask = 0;    // NVFP4: RHT sign mask (bit i: sign i is -1)
   uint8_t nvfp4_4over6_mode = 0;       // NVFP4: NVTENVFP44Over6Mode
   bool nvfp4_4over6_err_fast_math = false;  // NVFP4 4over6: errors in the E4M3-scaled domain
+  bool nvfp4_amax_given = false;       // NVFP4: the output's amaxes are inputs (a reduced amax)
 };
 }  // namespace nvte

@@ -28,8 +28,9 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from .base import FFIOp
+from .base import FFIOp, custom_calls_enabled, register_targets
 from .misc import check_dtype
+from .partitioning import lowering_mesh
 
 __all__ = ["nvfp4_block_gemm", "nvfp4_gemm", "nvfp4_k_dims"]
 
@@ -118,6 +119,16 @@ def nvfp4_block_gemm(b_data, b_scale, a_data, a_scale, amax_b=None, amax_a=None)
     return y
 
 
+def _block_gemm_local(b_data, b_scale, a_data, a_scale, amax_b, amax_a):
+    """The block GEMM on one device's arrays inside a partitioned GEMM: the handler itself (or
+    its reference), not the primitive (whose own sharding rule has nothing left to split)."""
+    args = (b_data, b_scale, a_data, a_scale, amax_b.reshape(1), amax_a.reshape(1))
+    if not custom_calls_enabled(NVFP4BlockGemmPrimitive.name):
+        return _reference(*args)[0]
+    register_targets()
+    return NVFP4BlockGemmPrimitive.ffi(*args)[0]
+
+
 def nvfp4_k_dims(t) -> tuple[int, ...]:
     """The source dims an NVFP4 ScaledTensor1x copy's blocks run along: the trailing ones
     (from flatten_axis) for a row-wise copy, the leading ones for a column-wise ("T") copy."""
@@ -146,7 +157,14 @@ def nvfp4_gemm(lhs, rhs, bias=None, out_dtype=jnp.float32):
         raise ValueError(f"gemm: argument 'bias': expected shape {tuple(afree)} (rhs's free "
                          f"dims), got {tuple(bias.shape)}")
     # the per-tensor factor is applied by the handler (an empty K leaves the zeros unscaled)
-    y = nvfp4_block_gemm(bd, bs, ad, as_, lhs.amax, rhs.amax)
+    if lowering_mesh() is not None:  # per device on the N-D copies (gemm_nvfp4_sharded)
+        from .gemm_nvfp4_sharded import nvfp4_gemm_nd
+
+        y = nvfp4_gemm_nd(lhs.data, lhs.scale_inv, lhs.flatten_axis, rhs.data, rhs.scale_inv,
+                          rhs.flatten_axis, lhs.amax, rhs.amax, _block_gemm_local)
+        y = y.reshape(math.prod(bfree), math.prod(afree))
+    else:
+        y = nvfp4_block_gemm(bd, bs, ad, as_, lhs.amax, rhs.amax)
     if bias is not None:
         y = y + bias.reshape(1, -1).astype(_F32)
     return y.astype(out_dtype).reshape(*bfree, *afree)

@@ -14,6 +14,10 @@ core's bytes, except for stochastic rounding: the core draws from its Philox str
 (seed, offset) = the state's first 16 bytes; the reference draws with jax.random from a key built
 from the same four uint32 (TE-JAX's pure-JAX rule), so it is a statistically equivalent rounding,
 not the same bytes.
+
+Given amaxes (row_amax / col_amax, TE-JAX's amax computed before the quantize and reduced over an
+AmaxScope's mesh axes): the second-level scales come from them instead of from x
+(kNVTEQuantizationConfigNVFP4AmaxGiven), and they are returned as given.
 """
 
 from __future__ import annotations
@@ -48,10 +52,18 @@ def nvfp4_scale_grid(rows: int, cols: int) -> tuple[int, int]:
 
 
 # ------------------------------------------------------------------------------ quantize
-def _q_abstract(x, rng_state, *, rowwise, columnwise, two_d, rht, rht_sign_mask,
-                stochastic_rounding):
+def _q_abstract(x, rng_state, row_amax, col_amax, *, rowwise, columnwise, two_d, rht,
+                rht_sign_mask, stochastic_rounding):
     op = "quantize_nvfp4"
     check_dtype(op, "x", x.dtype, HIGH_PRECISION)
+    given = int(np.prod(row_amax.shape)) != 0 or int(np.prod(col_amax.shape)) != 0
+    if given:
+        for name, a, want in (("row_amax", row_amax, rowwise), ("col_amax", col_amax, columnwise)):
+            if int(np.prod(a.shape)) != int(want) or (want and np.dtype(a.dtype) != np.float32):
+                raise ValueError(
+                    f"te_lite::{op}: argument '{name}': expected float32 [1] for each requested "
+                    f"copy (rowwise={rowwise}, columnwise={columnwise}) or None for both, got "
+                    f"{dtype_name(a.dtype)} of shape {tuple(a.shape)}")
     if len(x.shape) != 2:
         raise ValueError(f"te_lite::{op}: argument 'x': expected a 2-D array, got shape "
                          f"{tuple(x.shape)}")
@@ -78,9 +90,10 @@ def _q_abstract(x, rng_state, *, rowwise, columnwise, two_d, rht, rht_sign_mask,
                          f"shape {tuple(rng_state.shape)}")
     e = _sds((0,), _F32)
     u8, f32 = jnp.uint8, _F32
-    row = ((_sds((rows, cols // 2), u8), _sds(nvfp4_scale_grid(rows, cols), u8), _sds((1,), f32))
+    a = e if given else _sds((1,), f32)  # a given amax is the caller's already
+    row = ((_sds((rows, cols // 2), u8), _sds(nvfp4_scale_grid(rows, cols), u8), a)
            if rowwise else (e, e, e))
-    col = ((_sds((cols, rows // 2), u8), _sds(nvfp4_scale_grid(cols, rows), u8), _sds((1,), f32))
+    col = ((_sds((cols, rows // 2), u8), _sds(nvfp4_scale_grid(cols, rows), u8), a)
            if columnwise else (e, e, e))
     return (*row, *col)
 
@@ -139,13 +152,14 @@ def _amax_axes(b, axes):
     return jnp.where(jnp.any(jnp.isnan(a), axis=axes), jnp.float32(jnp.nan), jnp.max(a, axis=axes))
 
 
-def _quantize_copy(x32, two_d, sr_key):
-    """One copy [R, C] fp32 -> (packed data, padded scale grid, amax) as the core writes it."""
+def _quantize_copy(x32, two_d, sr_key, amax=None):
+    """One copy [R, C] fp32 -> (packed data, padded scale grid, amax) as the core writes it;
+    `amax` (float32 [1]) given replaces x32's own."""
     rows, cols = x32.shape
     n = NVFP4_BLOCK
     pr, pc = _round_up(rows, n), _round_up(cols, n)  # short blocks: zero padding (amax-neutral)
     xp = jnp.pad(x32, ((0, pr - rows), (0, pc - cols)))
-    amax = _amax(x32)
+    amax = _amax(x32) if amax is None else amax.reshape(()).astype(_F32)
     enc, dec, mult = _global(amax)
     d = _blocks(xp, two_d) * mult
     d = jnp.where(d > _FLT_MAX, _FLT_MAX, d)
@@ -197,20 +211,23 @@ def _sr_key(rng_state, copy: int):
     return jax.random.fold_in(key, copy) if copy else key
 
 
-def _jax_nvfp4(x, rng_state, rowwise, columnwise, two_d, rht, rht_sign_mask,
+def _jax_nvfp4(x, rng_state, row_amax, col_amax, rowwise, columnwise, two_d, rht, rht_sign_mask,
                stochastic_rounding):
     x32 = x.astype(_F32)
     e = jnp.zeros((0,), _F32)
+    given = row_amax.size != 0 or col_amax.size != 0
     out = [e] * 6
     if rowwise:
         key = _sr_key(rng_state, 0) if stochastic_rounding else None
-        out[0:3] = _quantize_copy(x32, two_d, key)
+        out[0:3] = _quantize_copy(x32, two_d, key, row_amax if given else None)
     if columnwise:
         t = x32.T
         if rht:
             t = _rht(t, int(rht_sign_mask), x.dtype)
         key = _sr_key(rng_state, 1) if stochastic_rounding else None
-        out[3:6] = _quantize_copy(t, two_d, key)
+        out[3:6] = _quantize_copy(t, two_d, key, col_amax if given else None)
+    if given:  # the results the handler leaves out
+        out[2] = out[5] = e
     return tuple(out)
 
 
@@ -221,20 +238,30 @@ QuantizeNVFP4Primitive = FFIOp(
 
 
 def quantize_nvfp4(x, rowwise=True, columnwise=True, two_d=False, rht=False, rht_sign_mask=0,
-                   stochastic_rounding=False, rng_state=None):
+                   stochastic_rounding=False, rng_state=None, row_amax=None, col_amax=None):
     """NVFP4 of a 2-D x: (row_data, row_scale_inv, row_amax, col_data, col_scale_inv, col_amax),
     uint8 packed data and padded E4M3 scale grids (module docstring); copies not requested are
     float32 [0]. rng_state: uint32 with at least 4 elements when stochastic_rounding (TE-JAX's
-    state: its first 16 bytes are the core's int64 (seed, offset))."""
+    state: its first 16 bytes are the core's int64 (seed, offset)). row_amax / col_amax: float32
+    [1] each for the requested copies (col_amax after the RHT when it is applied), or None: the
+    per-tensor scales from these amaxes (a reduced amax), which come back as the amax results."""
     if rng_state is None:
         if stochastic_rounding:
             raise ValueError("te_lite::quantize_nvfp4: argument 'rng_state': expected a uint32 "
                              "state for stochastic rounding, got None")
         rng_state = jnp.zeros((0,), jnp.uint32)
-    return QuantizeNVFP4Primitive(
-        x, rng_state.reshape(-1), rowwise=bool(rowwise), columnwise=bool(columnwise),
+    empty = jnp.zeros((0,), _F32)
+    given = row_amax is not None or col_amax is not None
+    ra = empty if row_amax is None else jnp.asarray(row_amax).reshape(-1)
+    ca = empty if col_amax is None else jnp.asarray(col_amax).reshape(-1)
+    out = QuantizeNVFP4Primitive(
+        x, rng_state.reshape(-1), ra, ca, rowwise=bool(rowwise), columnwise=bool(columnwise),
         two_d=bool(two_d), rht=bool(rht), rht_sign_mask=int(rht_sign_mask),
         stochastic_rounding=bool(stochastic_rounding))
+    if not given:
+        return out
+    r, rs, _, c, cs, _ = out
+    return (r, rs, ra if rowwise else empty, c, cs, ca if columnwise else empty)
 
 
 # ------------------------------------------------------------------------------ dequantize

@@ -69,12 +69,13 @@ def _dbias(x, dtype, flatten_axis, op):
 
 # -------------------------------------------------------------------------------------- quantize
 def _scoped_quantize(quantizer, x, amax_scope, transpose_batch_sequence, **kwargs):
-    """quantizer.quantize(x, **kwargs), a current-scaling amax taken as `amax_scope` says (TE-JAX:
-    the scope only steers current scaling; delayed scaling's amax is reduced over the whole mesh
-    and block scalings have no tensor amax to scope)."""
+    """quantizer.quantize(x, **kwargs), a current-scaling or NVFP4 amax taken as `amax_scope`
+    says (TE-JAX: the scope steers current scaling and NVFP4's per-tensor scale; delayed scaling's
+    amax is reduced over the whole mesh and MXFP8 / FP8 block scalings have no tensor amax)."""
     from ..quantize.scaling_modes import ScalingMode
 
-    if quantizer.scaling_mode == ScalingMode.CURRENT_TENSOR_SCALING:
+    mode = quantizer.scaling_mode
+    if mode == ScalingMode.CURRENT_TENSOR_SCALING or ScalingMode(mode).is_nvfp4_scaling:
         kwargs = dict(kwargs, amax_scope=amax_scope,
                       transpose_batch_sequence=bool(transpose_batch_sequence))
     return quantizer.quantize(x, **kwargs)

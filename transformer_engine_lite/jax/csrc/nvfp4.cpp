@@ -38,10 +38,16 @@ ffi::Error set_attr(const char *op, void *config, NVTEQuantizationConfigAttribut
 // [num_devices, 4] array, or one device's slice); the first 16 bytes are read as int64 [2] = (seed,
 // offset), as TE-JAX's handler reads them. Ignored (any shape, [0] by convention) without
 // stochastic rounding.
-ffi::Error quantize_nvfp4(const Device &dev, Buffer x, Buffer rng_state, Buffer row, Buffer row_s,
-                          Buffer row_a, Buffer col, Buffer col_s, Buffer col_a, bool rowwise,
-                          bool columnwise, bool two_d, bool rht, int64_t rht_sign_mask,
-                          bool stochastic_rounding) {
+//
+// row_amax_in / col_amax_in: the per-tensor amaxes to scale with (float32 [1] each for the copies
+// requested, e.g. max-reduced over an AmaxScope's mesh axes; the column-wise one after the RHT),
+// or [0] each: the core takes them from x. Given ones are read in place by the core
+// (kNVTEQuantizationConfigNVFP4AmaxGiven), so the matching results are then [0] (the caller
+// has them already).
+ffi::Error quantize_nvfp4(const Device &dev, Buffer x, Buffer rng_state, Buffer row_amax_in,
+                          Buffer col_amax_in, Buffer row, Buffer row_s, Buffer row_a, Buffer col,
+                          Buffer col_s, Buffer col_a, bool rowwise, bool columnwise, bool two_d,
+                          bool rht, int64_t rht_sign_mask, bool stochastic_rounding) {
   constexpr const char *kOp = "te_lite::quantize_nvfp4";
   TE_LITE_TRY(check_dtype(kOp, "x", x, kHighPrecision));
   TE_LITE_TRY(check_ndim(kOp, "x", x, 2));
@@ -52,11 +58,28 @@ ffi::Error quantize_nvfp4(const Device &dev, Buffer x, Buffer rng_state, Buffer 
                 ": argument 'rht_sign_mask': expected a 16-bit mask, got ", rht_sign_mask);
   const int64_t rows = dim(x, 0), cols = dim(x, 1);
   const char *kNotRequested = "copy not requested";
+  const bool given = numel(row_amax_in) != 0 || numel(col_amax_in) != 0;
+  if (given) {
+    TE_LITE_CHECK(numel(row_amax_in) == (rowwise ? 1 : 0) &&
+                  numel(col_amax_in) == (columnwise ? 1 : 0), kOp,
+                  ": arguments 'row_amax_in' and 'col_amax_in': expected float32 [1] for each "
+                  "requested copy (rowwise=", rowwise ? "true" : "false", ", columnwise=",
+                  columnwise ? "true" : "false",
+                  ") or [0] for both, got shapes ", shape_str(row_amax_in), " and ",
+                  shape_str(col_amax_in));
+    if (rowwise) TE_LITE_TRY(check_fp32_scalar(kOp, "row_amax_in", row_amax_in));
+    if (columnwise) TE_LITE_TRY(check_fp32_scalar(kOp, "col_amax_in", col_amax_in));
+  }
+  const char *kGiven = "amax given (row_amax_in / col_amax_in)";
   // Odd dims are refused by the core with the argument named; halve only even ones here.
   if (rowwise) {
     TE_LITE_TRY(check_result(kOp, "row_data", row, DataType::U8, {rows, cols / 2}));
     TE_LITE_TRY(check_result(kOp, "row_scale_inv", row_s, DataType::U8, scale_shape(rows, cols)));
-    TE_LITE_TRY(check_result(kOp, "row_amax", row_a, DataType::F32, {1}));
+    if (given) {
+      TE_LITE_TRY(check_absent(kOp, "row_amax", row_a, kGiven));
+    } else {
+      TE_LITE_TRY(check_result(kOp, "row_amax", row_a, DataType::F32, {1}));
+    }
   } else {
     TE_LITE_TRY(check_absent(kOp, "row_data", row, kNotRequested));
     TE_LITE_TRY(check_absent(kOp, "row_scale_inv", row_s, kNotRequested));
@@ -65,7 +88,11 @@ ffi::Error quantize_nvfp4(const Device &dev, Buffer x, Buffer rng_state, Buffer 
   if (columnwise) {
     TE_LITE_TRY(check_result(kOp, "col_data", col, DataType::U8, {cols, rows / 2}));
     TE_LITE_TRY(check_result(kOp, "col_scale_inv", col_s, DataType::U8, scale_shape(cols, rows)));
-    TE_LITE_TRY(check_result(kOp, "col_amax", col_a, DataType::F32, {1}));
+    if (given) {
+      TE_LITE_TRY(check_absent(kOp, "col_amax", col_a, kGiven));
+    } else {
+      TE_LITE_TRY(check_result(kOp, "col_amax", col_a, DataType::F32, {1}));
+    }
   } else {
     TE_LITE_TRY(check_absent(kOp, "col_data", col, kNotRequested));
     TE_LITE_TRY(check_absent(kOp, "col_scale_inv", col_s, kNotRequested));
@@ -73,10 +100,11 @@ ffi::Error quantize_nvfp4(const Device &dev, Buffer x, Buffer rng_state, Buffer 
   }
   TensorWrapper in(dev), out(dev, NVTE_NVFP4_1D_SCALING);
   in.data(x);
-  if (rowwise) out.data(row).scale_inv(row_s, kNVTEFloat8E4M3).amax(row_a);
+  // A given amax is read, never written, by the core: the argument buffer serves as the output's.
+  if (rowwise) out.data(row).scale_inv(row_s, kNVTEFloat8E4M3).amax(given ? row_amax_in : row_a);
   if (columnwise) {
     out.columnwise_data(col).columnwise_scale_inv(col_s, kNVTEFloat8E4M3);
-    out.set(kNVTEColumnwiseAmax, col_a);
+    out.set(kNVTEColumnwiseAmax, given ? col_amax_in : col_a);
   }
   std::unique_ptr<void, ConfigDeleter> config(nvte_create_quantization_config());
   if (config == nullptr) throw std::bad_alloc();
@@ -103,6 +131,7 @@ ffi::Error quantize_nvfp4(const Device &dev, Buffer x, Buffer rng_state, Buffer 
   TE_LITE_TRY(set_attr(kOp, config.get(), kNVTEQuantizationConfigNVFP4RHTSignMask, mask));
   TE_LITE_TRY(set_attr(kOp, config.get(), kNVTEQuantizationConfigStochasticRounding,
                        stochastic_rounding));
+  TE_LITE_TRY(set_attr(kOp, config.get(), kNVTEQuantizationConfigNVFP4AmaxGiven, given));
   return check_nvte(kOp, nvte_quantize_v2(in.get(), out.get(), config.get(), dev.stream));
 }
 
@@ -170,12 +199,14 @@ ffi::Error nvfp4_block_gemm(const Device &dev, Buffer b_data, Buffer b_scale, Bu
 TE_LITE_FFI_HANDLERS(quantize_nvfp4, quantize_nvfp4,
                      .Arg<Buffer>()  // x: [rows, cols], float32 / float16 / bfloat16
                      .Arg<Buffer>()  // rng_state: uint32 [>= 4] (stochastic rounding) or [0]
+                     .Arg<Buffer>()  // row_amax_in: float32 [1] (a given amax) or [0]
+                     .Arg<Buffer>()  // col_amax_in: float32 [1] (given, post-RHT) or [0]
                      .Ret<Buffer>()  // row_data: uint8 [rows, cols/2] (or [0])
                      .Ret<Buffer>()  // row_scale_inv: uint8 E4M3 [rows, cols/16] padded
-                     .Ret<Buffer>()  // row_amax: float32 [1]
+                     .Ret<Buffer>()  // row_amax: float32 [1] ([0] when given)
                      .Ret<Buffer>()  // col_data: uint8 [cols, rows/2] (or [0])
                      .Ret<Buffer>()  // col_scale_inv: uint8 E4M3 [cols, rows/16] padded
-                     .Ret<Buffer>()  // col_amax: float32 [1] (after the RHT when applied)
+                     .Ret<Buffer>()  // col_amax: float32 [1] (post-RHT; [0] when given)
                      .Attr<bool>("rowwise")              // write the row-wise copy
                      .Attr<bool>("columnwise")           // write the column-wise copy
                      .Attr<bool>("two_d")                // 16x16 blocks (weights)

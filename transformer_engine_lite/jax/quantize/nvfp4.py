@@ -33,6 +33,9 @@ from jax.ad_checkpoint import checkpoint_name
 
 from .. import cpp_extensions as tex
 from ..cpp_extensions.nvfp4 import nvfp4_scale_grid
+from ..cpp_extensions.nvfp4_sharded import (dequantize_nvfp4_nd, quantize_nvfp4_nd,
+                                            scoped_nvfp4_amax)
+from ..cpp_extensions.partitioning import lowering_mesh
 from .hadamard import apply_rht, get_sign_from_vector, get_wgrad_sign_vector
 from .quantizer import Quantizer, _pytree
 from .scaling_modes import ScalingMode
@@ -91,7 +94,12 @@ class NVFP4Quantizer(Quantizer):
     def get_scale_dtype(self):
         return jnp.float8_e4m3fn
 
-    def quantize(self, x, is_rowwise=None, is_colwise=None, dq_dtype=None, flatten_axis=-1):
+    def quantize(self, x, is_rowwise=None, is_colwise=None, dq_dtype=None, flatten_axis=-1,
+                 amax_scope=None, transpose_batch_sequence=False):
+        """amax_scope (an AmaxScope): the per-tensor amaxes (x's, and the post-RHT one of the
+        column-wise copy) max-reduced over the scope's mesh axes before the quantize, as TE-JAX's
+        NVFP4 path; None: the whole tensor's. Each shard then quantizes its own block with them
+        (cpp_extensions.nvfp4_sharded)."""
         if isinstance(x, NoScaleTensor):  # its precomputed amax is not needed: the core takes it
             x = x.data
         row = self.q_layout.has_rowwise if is_rowwise is None else is_rowwise
@@ -111,22 +119,28 @@ class NVFP4Quantizer(Quantizer):
         if col:
             mode.get_scale_shape(tshape, "T", True, False, fa)
         use_rht = bool(self.use_rht and col and mode == ScalingMode.NVFP4_1D_SCALING)
+        mask = get_sign_from_vector(get_wgrad_sign_vector()) if use_rht else 0
         state = self.stochastic_rounding_rng_state
-        r, rs, ra, c, cs, ca = tex.quantize_nvfp4(
-            x.reshape(rows, cols), row, col, two_d=mode == ScalingMode.NVFP4_2D_SCALING,
-            rht=use_rht,
-            rht_sign_mask=get_sign_from_vector(get_wgrad_sign_vector()) if use_rht else 0,
-            stochastic_rounding=state is not None, rng_state=state)
+        # TE-JAX: the amaxes first (reduced over the scope), then a quantize with them per shard.
+        ra = ca = None  # without a mesh every scope is the whole tensor: the core takes it
+        if lowering_mesh() is not None:
+            ra, ca = scoped_nvfp4_amax(x, amax_scope, transpose_batch_sequence, fa,
+                                       mask if use_rht else None)
+        r, rs, ra, c, cs, ca = quantize_nvfp4_nd(
+            x, fa, ra, ca, row, col, two_d=mode == ScalingMode.NVFP4_2D_SCALING, rht=use_rht,
+            rht_sign_mask=mask, rng_state=state, amax_scope=amax_scope,
+            transpose_batch_sequence=transpose_batch_sequence)
+        del rows, cols
         dq = dq_dtype or x.dtype
         out_r = out_c = None
         if row:
             s_shape = mode.get_scale_shape(shape, "N", False, False, fa, True)
-            si = jax.lax.bitcast_convert_type(rs[:rows, : cols // 16], jnp.float8_e4m3fn)
+            si = jax.lax.bitcast_convert_type(rs, jnp.float8_e4m3fn)
             out_r = ScaledTensor1x(_unpack(r, shape), si.reshape(s_shape), mode, dq, False, ra,
                                    None, fa, False)
         if col:
             s_shape = mode.get_scale_shape(tshape, "T", True, False, fa, True)
-            si = jax.lax.bitcast_convert_type(cs[:cols, : rows // 16], jnp.float8_e4m3fn)
+            si = jax.lax.bitcast_convert_type(cs, jnp.float8_e4m3fn)
             # flatten_axis of a "T" copy: in its own layout (TE-JAX's create_1x rule).
             out_c = ScaledTensor1x(_unpack(c, tshape), si.reshape(s_shape), mode, dq, True, ca,
                                    None, nd - fa, use_rht)
@@ -143,6 +157,9 @@ def _stored_values(t: ScaledTensor1x, dtype):
     shape = tuple(t.data.shape)
     split = _copy_split(t)
     rows, cols = math.prod(shape[:split]), math.prod(shape[split:])
+    si = t.scale_inv.reshape(*shape[:-1], shape[-1] // 16) if shape[-1] % 16 == 0 else None
+    if si is not None and si.size == rows * cols // 16:  # per shard under a mesh (own amax)
+        return dequantize_nvfp4_nd(t.data, si, t.amax, split, dtype)
     sc = jax.lax.bitcast_convert_type(t.scale_inv, jnp.uint8).reshape(rows, cols // 16)
     gr, gc = nvfp4_scale_grid(rows, cols)
     sc = jnp.pad(sc, ((0, gr - rows), (0, gc - sc.shape[1])))

@@ -4,6 +4,8 @@
 // stochastic rounding, 4over6 and row scaling as options; dequantize one stored copy.
 #include <torch/library.h>
 
+#include <optional>
+#include <tuple>
 #include <vector>
 
 #include <transformer_engine_lite/cast.h>
@@ -37,7 +39,8 @@ void set_attr(const QuantizationConfig &c, NVTEQuantizationConfigAttribute a, co
 std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor, at::Tensor, at::Tensor> quantize_nvfp4(
     const at::Tensor &x_, bool rowwise, bool columnwise, bool two_d, bool rht,
     int64_t rht_sign_mask, bool stochastic_rounding, int64_t seed, int64_t offset,
-    bool row_scaled, int64_t four_over_six, int64_t e4m3_max, bool err_fast_math) {
+    bool row_scaled, int64_t four_over_six, int64_t e4m3_max, bool err_fast_math,
+    const std::optional<at::Tensor> &row_amax_in, const std::optional<at::Tensor> &col_amax_in) {
   constexpr const char *kOp = "te_lite::quantize_nvfp4";
   check_dtype(kOp, "x", x_, kHighPrecision);
   check_min_ndim(kOp, "x", x_, 1);
@@ -70,6 +73,27 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor, at::Tensor, at::Tenso
   at::Tensor col_s = at::empty(columnwise ? scale_shape(cols, rows) : none, u8);
   at::Tensor col_a =
       at::empty(columnwise ? std::vector<int64_t>{row_scaled ? cols : 1} : none, f32);
+  // Given amaxes (TE's amax all-reduced over amax_reduction_group before the cast): copied into
+  // the results, which the core then reads instead of computing x's own.
+  const bool given = row_amax_in.has_value() || col_amax_in.has_value();
+  if (given) {
+    TORCH_CHECK(!row_scaled, kOp, ": arguments 'row_amax_in', 'col_amax_in': a given amax "
+                "expects plain NVFP4, got row_scaled=True (one amax per row)");
+    for (const auto &[t, want, name] :
+         {std::tuple{&row_amax_in, rowwise, "row_amax_in"},
+          std::tuple{&col_amax_in, columnwise, "col_amax_in"}}) {
+      TORCH_CHECK(t->has_value() == want, kOp, ": argument '", name, "': expected ",
+                  want ? "float32 [1] (its copy is requested)" : "None (its copy is not requested)",
+                  ", got ", t->has_value() ? "a tensor" : "None");
+      if (!want) continue;
+      check_dtype(kOp, name, **t, {at::kFloat});
+      TORCH_CHECK((*t)->numel() == 1, kOp, ": argument '", name, "': expected one float32, got "
+                  "shape ", (*t)->sizes());
+      check_same_device(kOp, x_, "x", **t, name);
+    }
+    if (rowwise) row_a.copy_(row_amax_in->reshape({1}));
+    if (columnwise) col_a.copy_(col_amax_in->reshape({1}));
+  }
   TensorWrapper in, out(NVTE_NVFP4_1D_SCALING);
   set_nvfp4_params(out, row_scaled, e4m3_max, kOp);
   in.data(x);
@@ -96,6 +120,7 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor, at::Tensor, at::Tenso
   const uint8_t fos = static_cast<uint8_t>(four_over_six);
   set_attr(config, kNVTEQuantizationConfigNVFP44Over6Mode, fos, kOp);
   set_attr(config, kNVTEQuantizationConfigNVFP44Over6ErrUseFastMath, err_fast_math, kOp);
+  set_attr(config, kNVTEQuantizationConfigNVFP4AmaxGiven, given, kOp);
   check_nvte(nvte_quantize_v2(in.get(), out.get(), config.get(), ctx.stream()), kOp);
   return {row, row_s, row_a, col, col_s, col_a};
 }

@@ -32,7 +32,8 @@ TORCH_LIBRARY(te_lite, m) {
   m.def(
       "quantize_nvfp4(Tensor x, bool rowwise, bool columnwise, bool two_d, bool rht, "
       "int rht_sign_mask, bool stochastic_rounding, int seed, int offset, bool row_scaled=False, "
-      "int four_over_six=0, int e4m3_max=448, bool err_fast_math=False) -> "
+      "int four_over_six=0, int e4m3_max=448, bool err_fast_math=False, "
+      "Tensor? row_amax_in=None, Tensor? col_amax_in=None) -> "
       "(Tensor, Tensor, Tensor, Tensor, Tensor, Tensor)");
   m.def(
       "dequantize_nvfp4(Tensor data, Tensor scale_inv, Tensor amax, ScalarType out_dtype, "

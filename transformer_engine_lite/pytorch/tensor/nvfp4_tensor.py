@@ -379,11 +379,17 @@ class NVFP4Quantizer(Quantizer):
                 "NVFP4Quantizer: with_rht=True with with_post_rht_amax=False (the column-wise copy "
                 "scaled by the pre-transform amax) is not implemented; the column-wise copy is "
                 "scaled by the amax after the transform (with_post_rht_amax=True, TE's recipe)")
-        if self.with_amax_reduction and torch.distributed.is_available() \
-                and torch.distributed.is_initialized() \
-                and torch.distributed.get_world_size(self.amax_reduction_group) > 1:
-            raise NotImplementedError("NVFP4Quantizer: with_amax_reduction across ranks is not "
-                                      "implemented in transformer_engine_lite")
+        if self._reduces_amax() and self.row_scaled_nvfp4:
+            raise NotImplementedError("NVFP4Quantizer: with_amax_reduction=True with "
+                                      "row_scaled_nvfp4=True (per-row amaxes) is not implemented")
+
+    def _reduces_amax(self) -> bool:
+        """TE: with_amax_reduction all-reduces (MAX) the per-tensor amaxes over
+        amax_reduction_group before the cast; a group of one rank (or no process group) has
+        nothing to reduce."""
+        return bool(self.with_amax_reduction and torch.distributed.is_available()
+                    and torch.distributed.is_initialized()
+                    and torch.distributed.get_world_size(self.amax_reduction_group) > 1)
 
     def _quantize(self, tensor: torch.Tensor) -> NVFP4Tensor:
         if not (self.rowwise_usage or self.columnwise_usage):
@@ -401,12 +407,22 @@ class NVFP4Quantizer(Quantizer):
             four_over_six = 1 if self.nvfp4_4over6_err_mode == "MAE" else 2
             # TE reads the switch from the environment at each quantize (docs/envvars.rst).
             fast = config.get("NVTE_NVFP4_4OVER6_ERR_USE_FAST_MATH").strip() != "0"
-        r, rs, ra, c, cs, ca = ops().quantize_nvfp4(
-            tensor.contiguous(), self.rowwise_usage, self.columnwise_usage,
-            self.with_2d_quantization, self.with_rht, self.rht_matrix_random_sign_mask_t,
-            self.stochastic_rounding, seed, offset, self.row_scaled_nvfp4, four_over_six,
-            self.nvfp4_e4m3_max, fast)
+        args = (tensor.contiguous(), self.rowwise_usage, self.columnwise_usage,
+                self.with_2d_quantization, self.with_rht, self.rht_matrix_random_sign_mask_t,
+                self.stochastic_rounding, seed, offset, self.row_scaled_nvfp4, four_over_six,
+                self.nvfp4_e4m3_max, fast)
+        r, rs, ra, c, cs, ca = ops().quantize_nvfp4(*args)
         row, col = self.rowwise_usage, self.columnwise_usage
+        if self._reduces_amax():
+            # TE: the amaxes (x's, and the column-wise copy's after the RHT) all-reduced with MAX
+            # over amax_reduction_group, then the cast scaled by them: the core's own amaxes from
+            # a first pass, one all-reduce of both, a second pass with the reduced ones.
+            both = torch.cat([ra if row else ca, ca if col else ra]).float()
+            torch.distributed.all_reduce(both, op=torch.distributed.ReduceOp.MAX,
+                                         group=self.amax_reduction_group)
+            r, rs, ra, c, cs, ca = ops().quantize_nvfp4(
+                *args, row_amax_in=both[:1] if row else None,
+                col_amax_in=both[1:] if col else None)
         out = NVFP4Tensor(
             shape=tensor.shape, dtype=tensor.dtype,
             rowwise_data=r if row else None, rowwise_scale_inv=rs if row else None,

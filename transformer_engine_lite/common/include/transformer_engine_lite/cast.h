@@ -51,7 +51,8 @@ NVTE_API NVTEStatus nvte_quantize(const NVTETensor input, NVTETensor output, NVT
  *  kNVTEQuantizationConfigRNGState stream (README "NVFP4"). kNVTEQuantizationConfigNVFP42DQuantization:
  *  16x16 blocks; kNVTEQuantizationConfigNVFP4RHT: the column-wise copy is made from the 16-point
  *  random Hadamard transform of each column (groups of 16 rows; signs from
- *  kNVTEQuantizationConfigNVFP4RHTSignMask), rounded to the input dtype, with its own amax. */
+ *  kNVTEQuantizationConfigNVFP4RHTSignMask), rounded to the input dtype, with its own amax. kNVTEQuantizationConfigNVFP4AmaxGiven: the
+ *  amaxes are inputs, read from kNVTEAmax / kNVTEColumnwiseAmax (a reduced amax) and kept. */
 NVTE_API NVTEStatus nvte_quantize_v2(const NVTETensor input, NVTETensor output,
                                      const NVTEQuantizationConfig config, NVTEStream stream);
 

@@ -191,7 +191,13 @@ typedef enum NVTEQuantizationConfigAttribute NVTE_ENUM_INT {
    *  Hadamard transform along the rows of the NVFP4 column-wise copy before quantizing it */
   kNVTEQuantizationConfigNVFP4RHT = 64,
   /*! Ours: uint32, the RHT sign mask (bit i set: sign i is -1; TE's wgrad vector is 0xD7E8) */
-  kNVTEQuantizationConfigNVFP4RHTSignMask = 65
+  kNVTEQuantizationConfigNVFP4RHTSignMask = 65,
+  /*! Ours: bool, the NVFP4 output's amax (row-wise) and columnwise_amax (after the RHT when it is
+   *  applied) already hold the per-tensor amaxes, e.g. max-reduced over a process group or mesh
+   *  axes (TE's NVFP4 quantize always reads them there after nvte_compute_amax and an optional
+   *  all-reduce; ours computes them from the input unless this is set). S_enc comes from them and
+   *  they are left as given. Not with row-scaled NVFP4 (its amaxes are per row). */
+  kNVTEQuantizationConfigNVFP4AmaxGiven = 66
 } NVTEQuantizationConfigAttribute;
 
 NVTE_API NVTEQuantizationConfig nvte_create_quantization_config(void);
