@@ -37,6 +37,7 @@ from jax.sharding import Mesh, NamedSharding
 from jax.sharding import PartitionSpec as P
 
 import transformer_engine_lite.jax as te
+from scope_layers import KERNEL_SPECS, layer_grad, layer_params  # noqa: E402
 from transformer_engine_lite.common import recipe as te_recipe
 from transformer_engine_lite.jax import cpp_extensions as tex
 from transformer_engine_lite.jax.quantize import QuantizerFactory
@@ -191,43 +192,6 @@ def test_primitive_quantize_refuses_a_scope():
 
 
 # ------------------------------------------------------------------------------------ layers
-def _layer(name, tbs):
-    """loss(params, x, cot) of one TE-JAX layer with transpose_batch_sequence=tbs."""
-    def run(p, x):
-        qs = QuantizerFactory.create_set(n_quantizer_sets=2)
-        if name == "dense":
-            return te.dense(x, p["k"], p["b"], transpose_batch_sequence=tbs, quantizer_set=qs[0])
-        if name == "layernorm_dense":
-            return te.layernorm_dense(x, p["k"], p["gamma"], p["beta"], p["b"],
-                                      transpose_batch_sequence=tbs, quantizer_set=qs[0])
-        return te.layernorm_mlp(x, p["gamma"], p["beta"], [p["k1"], p["k2"]], [p["b1"], p["b2"]],
-                                activation_type=("gelu", "linear"), transpose_batch_sequence=tbs,
-                                quantizer_sets=qs)
-
-    def loss(p, x, cot):
-        out = run(p, x)
-        return jnp.sum(out * cot), out
-
-    return jax.jit(jax.value_and_grad(loss, argnums=(0, 1), has_aux=True))
-
-
-def _params(name, h=32):
-    r = lambda k, s, sc: sc * jax.random.normal(jax.random.PRNGKey(k), s, F32)
-    if name == "layernorm_mlp":
-        # kernel rows scaled apart per fsdp shard: a per-shard (LOCAL) kernel scale would differ
-        k1 = r(11, (h, 2, 64), 0.2).at[h // 2:].mul(6.0)
-        k2 = r(12, (64, h), 0.2).at[32:].mul(6.0)
-        return {"gamma": r(13, (h,), 0.1) + 1, "beta": r(14, (h,), 0.1), "k1": k1, "k2": k2,
-                "b1": r(15, (2, 64), 0.1), "b2": r(16, (h,), 0.1)}
-    p = {"k": r(11, (h, 48), 0.2).at[h // 2:].mul(6.0), "b": r(12, (48,), 0.1)}
-    if name == "layernorm_dense":
-        p.update(gamma=r(13, (h,), 0.1) + 1, beta=r(14, (h,), 0.1))
-    return p
-
-
-KERNEL_SPECS = {"k": P("fsdp", None), "k1": P("fsdp", None, None), "k2": P("fsdp", None)}
-
-
 @pytest.mark.parametrize("tbs", [False, True], ids=["bsh", "sbh"])
 @pytest.mark.parametrize("name", ["dense", "layernorm_dense", "layernorm_mlp"])
 def test_layer_scopes(name, tbs):
@@ -242,8 +206,8 @@ def test_layer_scopes(name, tbs):
         (1, 8, 1) if tbs else (8, 1, 1))
     n_out = 32 if name == "layernorm_mlp" else 48
     cot = jax.random.normal(jax.random.PRNGKey(4), shape[:2] + (n_out,), F32)
-    p = _params(name)
-    ref = _layer(name, tbs)
+    p = layer_params(name, 32, 48)
+    ref = layer_grad(name, tbs)
     x_spec = P("tpsp", ("dp", "fsdp"), None) if tbs else P(("dp", "fsdp"), "tpsp", None)
     with te.autocast(enabled=True, recipe=te_recipe.Float8CurrentScaling(), mesh_resource=res):
         parts = [ref(p, jnp.take(x, jnp.arange(2 * k, 2 * k + 2), b_dim),
@@ -252,7 +216,7 @@ def test_layer_scopes(name, tbs):
         with mesh:  # traced in the mesh context (TE's tests' idiom), a jit of its own
             ps = {k: jax.device_put(v, NamedSharding(mesh, KERNEL_SPECS.get(k, P())))
                   for k, v in p.items()}
-            got = _layer(name, tbs)(ps, jax.device_put(x, NamedSharding(mesh, x_spec)), cot)
+            got = layer_grad(name, tbs)(ps, jax.device_put(x, NamedSharding(mesh, x_spec)), cot)
     (loss, out), (dp_, dx) = got
     want_out = jnp.concatenate([o[0][1] for o in parts], axis=b_dim)
     want_dx = jnp.concatenate([o[1][1] for o in parts], axis=b_dim)
@@ -285,7 +249,7 @@ def test_dense_tensor_parallel_scopes(mesh_shape):
     b = 0.1 * jax.random.normal(jax.random.PRNGKey(7), (64,), F32)
     cot = jax.random.normal(jax.random.PRNGKey(8), (8, 4, 64), F32)
     p = {"k": k, "b": b}
-    ref = _layer("dense", False)
+    ref = layer_grad("dense", False)
     rb, cb = 8 // n_dp, 64 // n_tp
     with te.autocast(enabled=True, recipe=te_recipe.Float8CurrentScaling(), mesh_resource=res):
         parts = [[ref({"k": k[:, j * cb:(j + 1) * cb], "b": b[j * cb:(j + 1) * cb]},
@@ -294,7 +258,7 @@ def test_dense_tensor_parallel_scopes(mesh_shape):
         with mesh:
             ps = {"k": jax.device_put(k, NamedSharding(mesh, P(None, "tp"))),
                   "b": jax.device_put(b, NamedSharding(mesh, P("tp")))}
-            got = _layer("dense", False)(ps, jax.device_put(x, NamedSharding(mesh, P("dp"))),
+            got = layer_grad("dense", False)(ps, jax.device_put(x, NamedSharding(mesh, P("dp"))),
                                          cot)
     (loss, out), (dp_, dx) = got
     want_out = jnp.concatenate([jnp.concatenate([pt[0][1] for pt in row], axis=-1)

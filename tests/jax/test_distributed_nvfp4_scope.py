@@ -35,6 +35,7 @@ from jax.sharding import Mesh, NamedSharding
 from jax.sharding import PartitionSpec as P
 
 import transformer_engine_lite.jax as te
+from scope_layers import KERNEL_SPECS, layer_grad, layer_params  # noqa: E402
 from transformer_engine_lite.common import recipe as te_recipe
 from transformer_engine_lite.jax import cpp_extensions as tex
 from transformer_engine_lite.jax.quantize import QuantizerFactory, ScalingMode
@@ -201,40 +202,6 @@ def test_bad_scope_is_refused():
 
 
 # ------------------------------------------------------------------------------------ layers
-def _layer(name):
-    def run(p, x):
-        qs = QuantizerFactory.create_set(n_quantizer_sets=2)
-        if name == "dense":
-            return te.dense(x, p["k"], p["b"], quantizer_set=qs[0])
-        if name == "layernorm_dense":
-            return te.layernorm_dense(x, p["k"], p["gamma"], p["beta"], p["b"],
-                                      quantizer_set=qs[0])
-        return te.layernorm_mlp(x, p["gamma"], p["beta"], [p["k1"], p["k2"]], [p["b1"], p["b2"]],
-                                activation_type=("gelu", "linear"), quantizer_sets=qs)
-
-    def loss(p, x, cot):
-        out = run(p, x)
-        return jnp.sum(out * cot), out
-
-    return jax.jit(jax.value_and_grad(loss, argnums=(0, 1), has_aux=True))
-
-
-def _params(name, h=64):
-    r = lambda k, s, sc: sc * jax.random.normal(jax.random.PRNGKey(k), s, jnp.float32)
-    if name == "layernorm_mlp":
-        k1 = r(11, (h, 2, 64), 0.2).at[h // 2:].mul(6.0)
-        k2 = r(12, (64, h), 0.2).at[32:].mul(6.0)
-        return {"gamma": r(13, (h,), 0.1) + 1, "beta": r(14, (h,), 0.1), "k1": k1, "k2": k2,
-                "b1": r(15, (2, 64), 0.1), "b2": r(16, (h,), 0.1)}
-    p = {"k": r(11, (h, 64), 0.2).at[h // 2:].mul(6.0), "b": r(12, (64,), 0.1)}
-    if name == "layernorm_dense":
-        p.update(gamma=r(13, (h,), 0.1) + 1, beta=r(14, (h,), 0.1))
-    return p
-
-
-KERNEL_SPECS = {"k": P("fsdp", None), "k1": P("fsdp", None, None), "k2": P("fsdp", None)}
-
-
 @pytest.mark.parametrize("name", ["dense", "layernorm_dense", "layernorm_mlp"])
 def test_layer_scopes_nvfp4(name):
     """x [8, 32, 64]: batch over (dp, fsdp) (4 shards of 2), sequence over tpsp (16 each): the
@@ -244,15 +211,15 @@ def test_layer_scopes_nvfp4(name):
     x = jax.random.normal(jax.random.PRNGKey(3), shape, jnp.float32)
     x = x * jnp.repeat(2.0 ** jnp.arange(4, dtype=jnp.float32), 2).reshape(8, 1, 1)
     cot = jax.random.normal(jax.random.PRNGKey(4), shape, jnp.float32)
-    p = _params(name)
-    ref = _layer(name)
+    p = layer_params(name, 64, 64)
+    ref = layer_grad(name)
     with te.autocast(enabled=True, recipe=te_recipe.NVFP4BlockScaling(), mesh_resource=res):
         parts = [ref(p, x[2 * k:2 * k + 2], cot[2 * k:2 * k + 2]) for k in range(4)]
         whole = ref(p, x, cot)
         with mesh:
             ps = {k: jax.device_put(v, NamedSharding(mesh, KERNEL_SPECS.get(k, P())))
                   for k, v in p.items()}
-            got = _layer(name)(ps, jax.device_put(
+            got = layer_grad(name)(ps, jax.device_put(
                 x, NamedSharding(mesh, P(("dp", "fsdp"), "tpsp", None))), cot)
     (loss, out), (dp_, dx) = got
     want_out = jnp.concatenate([o[0][1] for o in parts], axis=0)
