@@ -14,9 +14,15 @@ start=$SECONDS
 bash "$REPO_ROOT/ci/install_deps.sh" || exit 1
 rc=0
 times=()
-suite() {  # suite NAME: runs ci/NAME.sh, records its time
+failed=()
+LOGS=$REPO_ROOT/build/ci_logs
+mkdir -p "$LOGS"
+# suite NAME: runs ci/NAME.sh, records its time; its output is also kept in build/ci_logs/NAME.log so
+# that the digest at the end can quote a failed suite's failures (CI shows only a log's tail).
+suite() {
   local start=$SECONDS
-  bash "$REPO_ROOT/ci/$1.sh" || rc=1
+  bash "$REPO_ROOT/ci/$1.sh" 2>&1 | tee "$LOGS/$1.log"
+  [ "${PIPESTATUS[0]}" -eq 0 ] || { rc=1; failed+=("$1"); }
   times+=("$1 $((SECONDS - start)) s")
 }
 # suite_pair A B: two suites at once, where each leaves a core idle much of the time (pytest
@@ -30,16 +36,15 @@ suite_pair() {
     suite "$2"
     return
   fi
-  local logs=$REPO_ROOT/build/ci_logs start=$SECONDS name pid
+  local logs=$LOGS start=$SECONDS name pid
   local -A pids
-  mkdir -p "$logs"
   for name in "$1" "$2"; do
     (s=$SECONDS; bash "$REPO_ROOT/ci/$name.sh" > "$logs/$name.log" 2>&1; r=$?
       echo "$((SECONDS - s))" > "$logs/$name.time"; exit $r) &
     pids[$name]=$!
   done
   for name in "$1" "$2"; do
-    wait "${pids[$name]}" || rc=1
+    wait "${pids[$name]}" || { rc=1; failed+=("$name"); }
   done
   for name in "$1" "$2"; do
     cat "$logs/$name.log"
@@ -55,7 +60,14 @@ suite_pair isa_matrix sanitize
 suite gpusim
 suite build_cuda
 suite build_rocm
+# The digest: for each failed suite, its failed tags and the lines that name a failing test
+# (pytest's "FAILED file::case", gtest's "[  FAILED  ]", Python tracebacks' last line), at most 40.
+for name in "${failed[@]}"; do
+  echo "ci/run_all.sh: FAILED suite $name; its failures (full log: build/ci_logs/$name.log):"
+  grep -E '^    FAILED: |^FAILED |^ERROR |\[  FAILED  \]|^E  +[A-Za-z]*(Error|Exception)|Timeout|Segmentation|Aborted' \
+    "$LOGS/$name.log" | head -40 | sed 's/^/  | /'
+done
 printf 'ci/run_all.sh: suite times: %s\n' "$(IFS=,; echo "${times[*]}")"
-echo "ci/run_all.sh: $([ $rc -eq 0 ] && echo all suites passed || echo some suites FAILED)" \
+echo "ci/run_all.sh: $([ $rc -eq 0 ] && echo all suites passed || echo "suites FAILED: ${failed[*]}")" \
   "in $((SECONDS - start)) s"
 exit $rc
