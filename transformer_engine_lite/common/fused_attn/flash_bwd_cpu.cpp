@@ -116,6 +116,7 @@ void bwd(const AttnParams &p) {
 
 #pragma omp parallel
   {
+    const tile::AmxScope amx(uses_amx<E>());  // the tiles configured once per thread
     std::vector<E> qa(static_cast<size_t>(kBlockQ) * kpad), doa(static_cast<size_t>(kBlockQ) * vpad);
     std::vector<E> qt(static_cast<size_t>(p.d_qk) * kBlockQ), dot(static_cast<size_t>(p.d_v) * kBlockQ);
     std::vector<E> ds_a(kBlockQ * kBlockKV), ds_b(kBlockQ * kBlockKV), pd_b(kBlockQ * kBlockKV);

@@ -16,6 +16,7 @@
 #include <type_traits>
 #include <vector>
 
+#include "../platform/cpu_amx_tile.h"
 #include "../platform/cpu_isa.h"
 #include "../platform/cpu_lanes.h"
 #include "../platform/cpu_tile_gemm.h"
@@ -58,9 +59,20 @@ struct Compute<uint16_t> {
   static uint16_t from_f32(float f) { return float_to_bf16(f).x; }
   static void gemm(int M, int N, int K, const uint16_t *A, int lda, const uint16_t *B,
                    size_t panel_stride, float *C, int ldc, bool acc) {
+    // AMX tiles at the avx512_core_amx level (their own fp32 rounding inside each 32-K step,
+    // platform/cpu_amx_tile.h), AVX-512 BF16 dot products below it.
+#ifdef NVTE_HAVE_AMX_TILE_KERNEL
+    if (tile::has_amx_bf16()) return tile::gemm_amx_bf16(M, N, K, A, lda, B, panel_stride, C, ldc, acc);
+#endif
     tile::gemm_bf16(M, N, K, A, lda, B, panel_stride, C, ldc, acc);
   }
 };
+
+// Whether the tile GEMMs of compute type E run on AMX (Compute<uint16_t>::gemm's choice).
+template <typename E>
+inline bool uses_amx() {
+  return std::is_same<E, uint16_t>::value && tile::has_amx_bf16();
+}
 
 // Whether bf16 inputs take the bf16 dot-product path (this CPU has AVX-512 BF16); flash_fwd_cpu.cpp.
 bool use_bf16_compute(NVTEDType dtype);

@@ -259,6 +259,7 @@ void fwd(const AttnParams &p) {
 
 #pragma omp parallel
   {
+    const tile::AmxScope amx(uses_amx<E>());  // the tiles configured once per thread
     KVPanels<E> kv(p, max_blocks);
     std::vector<E> qa(static_cast<size_t>(kBlockQ) * ldq), pbuf(kBlockQ * kBlockKV);
     std::vector<float> S(kBlockQ * kBlockKV), bias(has_bias ? kBlockQ * kBlockKV : 0),

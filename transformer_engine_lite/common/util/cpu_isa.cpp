@@ -5,6 +5,10 @@
 #include <cstdio>
 #include <cstdlib>
 #include <string>
+#if defined(__linux__)
+#include <sys/syscall.h>
+#include <unistd.h>
+#endif
 
 namespace nvte {
 
@@ -21,6 +25,19 @@ constexpr IsaName kNames[] = {
     {"avx512_core_bf16", CpuIsa::kAvx512CoreBf16}, {"avx512_core_fp16", CpuIsa::kAvx512CoreFp16},
     {"avx512_core_amx", CpuIsa::kAvx512CoreAmx},
 };
+
+// Linux hands out the AMX tile data state (8 KiB per thread) only to a process that asks
+// (arch_prctl ARCH_REQ_XCOMP_PERM, kernel 5.16+); a tile instruction before that faults. The
+// permission is per process and idempotent, so asking here, where the level is decided, covers the
+// tile kernels of every thread; where it is refused the level stops below AMX.
+[[maybe_unused]] bool amx_permitted() {
+#if defined(__linux__) && defined(__x86_64__)
+  constexpr long kArchReqXcompPerm = 0x1023, kXfeatureXtiledata = 18;
+  return syscall(SYS_arch_prctl, kArchReqXcompPerm, kXfeatureXtiledata) == 0;
+#else
+  return false;
+#endif
+}
 
 CpuIsa detect() {
 #if defined(__x86_64__) && defined(__clang__)
@@ -45,7 +62,8 @@ CpuIsa detect() {
   if (!__builtin_cpu_supports("x86-64-v4")) return CpuIsa::kAvx2;
   if (!__builtin_cpu_supports("avx512bf16")) return CpuIsa::kAvx512Core;
   if (!__builtin_cpu_supports("avx512fp16")) return CpuIsa::kAvx512CoreBf16;
-  if (!__builtin_cpu_supports("amx-tile") || !__builtin_cpu_supports("amx-bf16")) {
+  if (!__builtin_cpu_supports("amx-tile") || !__builtin_cpu_supports("amx-bf16") ||
+      !amx_permitted()) {
     return CpuIsa::kAvx512CoreFp16;
   }
   return CpuIsa::kAvx512CoreAmx;
