@@ -3,7 +3,8 @@
 // sizes and the per-row key ranges.
 //
 // Compute types: bf16 inputs on a CPU with AVX-512 BF16 multiply bf16 operands (E = uint16_t bits,
-// fp32 accumulation, probabilities rounded to bf16 before P.V as GPU flash kernels do); every other
+// fp32 accumulation, probabilities rounded to bf16 before P.V as GPU flash kernels do; on AMX tiles
+// at the avx512_core_amx level, AVX-512 BF16 dot products below it); every other
 // case (fp16, fp32, or no BF16 dot product) computes with fp32 operands (E = float): fp16/bf16 inputs
 // widen exactly, and P, dS stay fp32.
 #pragma once
