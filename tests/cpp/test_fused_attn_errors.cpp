@@ -335,6 +335,21 @@ TEST(FusedAttnErrors, EmptyTensorsWithHugeDims) {
   EXPECT_TRUE(f.untouched());
 }
 
+// Fuzzing finding (fuzz_attn, regression F12): thd's max_seqlen_q is a hint, not a tensor
+// dimension, and 2^40 is valid; an inference call without LSE looped to it over the padding rows
+// (thd has none to write) for minutes. It returns at once, with the output of the tight bound.
+TEST(FusedAttnErrors, ThdHugeMaxSeqlenWithoutLse) {
+  Fx f(NVTE_THD, NVTE_PADDING_MASK);
+  Call c = f.call();
+  c.training = false;
+  c.lse = nullptr;
+  ASSERT_NVTE_OK(c.fwd());
+  const std::vector<double> tight = f.t->o.to_double();
+  c.max_q = size_t{1} << 40;
+  ASSERT_NVTE_OK(c.fwd());
+  EXPECT_EQ(f.t->o.to_double(), tight);
+}
+
 // Shapes a packed layout rules out, through nvte_fused_attn_fwd (checked before the pointers).
 TEST(FusedAttnErrors, PackedLayoutShapes) {
   Fx f;  // h 4, h_kv 2, s 5 x 7: Q, K, V cannot be one [b, s, 3, h, d] buffer

@@ -350,6 +350,10 @@ void fwd(const AttnParams &p) {
     }
   }
   // Rows past a sequence's length (padding): O = 0 (bshd/sbhd; thd has no such rows), LSE = -inf.
+  // thd without an LSE has nothing to write there, and its max_seqlen_q (the loop's bound) is only
+  // a caller's hint, not a tensor dimension: 2^40 is a valid value (a fuzzer's input looped for
+  // minutes here).
+  if (p.format == NVTE_THD && p.lse == nullptr) return;
   parallel_for(static_cast<size_t>(p.b * p.h), 1, [&](size_t begin, size_t end) {
     for (size_t task = begin; task < end; ++task) {
       const int64_t bi = static_cast<int64_t>(task) / p.h, hd = static_cast<int64_t>(task) % p.h;
