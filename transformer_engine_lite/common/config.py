@@ -65,7 +65,8 @@ ENV_VARS: tuple[EnvVar, ...] = (
            "fastest exact path, build_info()['cpu_isa']['matmul_path']: bf16 tiles/dot products "
            "as they are, FP8 as bf16, on AMX and AMD AVX-512 BF16 CPUs; every operand widened "
            "exactly to fp32 on other CPUs, for GEMMs with both output dims >= 128; attention: "
-           "bf16 dot products wherever the CPU has them), native (never widen to fp32: "
+           "bf16 operands on the same matmul path: AMX tiles, AMD's dot products; fp32 tiles "
+           "elsewhere), native (never widen to fp32: "
            "NotImplementedError where oneDNN lacks the kernel), fp32 (always widen)"),
     EnvVar("NVTE_FP8_CURRENT_SCALING_POWER_2_SCALES", "0", "runtime",
            "1: Float8CurrentScaling() defaults to use_power_2_scales=True (power-of-two scales "

@@ -370,14 +370,16 @@ void fwd(const AttnParams &p) {
 
 }  // namespace
 
-// bf16 dot products wherever the CPU has them, unless NVTE_CPU_GEMM_COMPUTE=fp32. Unlike the GEMM
-// (cpu_matmul_path), the tiles do not widen on Intel CPUs without AMX: the fp32 kernel's FMA does 16
-// products per instruction where vdpbf16ps does 32, a tie at Intel's half rate, and bf16 operands
-// halve the packing and the tiles' memory traffic (not re-measured on Intel since the fp32 tiles
-// took FMA).
+// bf16 operands where they are the CPU's fastest exact path, the GEMM's rule (cpu_matmul_path):
+// AMX tiles, and AVX-512 BF16 dot products on AMD. Intel cores without AMX issue vdpbf16ps at half
+// their FMA rate, and there the fp32 tiles (FMA) won, measured on a Xeon capped at avx512_core_fp16
+// (bench_pytorch, B2 H16 S2048 D64 causal): forward 78.6 vs 146.6 ms, forward + backward 380 vs
+// 492 ms. NVTE_CPU_GEMM_COMPUTE=native keeps bf16 wherever the CPU has it, fp32 never uses it.
 bool use_bf16_compute(NVTEDType dtype) {
   if (dtype != kNVTEBFloat16 || !tile::has_bf16_dot()) return false;
-  return cpu_compute_mode() != "fp32";
+  const std::string mode = cpu_compute_mode();
+  if (mode == "fp32") return false;
+  return mode == "native" || cpu_matmul_path() != MatmulPath::kF32;
 }
 
 }  // namespace flash_cpu

@@ -61,8 +61,8 @@ inline MatmulPath matmul_path_for(CpuIsa level, bool amd) {
 // Whether the CPU is AMD's (CPUID vendor).
 bool cpu_is_amd();
 // The rule for this CPU at cpu_isa_level(), which the GEMM follows (NVTE_CPU_GEMM_COMPUTE overrides
-// it per call). The flash-attention tiles use bf16 dot products wherever they exist
-// (flash_fwd_cpu.cpp use_bf16_compute).
+// it per call). The flash-attention tiles follow the same rule for bf16 inputs: bf16 operands on
+// kBf16Tiles (AMX) and kBf16Dot, fp32 tiles on kF32 (flash_fwd_cpu.cpp use_bf16_compute).
 MatmulPath cpu_matmul_path();
 // "f32", "bf16_dot", "bf16_tiles".
 const char *matmul_path_name(MatmulPath path);
